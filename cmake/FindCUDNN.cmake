@@ -1,0 +1,20 @@
+# Finds cuDNN (headers and libcudnn) under CUDNN_PATH, $CUDNN_PATH, or the CUDA toolkit root.
+# Defines CUDNN_FOUND, CUDNN_VERSION and the imported target CUDNN::cudnn.
+set(_cudnn_hints ${CUDNN_PATH} $ENV{CUDNN_PATH} ${CUDAToolkit_ROOT} $ENV{CUDA_HOME} /usr/local/cuda)
+find_path(CUDNN_INCLUDE_DIR cudnn_version.h HINTS ${_cudnn_hints} PATH_SUFFIXES include)
+find_library(CUDNN_LIBRARY cudnn HINTS ${_cudnn_hints} PATH_SUFFIXES lib64 lib lib/x86_64-linux-gnu)
+if(CUDNN_INCLUDE_DIR AND EXISTS ${CUDNN_INCLUDE_DIR}/cudnn_version.h)
+  file(STRINGS ${CUDNN_INCLUDE_DIR}/cudnn_version.h _v REGEX "define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+  string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*" "\\1" _maj "${_v}")
+  string(REGEX REPLACE ".*CUDNN_MINOR ([0-9]+).*" "\\1" _min "${_v}")
+  string(REGEX REPLACE ".*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1" _pat "${_v}")
+  set(CUDNN_VERSION "${_maj}.${_min}.${_pat}")
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CUDNN REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR VERSION_VAR CUDNN_VERSION)
+if(CUDNN_FOUND AND NOT TARGET CUDNN::cudnn)
+  add_library(CUDNN::cudnn UNKNOWN IMPORTED)
+  set_target_properties(CUDNN::cudnn PROPERTIES IMPORTED_LOCATION ${CUDNN_LIBRARY}
+                        INTERFACE_INCLUDE_DIRECTORIES ${CUDNN_INCLUDE_DIR})
+endif()
+mark_as_advanced(CUDNN_INCLUDE_DIR CUDNN_LIBRARY)

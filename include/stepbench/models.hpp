@@ -1,0 +1,32 @@
+// Model builders. Each adds layers to a Graph (not yet planned) and returns its description.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "stepbench/graph.hpp"
+
+namespace stepbench {
+
+struct ModelOptions {
+  std::int64_t num_classes = 1000;
+  std::int64_t image_size = 299;
+  bool aux_logits = true;  // Inception's auxiliary head (training only)
+  double dropout = 0.5;    // before the final fc, training only; 0 leaves it out
+};
+
+struct ModelInfo {
+  std::string name;
+  std::int64_t image_size = 0;
+  ValueId logits = -1, aux_logits = -1;
+};
+
+// Exactly torchvision.models.inception_v3 (transform_input=False): state_dict names, shapes,
+// initialisation. Adds the cross-entropy loss (aux weighted 0.4, torchvision's training reference).
+ModelInfo build_inception_v3(Graph& g, const ModelOptions& o);
+// A tiny CNN for fast tests: conv-BN-ReLU units, one Inception-style block with fan-out and concat,
+// a pool and an FC. image_size >= 16.
+ModelInfo build_tiny(Graph& g, const ModelOptions& o);
+// By name: "inception_v3" or "tiny"; UsageError otherwise.
+ModelInfo build_model(Graph& g, const std::string& name, const ModelOptions& o);
+
+}  // namespace stepbench

@@ -1,0 +1,63 @@
+// Shapes, element types, layouts and tensor views. No backend headers leak out of here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace stepbench {
+
+enum class DType { f32, bf16, f16 };
+enum class Layout { nchw, nhwc };
+
+std::size_t dtype_size(DType t);
+std::string_view to_string(DType t);
+std::string_view to_string(Layout l);
+DType parse_dtype(std::string_view s);    // throws UsageError naming the accepted values
+Layout parse_layout(std::string_view s);  // throws UsageError naming the accepted values
+
+// Logical 4-D shape; every activation in a CNN is N x C x H x W whatever its memory layout.
+struct Shape {
+  std::int64_t n = 0, c = 0, h = 0, w = 0;
+  std::int64_t numel() const { return n * c * h * w; }
+  bool operator==(const Shape&) const = default;
+};
+std::string to_string(const Shape& s);
+
+// Element strides of the logical dimensions.
+struct Strides {
+  std::int64_t n = 0, c = 0, h = 0, w = 0;
+  bool operator==(const Strides&) const = default;
+};
+Strides dense_strides(const Shape& s, Layout l);
+
+struct TensorDesc {
+  Shape shape;
+  DType dtype = DType::f32;
+  Layout layout = Layout::nchw;
+  Strides strides;  // dense_strides(shape, layout) unless this is a slice of a larger tensor
+
+  static TensorDesc dense(Shape s, DType t, Layout l) { return {s, t, l, dense_strides(s, l)}; }
+  bool is_dense() const { return strides == dense_strides(shape, layout); }
+  std::int64_t numel() const { return shape.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  // Element offset of (n, c, h, w).
+  std::int64_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
+    return n * strides.n + c * strides.c + h * strides.h + w * strides.w;
+  }
+  bool operator==(const TensorDesc&) const = default;
+};
+
+// A non-owning view over host or device memory.
+struct Tensor {
+  void* data = nullptr;
+  TensorDesc desc;
+
+  const Shape& shape() const { return desc.shape; }
+  // Channels [c0, c0 + count) of this tensor: same strides, shifted base. This is how a concat's
+  // branches write straight into their part of the block output.
+  Tensor channel_slice(std::int64_t c0, std::int64_t count) const;
+  template <class T> T* as() const { return static_cast<T*>(data); }
+};
+
+}  // namespace stepbench

@@ -1,0 +1,352 @@
+// Every backend op, forward and backward, against the naive oracle; typed over backend x layout x
+// precision. Outputs and incoming gradients are channel slices of wider buffers, as they are when a
+// branch writes into its concat, so the strided paths are what is tested.
+#include <numeric>
+
+#include "test_util.hpp"
+
+namespace stepbench {
+namespace {
+
+using test::DevTensor;
+using test::DevVec;
+using test::random_vec;
+
+class Ops : public testing::TestWithParam<test::Config> {};
+
+struct ConvCase {
+  const char* name;
+  Shape x;
+  std::int64_t cout;
+  ConvParams p;
+};
+// The kernel shapes Inception uses, on small inputs.
+const ConvCase kConvCases[] = {
+    {"3x3_s1_p1", {2, 5, 9, 9}, 6, {3, 3, 1, 1, 1, 1}},
+    {"3x3_s2_p0", {2, 4, 11, 11}, 5, {3, 3, 2, 2, 0, 0}},
+    {"stem_3ch_3x3_s2", {2, 3, 15, 15}, 8, {3, 3, 2, 2, 0, 0}},
+    {"1x1", {3, 7, 6, 6}, 4, {1, 1, 1, 1, 0, 0}},
+    {"1x7_p0_3", {2, 4, 9, 9}, 5, {1, 7, 1, 1, 0, 3}},
+    {"7x1_p3_0", {2, 4, 9, 9}, 5, {7, 1, 1, 1, 3, 0}},
+    {"1x3_p0_1", {2, 6, 5, 5}, 3, {1, 3, 1, 1, 0, 1}},
+    {"3x1_p1_0", {2, 6, 5, 5}, 3, {3, 1, 1, 1, 1, 0}},
+    {"5x5_p2", {2, 3, 8, 8}, 4, {5, 5, 1, 1, 2, 2}},
+    {"5x5_p0_aux", {2, 6, 5, 5}, 7, {5, 5, 1, 1, 0, 0}},
+};
+
+TEST_P(Ops, Convolution) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const double tol = test::tolerance(dtype);
+  for (const auto& cc : kConvCases) {
+    SCOPED_TRACE(cc.name);
+    const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
+    const auto x = random_vec(cc.x.numel(), 1);
+    const auto w = random_vec(cc.cout * cc.x.c * cc.p.kh * cc.p.kw, 2);
+    const auto dy = random_vec(ys.numel(), 3);
+    ref::Vec y_ref, dx_ref, dw_ref;
+    ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
+    ref::conv_backward_data(ys, dy, w, cc.x, dx_ref, cc.p);
+    ref::conv_backward_filter(cc.x, x, ys, dy, dw_ref, cc.p);
+
+    DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
+        DX(*be, cc.x, layout, dtype);
+    DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, cc.x.c, cc.p.kh, cc.p.kw)), DW(*be, w.size());
+    X.upload(x);
+    DY.upload(dy);
+    auto op = be->make_conv(X.t().desc, Y.t().desc, cc.p);
+    Buffer ws(*be, op->workspace_bytes());
+    auto& s = be->default_stream();
+    op->forward(s, X, W, Y, ws.get());
+    EXPECT_CLOSE(Y.download(), y_ref, tol);
+    op->backward_data(s, DY, W, DX, 0.0f, ws.get());
+    EXPECT_CLOSE(DX.download(), dx_ref, tol);
+    // beta = 1 accumulates: a second pass doubles the gradient
+    op->backward_data(s, DY, W, DX, 1.0f, ws.get());
+    ref::Vec twice(dx_ref);
+    for (auto& v : twice) v *= 2;
+    EXPECT_CLOSE(DX.download(), twice, tol);
+    op->backward_filter(s, X, DY, DW, ws.get());
+    EXPECT_CLOSE(test::filter_back(*be, layout, DW.get_host(), cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dw_ref, tol);
+  }
+}
+
+TEST_P(Ops, BatchNormTrainingInferenceBackward) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const double tol = test::tolerance(dtype);
+  for (bool relu : {true, false}) {
+    SCOPED_TRACE(relu ? "fused relu" : "no relu");
+    const Shape s{3, 5, 4, 6};
+    const auto x = random_vec(s.numel(), 4, -2, 3);
+    const auto gamma = random_vec(s.c, 5, 0.5, 1.5), beta = random_vec(s.c, 6);
+    const auto dy = random_vec(s.numel(), 7);
+    BatchNormParams bp;
+    bp.relu = relu;
+    ref::Vec y_ref, dx_ref, dg_ref, db_ref;
+    ref::BnSaved saved;
+    ref::bn_forward_training(s, x, gamma, beta, bp.eps, relu, y_ref, saved);
+    ref::bn_backward(s, x, y_ref, dy, gamma, saved, relu, dx_ref, dg_ref, db_ref);
+
+    // y and dy are slices (channels 2..6 of 9), as when a branch ends in a concat
+    DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 2, 2), DY(*be, s, layout, dtype, 1, 3),
+        DX(*be, s, layout, dtype);
+    X.upload(x);
+    DY.upload(dy);
+    DevVec G(*be, gamma), B(*be, beta), RM(*be, std::vector<double>(s.c, 0.5)), RV(*be, std::vector<double>(s.c, 2.0)),
+        SM(*be, s.c), SI(*be, s.c), DG(*be, s.c), DB(*be, s.c);
+    auto op = be->make_batch_norm(X.t().desc, Y.t().desc, bp);
+    auto& st = be->default_stream();
+    op->forward_training(st, X, Y, G, B, RM, RV, SM, SI);
+    EXPECT_CLOSE(Y.download(), y_ref, tol);
+    // neighbours of the slice are untouched
+    const auto raw = Y.raw();
+    const Strides ds = dense_strides({s.n, s.c + 4, s.h, s.w}, layout);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c : {0, 1, 7, 8}) EXPECT_EQ(raw[static_cast<std::size_t>(n * ds.n + c * ds.c + 2 * ds.h)], 0.0f);
+    EXPECT_CLOSE(SM.get_host(), saved.mean, tol);
+    EXPECT_CLOSE(SI.get_host(), saved.invstd, tol);
+    // running statistics: momentum 0.1, unbiased variance (PyTorch)
+    ref::Vec rm(s.c), rv(s.c);
+    for (std::int64_t c = 0; c < s.c; ++c) {
+      rm[c] = 0.9 * 0.5 + 0.1 * saved.mean[c];
+      rv[c] = 0.9 * 2.0 + 0.1 * saved.var_unbiased[c];
+    }
+    EXPECT_CLOSE(RM.get_host(), rm, tol);
+    EXPECT_CLOSE(RV.get_host(), rv, tol);
+
+    op->backward(st, X, Y, DY, DX, G, SM, SI, DG, DB, 0.0f);
+    EXPECT_CLOSE(DX.download(), dx_ref, tol);
+    EXPECT_CLOSE(DG.get_host(), dg_ref, tol);
+    EXPECT_CLOSE(DB.get_host(), db_ref, tol);
+    op->backward(st, X, Y, DY, DX, G, SM, SI, DG, DB, 1.0f);
+    ref::Vec twice(dx_ref);
+    for (auto& v : twice) v *= 2;
+    EXPECT_CLOSE(DX.download(), twice, tol);
+
+    ref::Vec yi_ref;
+    ref::bn_forward_inference(s, x, gamma, beta, rm, rv, bp.eps, relu, yi_ref);
+    op->forward_inference(st, X, Y, G, B, RM, RV);
+    EXPECT_CLOSE(Y.download(), yi_ref, tol);
+  }
+}
+
+struct PoolCase {
+  const char* name;
+  Shape x;
+  PoolParams p;
+};
+const PoolCase kPoolCases[] = {
+    {"max_3x3_s2", {2, 3, 9, 9}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},
+    {"max_3x3_s2_even", {2, 3, 8, 10}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},
+    {"avg_3x3_s1_p1_count_pad", {2, 4, 5, 5}, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}},
+    {"avg_3x3_s1_p1_exclude_pad", {2, 4, 5, 5}, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1}},
+    {"avg_5x5_s3_aux", {2, 3, 17, 17}, {PoolKind::avg_include_pad, 5, 5, 3, 3, 0, 0}},
+    {"global_avg", {3, 5, 8, 8}, {PoolKind::avg_include_pad, 8, 8, 1, 1, 0, 0}},
+    {"max_3x3_s1_p1", {2, 3, 6, 6}, {PoolKind::max, 3, 3, 1, 1, 1, 1}},
+};
+
+TEST_P(Ops, Pooling) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const double tol = test::tolerance(dtype);
+  for (const auto& pc : kPoolCases) {
+    SCOPED_TRACE(pc.name);
+    const Shape ys = pool_output_shape(pc.x, pc.p);
+    const auto x = random_vec(pc.x.numel(), 8);
+    const auto dy = random_vec(ys.numel(), 9);
+    ref::Vec y_ref, dx_ref;
+    ref::pool_forward(pc.x, x, ys, y_ref, pc.p);
+    ref::pool_backward(pc.x, x, ys, dy, dx_ref, pc.p);
+    DevTensor X(*be, pc.x, layout, dtype), Y(*be, ys, layout, dtype, 3, 1), DY(*be, ys, layout, dtype, 3, 1),
+        DX(*be, pc.x, layout, dtype);
+    X.upload(x);
+    DY.upload(dy);
+    auto op = be->make_pool(X.t().desc, Y.t().desc, pc.p);
+    Buffer reserve(*be, op->reserve_bytes());
+    auto& s = be->default_stream();
+    op->forward(s, X, Y, reserve.get());
+    EXPECT_CLOSE(Y.download(), y_ref, tol);
+    op->backward(s, X, Y, DY, DX, 0.0f, reserve.get());
+    EXPECT_CLOSE(DX.download(), dx_ref, tol);
+    op->backward(s, X, Y, DY, DX, 1.0f, reserve.get());
+    for (auto& v : dx_ref) v *= 2;
+    EXPECT_CLOSE(DX.download(), dx_ref, tol);
+  }
+}
+
+TEST_P(Ops, ReluAndAccumulate) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const Shape s{2, 3, 4, 5};
+  const auto x = random_vec(s.numel(), 10), dy = random_vec(s.numel(), 11), acc = random_vec(s.numel(), 12);
+  DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 1, 0), DY(*be, s, layout, dtype), DX(*be, s, layout, dtype, 0, 2);
+  X.upload(x);
+  DY.upload(dy);
+  auto op = be->make_relu(X.t().desc, Y.t().desc);
+  auto& st = be->default_stream();
+  op->forward(st, X, Y);
+  ref::Vec y_ref(x.size()), dx_ref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    y_ref[i] = std::max(x[i], 0.0);
+    dx_ref[i] = x[i] > 0 ? dy[i] + acc[i] : acc[i];
+  }
+  EXPECT_CLOSE(Y.download(), y_ref, test::tolerance(dtype));
+  DX.upload(acc);
+  op->backward(st, Y, DY, DX, 1.0f);
+  EXPECT_CLOSE(DX.download(), dx_ref, test::tolerance(dtype));
+  // fan-out accumulation: dst = src + dst
+  DX.upload(acc);
+  be->add(st, DY, DX, 1.0f);
+  ref::Vec sum(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) sum[i] = dy[i] + acc[i];
+  EXPECT_CLOSE(DX.download(), sum, test::tolerance(dtype));
+}
+
+TEST_P(Ops, LinearWithBias) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const double tol = test::tolerance(dtype);
+  const std::int64_t N = 3, K = 17, M = 6;
+  const auto x = random_vec(N * K, 13), w = random_vec(M * K, 14), b = random_vec(M, 15), dy = random_vec(N * M, 16);
+  ref::Vec y_ref, dx_ref, dw_ref, db_ref;
+  ref::linear_forward(N, K, M, x, w, b, y_ref);
+  ref::linear_backward(N, K, M, x, w, dy, dx_ref, dw_ref, db_ref);
+  DevTensor X(*be, {N, K, 1, 1}, layout, dtype), Y(*be, {N, M, 1, 1}, layout, dtype),
+      DY(*be, {N, M, 1, 1}, layout, dtype), DX(*be, {N, K, 1, 1}, layout, dtype);
+  DevVec W(*be, w), B(*be, b), DW(*be, w.size()), DB(*be, b.size());
+  X.upload(x);
+  DY.upload(dy);
+  auto op = be->make_linear(X.t().desc, Y.t().desc);
+  Buffer ws(*be, op->workspace_bytes());
+  auto& s = be->default_stream();
+  op->forward(s, X, W, B, Y, ws.get());
+  EXPECT_CLOSE(Y.download(), y_ref, tol);
+  op->backward_data(s, DY, W, DX, 0.0f, ws.get());
+  EXPECT_CLOSE(DX.download(), dx_ref, tol);
+  op->backward_weights(s, X, DY, DW, DB, ws.get());
+  EXPECT_CLOSE(DW.get_host(), dw_ref, tol);
+  EXPECT_CLOSE(DB.get_host(), db_ref, tol);
+}
+
+TEST_P(Ops, Dropout) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const Shape s{16, 512, 1, 1};
+  const double p = 0.5;
+  const auto x = random_vec(s.numel(), 17, 0.5, 1.5), dy = random_vec(s.numel(), 18);
+  DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype), Y2(*be, s, layout, dtype), DY(*be, s, layout, dtype),
+      DX(*be, s, layout, dtype);
+  X.upload(x);
+  DY.upload(dy);
+  auto op = be->make_dropout(X.t().desc, p);
+  Buffer mask(*be, op->reserve_bytes());
+  auto& st = be->default_stream();
+  op->forward(st, X, Y, mask.get(), 42, 0);
+  const auto y = Y.download();
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    if (y[i] != 0) {
+      ++kept;
+      EXPECT_NEAR(y[i], x[i] / (1 - p), 1e-5 * std::abs(x[i]) * 2);
+    }
+  }
+  // 8192 Bernoulli(0.5) draws: mean 4096, sd 45; 5 sd is a generous bound
+  EXPECT_NEAR(static_cast<double>(kept), 4096.0, 225.0);
+  op->backward(st, DY, DX, 0.0f, mask.get());
+  const auto dx = DX.download();
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_EQ(dx[i] != 0, y[i] != 0) << i;
+  // same seed and step: same mask; next step: a different one
+  op->forward(st, X, Y2, mask.get(), 42, 0);
+  EXPECT_EQ(Y2.download(), y);
+  op->forward(st, X, Y2, mask.get(), 42, 1);
+  EXPECT_NE(Y2.download(), y);
+  EXPECT_THROW(be->make_dropout(X.t().desc, 1.0), UsageError);
+}
+
+TEST_P(Ops, SoftmaxCrossEntropy) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  const std::int64_t N = 4, M = 10;
+  const auto z = random_vec(N * M, 19, -3, 3);
+  std::vector<std::int32_t> labels{3, 0, 9, 5};
+  ref::Vec dz_ref;
+  const double loss_ref = ref::softmax_xent(N, M, z, labels, dz_ref);
+  DevTensor Z(*be, {N, M, 1, 1}, layout, dtype), DZ(*be, {N, M, 1, 1}, layout, dtype);
+  Z.upload(z);
+  Buffer lab(*be, N * 4);
+  auto& st = be->default_stream();
+  be->copy(st, lab.get(), labels.data(), N * 4);
+  DevVec loss(*be, 1);
+  auto op = be->make_softmax_cross_entropy(Z.t().desc);
+  Buffer reserve(*be, op->reserve_bytes());
+  op->forward(st, Z, lab.as<std::int32_t>(), loss, reserve.get());
+  EXPECT_NEAR(loss.get_host()[0], loss_ref, 1e-5 * loss_ref);
+  op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get());
+  for (auto& v : dz_ref) v *= 0.4;
+  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(dtype));
+  if (be->kind() == DeviceKind::cpu) {
+    labels[2] = 10;  // out of range: a clear error, not a wild read
+    be->copy(st, lab.get(), labels.data(), N * 4);
+    EXPECT_THROW(op->forward(st, Z, lab.as<std::int32_t>(), loss, reserve.get()), UsageError);
+  }
+}
+
+TEST_P(Ops, OptimizerUpdates) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::rmsprop}) {
+    SCOPED_TRACE(std::string(to_string(kind)));
+    OptimizerConfig cfg;
+    cfg.kind = kind;
+    cfg.lr = 0.05f;
+    cfg.weight_decay = 1e-3f;
+    const std::size_t n = 1000;
+    auto p = random_vec(n, 20), s0 = random_vec(n, 21, 0, 1), s1 = random_vec(n, 22);
+    DevVec P(*be, p), S0(*be, s0), S1(*be, s1);
+    for (int step = 0; step < 3; ++step) {
+      const auto g = random_vec(n, 23 + step);
+      DevVec G(*be, g);
+      be->optimizer_update(be->default_stream(), cfg, P, G, S0, S1, n);
+      ref::optimizer_update(cfg, p, g, s0, s1);
+    }
+    EXPECT_CLOSE(P.get_host(), p, 1e-5);
+    if (kind != OptimizerKind::sgd) EXPECT_CLOSE(S0.get_host(), s0, 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Ops, testing::ValuesIn(test::all_configs()), test::config_name);
+
+TEST(Backend, UnknownNamesAreUsageErrors) {
+  EXPECT_THROW(make_backend("tpu"), UsageError);
+  EXPECT_THROW(parse_layout("nwhc"), UsageError);
+  EXPECT_THROW(parse_dtype("fp8"), UsageError);
+  EXPECT_THROW(parse_optimizer("adam"), UsageError);
+}
+
+TEST(Backend, CpuRejectsPrecisionsItCannotRunWithTheReason) {
+  auto be = make_cpu_backend();
+  EXPECT_NO_THROW(be->require(DType::f32));
+  try {
+    be->require(DType::bf16);
+    FAIL() << "bf16 accepted by an fp32-only backend";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(be->require(DType::f16), UnsupportedError);
+}
+
+TEST(Tensor, ChannelSliceKeepsStridesAndShiftsBase) {
+  float buf[2 * 6 * 2 * 2];
+  for (Layout l : {Layout::nchw, Layout::nhwc}) {
+    Tensor t{buf, TensorDesc::dense({2, 6, 2, 2}, DType::f32, l)};
+    Tensor s = t.channel_slice(2, 3);
+    EXPECT_EQ(s.shape().c, 3);
+    EXPECT_EQ(s.desc.strides, t.desc.strides);
+    EXPECT_FALSE(s.desc.is_dense());
+    EXPECT_EQ(s.as<float>(), buf + 2 * t.desc.strides.c);
+    EXPECT_THROW(t.channel_slice(4, 3), Error);
+  }
+}
+
+}  // namespace
+}  // namespace stepbench

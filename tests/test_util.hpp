@@ -1,0 +1,170 @@
+// Test helpers: backends by name (skipping with the reason when one cannot run here), tensors
+// placed in backend memory in either layout (optionally as a channel slice of a wider buffer, so
+// the strided paths are exercised), random data and the comparison metric.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference.hpp"
+#include "stepbench/backend.hpp"
+#include "stepbench/error.hpp"
+
+namespace stepbench::test {
+
+struct Config {
+  std::string backend;
+  Layout layout;
+  DType dtype;
+};
+inline void PrintTo(const Config& c, std::ostream* os) {
+  *os << c.backend << "/" << to_string(c.layout) << "/" << to_string(c.dtype);
+}
+inline std::string config_name(const testing::TestParamInfo<Config>& i) {
+  return i.param.backend + "_" + std::string(to_string(i.param.layout)) + "_" + std::string(to_string(i.param.dtype));
+}
+inline std::vector<Config> all_configs() {
+  std::vector<Config> v;
+  for (const char* b : {"cpu", "cuda"})
+    for (Layout l : {Layout::nchw, Layout::nhwc})
+      for (DType t : {DType::f32, DType::bf16}) v.push_back({b, l, t});
+  return v;
+}
+
+// Tolerance on max|a - b| / max|b| per tensor, by precision.
+inline double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::bf16 ? 2e-2 : 5e-3; }
+
+// Returns the backend, or nullptr after GTEST_SKIP-worthy reason in `why`.
+inline std::unique_ptr<Backend> try_backend(const Config& c, std::string& why) {
+  try {
+    auto be = make_backend(c.backend);
+    be->require(c.dtype);
+    return be;
+  } catch (const UsageError& e) {
+    why = e.what();
+    return nullptr;
+  }
+}
+
+#define SB_BACKEND_OR_SKIP(var, cfg)        \
+  std::string sb_why_;                      \
+  auto var = test::try_backend(cfg, sb_why_); \
+  if (!var) GTEST_SKIP() << sb_why_
+
+inline std::vector<double> random_vec(std::size_t n, std::uint32_t seed, double lo = -1, double hi = 1) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = static_cast<float>(d(g));  // representable in fp32
+  return v;
+}
+
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / std::max(den, 1e-12);
+}
+
+#define EXPECT_CLOSE(got, want, tol) \
+  EXPECT_LE(test::rel_error(got, want), tol) << "max |got - want| / max |want| for " #got
+
+// A tensor in backend memory: `extra` channels around it make it a strided slice of a wider buffer.
+class DevTensor {
+ public:
+  DevTensor(Backend& be, Shape s, Layout l, DType t = DType::f32, std::int64_t before = 0, std::int64_t after = 0)
+      : be_(be) {
+    Shape full = s;
+    full.c += before + after;
+    const TensorDesc fd = TensorDesc::dense(full, t, l);
+    buf_ = Buffer(be, fd.bytes());
+    be.memset_zero(be.default_stream(), buf_.get(), fd.bytes());
+    full_ = Tensor{buf_.get(), fd};
+    t_ = full_.channel_slice(before, s.c);
+  }
+  const Tensor& t() const { return t_; }
+  operator const Tensor&() const { return t_; }
+  void upload(const std::vector<double>& nchw) {
+    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()), 0.0f);
+    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
+    be_.synchronize(be_.default_stream());
+    const Shape& s = t_.shape();
+    const std::int64_t base = (static_cast<char*>(t_.data) - static_cast<char*>(full_.data)) / 4;
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            host[static_cast<std::size_t>(base + t_.desc.offset(n, c, h, w))] =
+                static_cast<float>(nchw[ref::idx(s, n, c, h, w)]);
+    be_.copy(be_.default_stream(), full_.data, host.data(), full_.desc.bytes());
+    be_.synchronize(be_.default_stream());
+  }
+  std::vector<double> download() const {
+    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()));
+    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
+    be_.synchronize(be_.default_stream());
+    const Shape& s = t_.shape();
+    const std::int64_t base = (static_cast<char*>(t_.data) - static_cast<char*>(full_.data)) / 4;
+    std::vector<double> out(static_cast<std::size_t>(s.numel()));
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t c = 0; c < s.c; ++c)
+        for (std::int64_t h = 0; h < s.h; ++h)
+          for (std::int64_t w = 0; w < s.w; ++w)
+            out[ref::idx(s, n, c, h, w)] = host[static_cast<std::size_t>(base + t_.desc.offset(n, c, h, w))];
+    return out;
+  }
+  // The whole buffer as floats (to check that a slice write left its neighbours alone).
+  std::vector<float> raw() const {
+    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()));
+    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
+    be_.synchronize(be_.default_stream());
+    return host;
+  }
+
+ private:
+  Backend& be_;
+  Buffer buf_;
+  Tensor full_, t_;
+};
+
+// A flat float buffer in backend memory.
+class DevVec {
+ public:
+  DevVec(Backend& be, const std::vector<double>& v) : be_(be), n_(v.size()), buf_(be, std::max<std::size_t>(v.size(), 1) * 4) {
+    set(v);
+  }
+  DevVec(Backend& be, std::size_t n) : DevVec(be, std::vector<double>(n, 0.0)) {}
+  float* get() const { return buf_.as<float>(); }
+  operator float*() const { return get(); }
+  void set(const std::vector<double>& v) {
+    std::vector<float> h(v.begin(), v.end());
+    be_.copy(be_.default_stream(), buf_.get(), h.data(), h.size() * 4);
+    be_.synchronize(be_.default_stream());
+  }
+  std::vector<double> get_host() const {
+    std::vector<float> h(n_);
+    be_.copy(be_.default_stream(), h.data(), buf_.get(), n_ * 4);
+    be_.synchronize(be_.default_stream());
+    return {h.begin(), h.end()};
+  }
+
+ private:
+  Backend& be_;
+  std::size_t n_;
+  Buffer buf_;
+};
+
+// Reorders an O,I,KH,KW filter into the backend's storage format for layout l.
+std::vector<double> filter_for(const Backend& be, Layout l, const std::vector<double>& oihw, std::int64_t O,
+                               std::int64_t I, std::int64_t KH, std::int64_t KW);
+std::vector<double> filter_back(const Backend& be, Layout l, const std::vector<double>& stored, std::int64_t O,
+                                std::int64_t I, std::int64_t KH, std::int64_t KW);
+
+}  // namespace stepbench::test
