@@ -15,10 +15,18 @@ class GraphTest : public testing::TestWithParam<test::Config> {};
 struct SmallNet {
   std::unique_ptr<Graph> g;
   ValueId x, stem, cat;
-  SmallNet(Backend& be, Layout l, DType t) {
+  SmallNet(Backend& be, Layout l, DType t, bool block_e = false) {
     g = std::make_unique<Graph>(be, GraphConfig{3, l, t, 7});
     x = g->input(3, 10, 10);
     stem = g->conv_bn_relu("stem", x, 4, {3, 3, 1, 1, 1, 1});
+    if (block_e) {  // Inception's block E: a value fans out into 1x3 and 3x1, all concatenated
+      auto b1 = g->conv_bn_relu("b1", stem, 2, {1, 1});
+      auto b3 = g->conv_bn_relu("b3", stem, 3, {1, 1});
+      auto b3a = g->conv_bn_relu("b3a", b3, 2, {1, 3, 1, 1, 0, 1});
+      auto b3b = g->conv_bn_relu("b3b", b3, 2, {3, 1, 1, 1, 1, 0});
+      auto bp = g->conv_bn_relu("bp", g->pool(stem, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}), 2, {1, 1});
+      stem = g->concat({b1, b3a, b3b, bp});
+    }
     auto a = g->conv_bn_relu("a", stem, 3, {1, 1});
     auto b = g->conv_bn_relu("b", stem, 2, {3, 3, 1, 1, 1, 1});
     auto c = g->pool(stem, {PoolKind::max, 3, 3, 1, 1, 1, 1});
@@ -58,10 +66,27 @@ void write(Backend& be, float* p, const std::vector<double>& v) {
   be.synchronize(be.default_stream());
 }
 
-TEST_P(GraphTest, GradientsMatchFiniteDifferences) {
-  SB_BACKEND_OR_SKIP(be, GetParam());
-  if (GetParam().dtype != DType::f32) GTEST_SKIP() << "finite differences need fp32";
-  SmallNet net(*be, GetParam().layout, GetParam().dtype);
+void check_gradients(const test::Config& cfg, bool with_block_e);
+
+TEST_P(GraphTest, GradientsMatchFiniteDifferences) { check_gradients(GetParam(), false); }
+
+// KNOWN BUG (open): with an Inception block-E topology in front (a value fanning out into 1x3 and
+// 3x1 convs, all branches concatenated, the concat feeding convs and a max pool), the conv-weight
+// gradients of b1, b3, b3b, bp and stem disagree with finite differences while the BN gradients
+// agree. The PyTorch parity script (tests/parity/torch_parity.py) shows the same class of mismatch
+// on Inception-v3 (worst in Mixed_7b/7c) while the forward agrees to 1e-6. Not a threading race
+// (fails with OMP_NUM_THREADS=1); forward values are not overwritten by backward (tested below).
+// Run with --gtest_also_run_disabled_tests.
+TEST_P(GraphTest, DISABLED_GradientsMatchFiniteDifferencesWithBlockE) { check_gradients(GetParam(), true); }
+
+void check_gradients(const test::Config& cfg, bool with_block_e) {
+  std::string sb_why_;
+  auto be = test::try_backend(cfg, sb_why_);
+  if (!be) GTEST_SKIP() << sb_why_;
+  if (cfg.dtype != DType::f32) GTEST_SKIP() << "finite differences need fp32";
+  for (bool block_e : {with_block_e}) {
+  SCOPED_TRACE(block_e ? "with block E" : "plain");
+  SmallNet net(*be, cfg.layout, cfg.dtype, block_e);
   auto& s = be->default_stream();
   net.loss();
   net.g->backward(s);
@@ -88,6 +113,7 @@ TEST_P(GraphTest, GradientsMatchFiniteDifferences) {
     const double numeric = (shifted(1) - shifted(-1)) / (2 * h);
     write(*be, net.g->data_of(e), p0);
     EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "analytic " << analytic << " numeric " << numeric;
+  }
   }
 }
 
@@ -177,5 +203,29 @@ TEST(Graph, BadConfigurationsAreClearErrors) {
   EXPECT_THROW(g.linear("fc", x, 3), Error);                      // linear needs pooled input
 }
 
+}  // namespace
+}  // namespace stepbench
+namespace stepbench {
+namespace {
+TEST(Graph, BackwardLeavesForwardValuesIntact) {
+  auto be = make_cpu_backend();
+  for (Layout l : {Layout::nchw, Layout::nhwc}) {
+    SmallNet net(*be, l, DType::f32, true);
+    net.loss();
+    std::vector<std::vector<float>> before;
+    for (ValueId v = 0;; ++v) {
+      Tensor t;
+      try { t = net.g->value(v); } catch (const std::out_of_range&) { break; }
+      before.emplace_back(static_cast<float*>(t.data), static_cast<float*>(t.data) + 1);
+      before.back().assign(static_cast<float*>(t.data), static_cast<float*>(t.data) + t.desc.numel());
+    }
+    net.g->backward(be->default_stream());
+    for (ValueId v = 0; v < static_cast<ValueId>(before.size()); ++v) {
+      const Tensor t = net.g->value(v);
+      EXPECT_EQ(before[v], std::vector<float>(static_cast<float*>(t.data), static_cast<float*>(t.data) + t.desc.numel()))
+          << "value " << v << " changed during backward";
+    }
+  }
+}
 }  // namespace
 }  // namespace stepbench
