@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <iostream>
 #include <vector>
@@ -78,7 +79,7 @@ int run(const Common& c, std::int64_t batch, int warmup, int iters, const std::s
   for (std::size_t i = 0; i < img.size(); ++i) img[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1;
   g.set_input_nchw(img.data());
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  for (std::int64_t i = 0; i < batch; ++i) labels[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % 1000 % std::max<std::int64_t>(1, 1000));
+  for (std::int64_t i = 0; i < batch; ++i) labels[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % 1000);
   g.set_labels(labels.data());
   OptimizerConfig oc;
   oc.kind = parse_optimizer(optimizer);

@@ -153,7 +153,6 @@ struct DropoutLayer final : Layer {
   double p;
   std::unique_ptr<DropoutOp> op;
   Buffer reserve;
-  bool last_training = false;
   void plan(Graph::Impl& g) override {
     op = g.be.make_dropout(g.values[in[0]].t.desc, p);
     reserve = Buffer(g.be, op->reserve_bytes());
