@@ -84,9 +84,7 @@ void check_gradients(const test::Config& cfg, bool with_block_e) {
   auto be = test::try_backend(cfg, sb_why_);
   if (!be) GTEST_SKIP() << sb_why_;
   if (cfg.dtype != DType::f32) GTEST_SKIP() << "finite differences need fp32";
-  for (bool block_e : {with_block_e}) {
-  SCOPED_TRACE(block_e ? "with block E" : "plain");
-  SmallNet net(*be, cfg.layout, cfg.dtype, block_e);
+  SmallNet net(*be, cfg.layout, cfg.dtype, with_block_e);
   auto& s = be->default_stream();
   net.loss();
   net.g->backward(s);
@@ -113,7 +111,6 @@ void check_gradients(const test::Config& cfg, bool with_block_e) {
     const double numeric = (shifted(1) - shifted(-1)) / (2 * h);
     write(*be, net.g->data_of(e), p0);
     EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "analytic " << analytic << " numeric " << numeric;
-  }
   }
 }
 
@@ -212,17 +209,21 @@ TEST(Graph, BackwardLeavesForwardValuesIntact) {
   for (Layout l : {Layout::nchw, Layout::nhwc}) {
     SmallNet net(*be, l, DType::f32, true);
     net.loss();
+    // Dense values only: concat parts are slices, covered by their (dense) root.
+    auto contents = [](const Tensor& t) {
+      return std::vector<float>(t.as<float>(), t.as<float>() + t.desc.numel());
+    };
     std::vector<std::vector<float>> before;
     for (ValueId v = 0;; ++v) {
       Tensor t;
       try { t = net.g->value(v); } catch (const std::out_of_range&) { break; }
-      before.emplace_back(static_cast<float*>(t.data), static_cast<float*>(t.data) + 1);
-      before.back().assign(static_cast<float*>(t.data), static_cast<float*>(t.data) + t.desc.numel());
+      before.push_back(t.desc.is_dense() ? contents(t) : std::vector<float>{});
     }
     net.g->backward(be->default_stream());
     for (ValueId v = 0; v < static_cast<ValueId>(before.size()); ++v) {
       const Tensor t = net.g->value(v);
-      EXPECT_EQ(before[v], std::vector<float>(static_cast<float*>(t.data), static_cast<float*>(t.data) + t.desc.numel()))
+      if (!t.desc.is_dense()) continue;
+      EXPECT_EQ(before[v], contents(t))
           << "value " << v << " changed during backward";
     }
   }
