@@ -1,5 +1,8 @@
 #include "test_util.hpp"
 
+#include <map>
+#include <set>
+
 #include "stepbench/graph.hpp"
 
 namespace stepbench::test {
@@ -27,6 +30,101 @@ std::vector<double> filter_back(const Backend& be, Layout l, const std::vector<d
   std::vector<float> src(stored.begin(), stored.end()), dst(src.size());
   filter_from_storage(src.data(), dst.data(), e);
   return {dst.begin(), dst.end()};
+}
+
+std::vector<double> read_nchw(Backend& be, const Tensor& t) {
+  const Shape& s = t.shape();
+  const std::int64_t extent = t.desc.offset(s.n - 1, s.c - 1, s.h - 1, s.w - 1) + 1;
+  std::vector<float> host(static_cast<std::size_t>(extent));
+  be.copy(be.default_stream(), host.data(), t.data, host.size() * 4);
+  be.synchronize(be.default_stream());
+  std::vector<double> out(static_cast<std::size_t>(s.numel()));
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w)
+          out[ref::idx(s, n, c, h, w)] = host[static_cast<std::size_t>(t.desc.offset(n, c, h, w))];
+  return out;
+}
+
+namespace {
+std::vector<double> read_floats(Backend& be, const float* p, std::size_t n) {
+  std::vector<float> h(n);
+  be.copy(be.default_stream(), h.data(), p, n * 4);
+  be.synchronize(be.default_stream());
+  return {h.begin(), h.end()};
+}
+}  // namespace
+
+void expect_units_match_oracle(Graph& g, double tol) {
+  Backend& be = g.backend();
+  const Layout l = g.config().layout;
+  int checked = 0;
+  // The gradient each consumed value should hold: the sum over its consumers of what each one's
+  // backward sends it, recomputed by the oracle from the gradient at the consumer's output.
+  std::map<ValueId, ref::Vec> want;
+  std::set<ValueId> unknown;  // a consumer the oracle does not model here (dropout)
+  auto add_to = [&](ValueId v, const ref::Vec& d) {
+    auto& w = want[v];
+    if (w.empty()) w.assign(d.size(), 0.0);
+    for (std::size_t i = 0; i < d.size(); ++i) w[i] += d[i];
+  };
+  for (const auto& u : g.layers()) {
+    if (u.kind == "pool") {
+      const Tensor xt = g.value(u.in[0]), yt = g.value(u.out);
+      ref::Vec dx;
+      ref::pool_backward(xt.shape(), read_nchw(be, xt), yt.shape(), read_nchw(be, g.grad(u.out)), dx, u.pool);
+      add_to(u.in[0], dx);
+      continue;
+    }
+    if (u.kind == "linear") {
+      const Tensor xt = g.value(u.in[0]), yt = g.value(u.out);
+      const auto& we = g.param(u.name + ".weight");
+      ref::Vec dx, dw, db;
+      ref::linear_backward(xt.shape().n, xt.shape().c, yt.shape().c, read_nchw(be, xt),
+                           read_floats(be, g.data_of(we), we.count), read_nchw(be, g.grad(u.out)), dx, dw, db);
+      add_to(u.in[0], dx);
+      continue;
+    }
+    if (u.kind != "conv_bn_relu") {
+      if (u.kind != "cross_entropy") unknown.insert(u.in[0]);
+      continue;
+    }
+    SCOPED_TRACE(u.name);
+    const Tensor xt = g.value(u.in[0]), yt = g.value(u.out), dyt = g.grad(u.out);
+    const Shape xs = xt.shape(), ys = yt.shape();
+    const auto& we = g.param(u.name + ".conv.weight");
+    const auto& ge = g.param(u.name + ".bn.weight");
+    const auto& be_ = g.param(u.name + ".bn.bias");
+    const auto w = filter_back(be, l, read_floats(be, g.data_of(we), we.count), ys.c, xs.c, u.conv.kh, u.conv.kw);
+    const auto gamma = read_floats(be, g.data_of(ge), ge.count), beta = read_floats(be, g.data_of(be_), be_.count);
+    const auto x = read_nchw(be, xt), y = read_nchw(be, yt), dy = read_nchw(be, dyt);
+    ref::Vec z, y_ref, dz, dgamma, dbeta, dw, dx;
+    ref::BnSaved saved;
+    ref::conv_forward(xs, x, w, ys, z, u.conv);
+    ref::bn_forward_training(ys, z, gamma, beta, BatchNormParams{}.eps, true, y_ref, saved);
+    EXPECT_CLOSE(y, y_ref, tol);
+    ref::bn_backward(ys, z, y_ref, dy, gamma, saved, true, dz, dgamma, dbeta);
+    ref::conv_backward_filter(xs, x, ys, dz, dw, u.conv);
+    EXPECT_CLOSE(filter_back(be, l, read_floats(be, g.grad_of(we), we.count), ys.c, xs.c, u.conv.kh, u.conv.kw), dw,
+                 tol);
+    EXPECT_CLOSE(read_floats(be, g.grad_of(ge), ge.count), dgamma, tol);
+    EXPECT_CLOSE(read_floats(be, g.grad_of(be_), be_.count), dbeta, tol);
+    if (u.in[0] != g.layers().front().in[0]) {  // the input image has no gradient
+      ref::conv_backward_data(ys, dz, w, xs, dx, u.conv);
+      add_to(u.in[0], dx);
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  int values = 0;
+  for (const auto& [v, d] : want) {
+    if (unknown.count(v)) continue;
+    SCOPED_TRACE("gradient of value " + std::to_string(v));
+    EXPECT_CLOSE(read_nchw(be, g.grad(v)), d, tol);
+    ++values;
+  }
+  EXPECT_GT(values, 0);
 }
 
 }  // namespace stepbench::test

@@ -14,6 +14,7 @@
 #include "reference.hpp"
 #include "stepbench/backend.hpp"
 #include "stepbench/error.hpp"
+#include "stepbench/graph.hpp"
 
 namespace stepbench::test {
 
@@ -160,6 +161,13 @@ class DevVec {
   std::size_t n_;
   Buffer buf_;
 };
+
+// Any fp32 tensor in backend memory (dense or a strided slice) as dense NCHW doubles.
+std::vector<double> read_nchw(Backend& be, const Tensor& t);
+
+// After forward(training) and backward: every conv-BN-ReLU unit of g, checked in place against the
+// oracle from its input value and the gradient at its output (the weight, gamma, beta gradients).
+void expect_units_match_oracle(Graph& g, double tol);
 
 // Reorders an O,I,KH,KW filter into the backend's storage format for layout l.
 std::vector<double> filter_for(const Backend& be, Layout l, const std::vector<double>& oihw, std::int64_t O,

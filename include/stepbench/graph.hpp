@@ -32,6 +32,18 @@ struct ParamEntry {
   std::int64_t fan_in = 0;
 };
 
+// What a layer is, for listings and for checking a layer in place.
+struct LayerInfo {
+  std::string kind;  // conv_bn_relu, pool, dropout, linear, cross_entropy
+  std::string name;  // parameter prefix; empty for layers without parameters
+  std::vector<ValueId> in;
+  ValueId out = -1;  // -1 for the loss
+  ConvParams conv{};
+  PoolParams pool{};
+  bool training_only = false;
+  std::int64_t macs = 0;  // whole batch
+};
+
 struct GraphConfig {
   std::int64_t batch = 1;
   Layout layout = Layout::nchw;
@@ -110,6 +122,7 @@ class Graph {
   // Multiply-adds of one image's forward pass; training includes training-only layers.
   std::int64_t forward_macs_per_image(bool training) const;
   std::size_t activation_bytes() const;  // planned activation + gradient + workspace memory
+  std::vector<LayerInfo> layers() const;  // in execution order
 
   struct Impl;
 

@@ -38,6 +38,17 @@ struct Layer {
   virtual std::int64_t macs() const { return 0; }  // whole batch
   virtual std::size_t workspace_bytes() const { return 0; }
   virtual std::size_t scratch_bytes() const { return 0; }  // shared gradient scratch
+  virtual LayerInfo info() const = 0;
+  LayerInfo base_info(std::string kind, std::string name = {}) const {
+    LayerInfo i;
+    i.kind = std::move(kind);
+    i.name = std::move(name);
+    i.in = in;
+    i.out = out;
+    i.training_only = training_only;
+    i.macs = macs();
+    return i;
+  }
 };
 
 struct Graph::Impl {
@@ -130,6 +141,12 @@ struct ConvBnReluLayer final : Layer {
   std::int64_t cin = 0, mac_count = 0;
   std::size_t workspace_bytes() const override { return conv->workspace_bytes(); }
   std::size_t scratch_bytes() const override { return zdesc.bytes(); }
+  std::string name;
+  LayerInfo info() const override {
+    auto i = base_info("conv_bn_relu", name);
+    i.conv = p;
+    return i;
+  }
 };
 
 struct PoolLayer final : Layer {
@@ -146,6 +163,11 @@ struct PoolLayer final : Layer {
   void backward(Graph::Impl& g, Stream& s) override {
     const Value &x = g.values[in[0]], &y = g.values[out];
     if (x.needs_grad) op->backward(s, x.t, y.t, y.g, x.g, in_beta[0], reserve.get());
+  }
+  LayerInfo info() const override {
+    auto i = base_info("pool");
+    i.pool = p;
+    return i;
   }
 };
 
@@ -166,6 +188,7 @@ struct DropoutLayer final : Layer {
     const Value &x = g.values[in[0]], &y = g.values[out];
     if (x.needs_grad) op->backward(s, y.g, x.g, in_beta[0], reserve.get());
   }
+  LayerInfo info() const override { return base_info("dropout"); }
 };
 
 struct LinearLayer final : Layer {
@@ -184,6 +207,8 @@ struct LinearLayer final : Layer {
   std::int64_t macs() const override { return k * m * batch; }
   std::int64_t batch = 0;
   std::size_t workspace_bytes() const override { return op->workspace_bytes(); }
+  std::string name;
+  LayerInfo info() const override { return base_info("linear", name); }
 };
 
 struct LossLayer final : Layer {
@@ -201,6 +226,8 @@ struct LossLayer final : Layer {
   void backward(Graph::Impl& g, Stream& s) override {
     op->backward(s, g.labels.as<std::int32_t>(), g.values[in[0]].g, weight, in_beta[0], reserve.get());
   }
+  std::string name;
+  LayerInfo info() const override { return base_info("cross_entropy", name); }
 };
 
 }  // namespace
@@ -227,6 +254,7 @@ ValueId Graph::conv_bn_relu(const std::string& name, ValueId x, std::int64_t cou
   const Shape ys = conv_output_shape(xs, cout, p);
   auto l = std::make_unique<ConvBnReluLayer>();
   l->p = p;
+  l->name = name;
   l->cout = cout;
   l->cin = xs.c;
   l->mac_count = ys.numel() * p.kh * p.kw * xs.c;
@@ -302,6 +330,7 @@ ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, floa
   const Shape xs = g.values.at(x).shape;
   SB_CHECK(xs.h == 1 && xs.w == 1, "linear needs a N x C x 1 x 1 input (pool first)");
   auto l = std::make_unique<LinearLayer>();
+  l->name = name;
   l->k = xs.c;
   l->m = out;
   l->batch = xs.n;
@@ -324,6 +353,7 @@ void Graph::cross_entropy(ValueId logits, float weight, const std::string& outpu
   auto& g = *impl_;
   auto l = std::make_unique<LossLayer>();
   l->weight = weight;
+  l->name = output_name;
   l->slot = g.num_losses++;
   l->in = {logits};
   g.loss_weights.push_back(weight);
@@ -544,6 +574,13 @@ std::size_t Graph::activation_bytes() const {
   for (const auto& l : impl_->layers)
     if (auto* c = dynamic_cast<const ConvBnReluLayer*>(l.get())) b += c->z.bytes();
   return b;
+}
+
+std::vector<LayerInfo> Graph::layers() const {
+  std::vector<LayerInfo> v;
+  v.reserve(impl_->layers.size());
+  for (const auto& l : impl_->layers) v.push_back(l->info());
+  return v;
 }
 
 // ---- filter storage ------------------------------------------------------------------------------

@@ -106,10 +106,12 @@ ModelInfo build_inception_v3(Graph& g, const ModelOptions& o) {
   x = inception_c(g, "Mixed_6e", x, 192);
   ModelInfo info{"inception_v3", o.image_size};
   if (o.aux_logits) {
-    const std::int64_t side = g.shape_of(x).h;  // the aux head's 5x5 / stride 3 pool needs 5x5 here
-    if (side < 5)
+    // The aux head pools 5x5 / stride 3, then runs a 5x5 conv without padding: Mixed_6e must be
+    // at least 17x17, which takes a 299x299 image (torchvision fails the same way below it).
+    const std::int64_t side = g.shape_of(x).h;
+    if (side < 17)
       throw UsageError(fmt::format("--image-size {} is too small for the auxiliary head (Mixed_6e is {}x{}, it "
-                                   "needs 5x5: at least 139); use a larger image or --aux-logits off",
+                                   "needs 17x17: at least 299); use --image-size 299 or larger, or --aux-logits off",
                                    o.image_size, side, side));
     g.set_training_only(true);
     auto a = g.pool(x, {PoolKind::avg_include_pad, 5, 5, 3, 3, 0, 0});

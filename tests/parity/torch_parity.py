@@ -5,7 +5,7 @@ every parameter gradient by max|a - b| / max|b| per tensor.
 
 Exit 0 on agreement, 1 on a mismatch, 77 (skip) when PyTorch or torchvision is missing.
 Also usable by hand to check a user's own weights: see README ("Checking numerics")."""
-import argparse, json, os, struct, subprocess, sys, tempfile
+import argparse, copy, json, os, struct, subprocess, sys, tempfile
 
 try:
     import numpy as np
@@ -45,6 +45,48 @@ def read_safetensors(path):
     return out
 
 
+class BasicConv2d(torch.nn.Module):  # torchvision's: conv without bias, BN eps 1e-3, ReLU
+    def __init__(self, cin, cout, **kw):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(cin, cout, bias=False, **kw)
+        self.bn = torch.nn.BatchNorm2d(cout, eps=0.001)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.branch1x1 = BasicConv2d(24, 16, kernel_size=1)
+        self.branch5x5_1 = BasicConv2d(24, 12, kernel_size=1)
+        self.branch5x5_2 = BasicConv2d(12, 16, kernel_size=5, padding=2)
+        self.branch3x3_1 = BasicConv2d(24, 16, kernel_size=(1, 7), padding=(0, 3))
+        self.branch3x3_2 = BasicConv2d(16, 16, kernel_size=(7, 1), padding=(3, 0))
+        self.branch_pool = BasicConv2d(24, 8, kernel_size=1)
+
+    def forward(self, x):
+        pool = torch.nn.functional.avg_pool2d(x, 3, stride=1, padding=1)
+        return torch.cat([self.branch1x1(x), self.branch5x5_2(self.branch5x5_1(x)),
+                          self.branch3x3_2(self.branch3x3_1(x)), self.branch_pool(pool)], 1)
+
+
+class Tiny(torch.nn.Module):
+    """stepbench's tiny model (src/models/tiny.cpp), layer for layer, with the same state_dict names."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.conv1 = BasicConv2d(3, 16, kernel_size=3, stride=2)
+        self.conv2 = BasicConv2d(16, 24, kernel_size=3, padding=1)
+        self.block = _Block()
+        self.fc = torch.nn.Linear(56, num_classes)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(self.conv2(self.conv1(x)), 3, stride=2)
+        x = torch.nn.functional.adaptive_avg_pool2d(self.block(x), 1).flatten(1)
+        return self.fc(x)
+
+
 def rel(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
@@ -53,15 +95,25 @@ def rel(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "tiny"])
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--image-size", type=int, default=299)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--noise-factor", type=float, default=2.0)
+    ap.add_argument("--max-grad-error", type=float, default=0.5)
     ap.add_argument("--formats", default="nchw,nhwc")
+    ap.add_argument("--strict-grads", action=argparse.BooleanOptionalAction, default=None,
+                    help="every gradient within --tol of fp64 (default for the well-conditioned tiny model)")
     args = ap.parse_args()
+    if args.strict_grads is None:
+        args.strict_grads = args.model == "tiny"
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
+    if args.model == "tiny":
+        model = Tiny()
+    else:
+        model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
     # non-trivial BN buffers and affine parameters, so eval mode tests the running statistics
     with torch.no_grad():
         for m in model.modules():
@@ -80,55 +132,106 @@ def main():
     np.save(os.path.join(tmp, "x.npy"), x.numpy())
     np.save(os.path.join(tmp, "y.npy"), y.numpy())
 
-    model.eval()
-    with torch.no_grad():
-        ref_eval = model(x)
-    model.train()
-    model.dropout = torch.nn.Identity()  # stepbench check runs train mode without dropout by default
-    model.zero_grad()
-    out = model(x)
-    ce = torch.nn.functional.cross_entropy
-    loss = ce(out.logits, y) + 0.4 * ce(out.aux_logits, y)
-    loss.backward()
-    grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
+    def eval_logits(dtype):
+        m = copy.deepcopy(model).to(dtype).eval()
+        with torch.no_grad():
+            return m(x.to(dtype)).double().numpy()
 
-    worst, failed = {}, []
+    def train_step(dtype):
+        m = copy.deepcopy(model).to(dtype)
+        m.train()
+        m.dropout = torch.nn.Identity()  # stepbench check runs train mode without dropout by default
+        out = m(x.to(dtype))
+        ce = torch.nn.functional.cross_entropy
+        logits, aux = (out.logits, out.aux_logits) if hasattr(out, "logits") else (out, None)
+        loss = ce(logits, y) + (0.4 * ce(aux, y) if aux is not None else 0)
+        loss.backward()
+        return (logits.detach().double().numpy(), None if aux is None else aux.detach().double().numpy(),
+                loss.detach().double().numpy(), {k: p.grad.double().numpy() for k, p in m.named_parameters()})
 
-    def record(kind, name, err):
-        worst[kind] = max(worst.get(kind, (0.0, ""))[0], err), name if err >= worst.get(kind, (0.0, ""))[0] else worst[kind][1]
-        if not err <= args.tol:
-            failed.append(f"{name}: {err:.3g}")
-        if os.environ.get("PARITY_VERBOSE"): print(f"{name} {err:.3g}")
+    # The reference is PyTorch in float64, and PyTorch's own float32 result is the yardstick.
+    # Gradients of a randomly initialised Inception-v3 in train mode at batch 2 are badly
+    # conditioned (batch statistics over few samples, ReLU masks flipped by rounding, 94 layers):
+    # PyTorch's fp32 gradients differ from its fp64 ones by up to ~20% on some tensors, and which
+    # tensors is luck. So:
+    #  - outputs (logits, aux logits, loss): each within --tol of fp64, or no worse than
+    #    --noise-factor x PyTorch fp32's error;
+    #  - gradients, as a population: the median of err(stepbench) / max(err(PyTorch fp32), tol) is at
+    #    most --noise-factor, no more tensors are worse than 4x PyTorch's than 2x the number where
+    #    PyTorch is 4x worse (plus 2), and no tensor is off by more than --max-grad-error (a wrong
+    #    or missing gradient shows as ~1).
+    #  - with --model tiny (shallow, batch 8: well conditioned), every gradient within --tol instead.
+    # Every layer's gradient is checked exactly against the oracle by the C++ tests
+    # (InceptionUnits.EveryUnitMatchesTheOracleInPlace); this script checks the model end to end.
+    ref_eval, eval32 = eval_logits(torch.float64), eval_logits(torch.float32)
+    logits64, aux64, loss64, grads64 = train_step(torch.float64)
+    logits32, aux32, loss32, grads32 = train_step(torch.float32)
+    failed, outputs, grad_rows = [], [], []
+    verbose = bool(os.environ.get("PARITY_VERBOSE"))
+
+    def output(name, got, want64, torch32):
+        err, base = rel(got, want64), rel(torch32, want64)
+        outputs.append((name, err, base))
+        if not err <= max(args.tol, args.noise_factor * base):
+            failed.append(f"{name}: {err:.3g} (PyTorch fp32: {base:.3g})")
 
     for fmt in args.formats.split(","):
         for mode in ("eval", "train"):
             opath = os.path.join(tmp, f"{fmt}-{mode}.safetensors")
-            cmd = [args.stepbench, "check", "--backend", "cpu", "--weights", wpath, "--input",
+            cmd = [args.stepbench, "check", "--model", args.model, "--backend", "cpu", "--weights", wpath, "--input",
                    os.path.join(tmp, "x.npy"), "--labels", os.path.join(tmp, "y.npy"), "--mode", mode,
                    "--format", fmt, "--output", opath]
             subprocess.run(cmd, check=True)
             got = read_safetensors(opath)
             if mode == "eval":
-                record("logits (eval)", f"{fmt}/eval/logits", rel(got["logits"], ref_eval.numpy()))
+                output(f"{fmt}/eval/logits", got["logits"], ref_eval, eval32)
                 continue
-            record("logits (train)", f"{fmt}/train/logits", rel(got["logits"], out.logits.detach().numpy()))
-            record("aux_logits", f"{fmt}/train/aux_logits", rel(got["aux_logits"], out.aux_logits.detach().numpy()))
-            record("loss", f"{fmt}/train/loss", rel(got["loss"], loss.detach().numpy()))
-            missing = set(grads) - set(got)
+            output(f"{fmt}/train/logits", got["logits"], logits64, logits32)
+            if aux64 is not None:
+                output(f"{fmt}/train/aux_logits", got["aux_logits"], aux64, aux32)
+            output(f"{fmt}/train/loss", got["loss"], loss64, loss32)
+            missing = set(grads64) - set(got)
             if missing:
-                failed.append(f"{fmt}: gradients missing for {sorted(missing)[:3]}...")
-            for k, g in grads.items():
+                failed.append(f"{fmt}: gradients missing for {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            for k in grads64:
                 if k in got:
-                    record("gradients", f"{fmt}/grad/{k}", rel(got[k], g))
+                    grad_rows.append((f"{fmt}/grad/{k}", rel(got[k], grads64[k]), rel(grads32[k], grads64[k])))
 
-    print(f"parity vs torchvision {torchvision.__version__} (PyTorch {torch.__version__}), batch {n}, {s}x{s}, "
-          f"metric max|a-b|/max|b| per tensor, tolerance {args.tol:g}")
-    for kind, (err, name) in worst.items():
-        print(f"  {kind:<16} worst {err:.3e}  ({name})")
+    print(f"parity vs torchvision {torchvision.__version__} (PyTorch {torch.__version__}), reference in float64, "
+          f"batch {n}, {s}x{s}; metric max|a-b|/max|b| per tensor")
+    if verbose:
+        for name, err, base in outputs + grad_rows:
+            print(f"  {name:<64} stepbench {err:.3g}  PyTorch fp32 {base:.3g}")
+    for name, err, base in outputs:
+        print(f"  {name:<24} stepbench {err:.3e}  PyTorch fp32 {base:.3e}")
+    if grad_rows and args.strict_grads:
+        worst = max(grad_rows, key=lambda r: r[1])
+        print(f"  gradients: {len(grad_rows)} tensors, each within {args.tol:g} required; largest error {worst[1]:.3g} "
+              f"({worst[0]}, PyTorch fp32 {worst[2]:.3g})")
+        for name, err, base in grad_rows:
+            if not err <= args.tol:
+                failed.append(f"{name}: {err:.3g} > {args.tol:g} (PyTorch fp32: {base:.3g})")
+    elif grad_rows:
+        ratios = [err / max(base, args.tol) for _, err, base in grad_rows]
+        med = float(np.median(ratios))
+        ours_worse = sum(r > 4 for r in ratios)
+        theirs_worse = sum(err * 4 < base for _, err, base in grad_rows)
+        worst = max(grad_rows, key=lambda r: r[1])
+        print(f"  gradients: {len(grad_rows)} tensors; median err(stepbench)/err(PyTorch fp32) {med:.3f}; "
+              f"stepbench 4x worse on {ours_worse}, PyTorch fp32 4x worse on {theirs_worse}; "
+              f"largest error {worst[1]:.3g} ({worst[0]}, PyTorch fp32 {worst[2]:.3g})")
+        if med > args.noise_factor:
+            failed.append(f"gradients: median error ratio {med:.3f} > {args.noise_factor:g}")
+        if ours_worse > 2 * theirs_worse + 2:
+            failed.append(f"gradients: stepbench 4x worse than PyTorch fp32 on {ours_worse} tensors, "
+                          f"PyTorch 4x worse on only {theirs_worse}")
+        for name, err, base in grad_rows:
+            if not err <= args.max_grad_error:
+                failed.append(f"{name}: {err:.3g} > {args.max_grad_error:g} (PyTorch fp32: {base:.3g})")
     if failed:
         print("MISMATCH:\n  " + "\n  ".join(failed[:20]))
         return 1
-    print("parity: all tensors agree")
+    print("parity: agreement")
     return 0
 
 
