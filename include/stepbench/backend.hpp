@@ -165,6 +165,8 @@ class Backend {
   virtual void deallocate(void* p) = 0;
   virtual void* allocate_host(std::size_t bytes) = 0;  // pinned where that means something
   virtual void deallocate_host(void* p) = 0;
+  // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
+  virtual std::size_t memory_available() const = 0;
 
   // streams and events; on the CPU backend work runs synchronously and events hold host times
   virtual Stream& default_stream() = 0;

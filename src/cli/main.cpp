@@ -1,6 +1,6 @@
 // stepbench: times a CNN training step's phases, and checks numerics against a reference.
-//   stepbench [run flags]            forward, forward+backward and step timing (default)
-//   stepbench check ...              run given weights and input, write logits/loss/gradients
+//   stepbench [flags]          Google Benchmark fixtures of every phase, then a summary (bench.cpp)
+//   stepbench check ...        run given weights and input, write logits/loss/gradients
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,8 @@
 #include "stepbench/io.hpp"
 #include "stepbench/models.hpp"
 #include "stepbench/trainer.hpp"
+#include "bench.hpp"
+#include "options.hpp"
 
 using namespace stepbench;
 
@@ -54,77 +56,6 @@ std::unique_ptr<Backend> open_backend(const Common& c) {
 }
 
 DType precision(const std::string& p) { return p == "tf32" ? DType::f32 : parse_dtype(p); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// ---- run: phase timing -----------------------------------------------------------------------------
-int run(const Common& c, std::int64_t batch, int warmup, int iters, const std::string& optimizer) {
-  if (warmup < 1) throw UsageError("--warmup must be at least 1 (the first step includes one-time costs)");
-  if (iters < 1) throw UsageError("--iterations must be at least 1");
-  auto be = open_backend(c);
-  if (c.precision == "tf32" && be->kind() == DeviceKind::cpu)
-    throw UnsupportedError("--precision tf32 needs the cuda backend; use --precision fp32");
-  Graph g(*be, GraphConfig{batch, parse_layout(c.format), precision(c.precision), 1});
-  ModelOptions mo;
-  mo.image_size = c.image_size;
-  mo.aux_logits = c.aux == "on";
-  build_model(g, c.model, mo);
-  g.plan();
-  init_parameters(g, 1);
-  std::vector<float> img(static_cast<std::size_t>(batch * 3 * c.image_size * c.image_size));
-  for (std::size_t i = 0; i < img.size(); ++i) img[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1;
-  g.set_input_nchw(img.data());
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  for (std::int64_t i = 0; i < batch; ++i) labels[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % 1000);
-  g.set_labels(labels.data());
-  OptimizerConfig oc;
-  oc.kind = parse_optimizer(optimizer);
-  Trainer tr(g, oc);
-  auto& s = be->default_stream();
-  auto t0 = be->create_event(), t1 = be->create_event();
-
-  fmt::print("stepbench {} | backend {} ({}) | {} {} {} | batch {} | image {}x{} | {:.2f}M parameters | "
-             "{:.3f} GMAC/image forward\n",
-             STEPBENCH_VERSION, be->name(), be->device_name(), c.model, c.precision, c.format, batch, c.image_size,
-             c.image_size, g.num_parameters() / 1e6, g.forward_macs_per_image(false) / 1e9);
-  struct Phase {
-    const char* name;
-    std::function<void()> body;
-  };
-  const std::vector<Phase> phases = {
-      {"forward (inference)", [&] { g.forward(s, false); }},
-      {"forward (training)", [&] { tr.forward(s); }},
-      {"forward+backward", [&] { tr.forward(s); tr.backward(s); }},
-      {"step (fwd+bwd+update)", [&] { tr.step(s); }},
-  };
-  fmt::print("{:<24} {:>10} {:>10} {:>12}\n", "phase", "median ms", "min ms", "images/s");
-  double fwd_train = 0, fwd_bwd = 0;
-  for (const auto& ph : phases) {
-    for (int i = 0; i < warmup; ++i) ph.body();
-    be->synchronize(s);
-    std::vector<double> ms;
-    for (int i = 0; i < iters; ++i) {
-      be->record(*t0, s);
-      ph.body();
-      be->record(*t1, s);
-      be->synchronize(s);
-      ms.push_back(be->elapsed_ms(*t0, *t1));
-    }
-    const double med = median(ms);
-    if (std::string(ph.name) == "forward (training)") fwd_train = med;
-    if (std::string(ph.name) == "forward+backward") fwd_bwd = med;
-    fmt::print("{:<24} {:>10.2f} {:>10.2f} {:>12.1f}\n", ph.name, med, *std::min_element(ms.begin(), ms.end()),
-               1000.0 * static_cast<double>(batch) / med);
-  }
-  fmt::print("backward ~ {:.2f} ms (forward+backward minus training forward), backward:forward = {:.2f}\n",
-             fwd_bwd - fwd_train, (fwd_bwd - fwd_train) / fwd_train);
-  fmt::print("loss after {} steps: {:.4f}\n", g.step_counter(), g.loss(s));
-  return 0;
-}
 
 // ---- check: numerics against a reference -------------------------------------------------------
 int check(const Common& c, const std::string& weights, const std::string& input, const std::string& labels_path,
@@ -177,50 +108,47 @@ int check(const Common& c, const std::string& weights, const std::string& input,
   return 0;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"stepbench: precise forward, backward and step timing of CNN training"};
-  app.set_help_all_flag("--help-all", "every subcommand's flags");
-  Common common;
-  std::int64_t batch = 4;
-  int warmup = 2, iters = 5;
-  std::string optimizer = "momentum";
-  add_common(app, common);
-  app.add_option("--batch-size", batch, "images per step")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  app.add_option("--warmup", warmup, "untimed steps before timing each phase (at least 1)")->capture_default_str();
-  app.add_option("--iterations", iters, "timed repetitions of each phase")->capture_default_str();
-  app.add_option("--optimizer", optimizer, "momentum, sgd or rmsprop")->capture_default_str()
-      ->check(CLI::IsMember({"momentum", "sgd", "rmsprop"}));
-
-  auto* chk = app.add_subcommand("check", "run given weights and input; write logits, loss and gradients");
+int check_main(int argc, char** argv) {
+  CLI::App app{"stepbench check: run given weights and input; write logits, and in train mode the loss and every "
+               "parameter gradient, to a safetensors file",
+               "stepbench check"};
   Common cc;
   std::string weights, input, labels, mode = "eval", output;
   bool dropout = false;
-  add_common(*chk, cc);
-  chk->add_option("--weights", weights, "safetensors file with torchvision's state_dict names")->required()
+  add_common(app, cc);
+  app.add_option("--weights", weights, "safetensors file with torchvision's state_dict names")->required()
       ->check(CLI::ExistingFile);
-  chk->add_option("--input", input, "float32 .npy, N x 3 x H x W (NCHW)")->required()->check(CLI::ExistingFile);
-  chk->add_option("--labels", labels, "int64 .npy of N labels (train mode)")->check(CLI::ExistingFile);
-  chk->add_option("--mode", mode, "eval (running statistics) or train (batch statistics, gradients)")
+  app.add_option("--input", input, "float32 .npy, N x 3 x H x W (NCHW)")->required()->check(CLI::ExistingFile);
+  app.add_option("--labels", labels, "int64 .npy of N labels (train mode)")->check(CLI::ExistingFile);
+  app.add_option("--mode", mode, "eval (running statistics) or train (batch statistics, gradients)")
       ->capture_default_str()->check(CLI::IsMember({"eval", "train"}));
-  chk->add_option("--output", output, "safetensors file to write")->required();
-  chk->add_flag("--dropout", dropout, "apply dropout in train mode (off by default, for comparisons)");
-
+  app.add_option("--output", output, "safetensors file to write")->required();
+  app.add_flag("--dropout", dropout, "apply dropout in train mode (off by default, for comparisons)");
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 2; --i) args.emplace_back(argv[i]);
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    fmt::print(stderr, "stepbench check: {}\nRun 'stepbench check --help' for its flags.\n", e.what());
     return 2;
   }
+  return check(cc, weights, input, labels, mode, output, dropout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    if (*chk) return check(cc, weights, input, labels, mode, output, dropout);
-    return run(common, batch, warmup, iters, optimizer);
-  } catch (const UsageError& e) {
+    if (argc > 1 && std::string_view(argv[1]) == "check") return check_main(argc, argv);
+    cli::Options o;
+    if (auto rc = cli::parse(argc, argv, o)) return *rc;
+    cli::resolve(o);
+    return cli::run_benchmarks(o, argv[0]);
+  } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
     fmt::print(stderr, "stepbench: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {

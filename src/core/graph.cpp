@@ -387,6 +387,24 @@ void Graph::plan() {
     off += align_floats(e.count);
   }
   g.state_floats = off;
+
+  // A batch too large for the device is a usage error before anything is allocated (on the CPU,
+  // overcommitted memory would otherwise end in the OOM killer mid-step).
+  {
+    double need = 3.0 * static_cast<double>(g.param_floats) * sizeof(float);  // params, grads, optimizer state
+    for (const auto& v : g.values)
+      if (v.root < 0) need += static_cast<double>(g.desc(v.shape).bytes()) * (v.needs_grad ? 2 : 1);
+    for (const auto& l : g.layers)
+      if (dynamic_cast<const ConvBnReluLayer*>(l.get())) need += static_cast<double>(g.desc(g.values[l->out].shape).bytes());
+    const double have = static_cast<double>(be.memory_available());
+    if (need > 0.9 * have) {
+      const double per_image = need / static_cast<double>(g.cfg.batch);
+      throw UsageError(fmt::format(
+          "batch size {} needs about {:.1f} GiB on {} ({}) and {:.1f} GiB is available; use --batch-size {} or less",
+          g.cfg.batch, need / (1 << 30), be.name(), be.device_name(), have / (1 << 30),
+          std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
+    }
+  }
   g.param_arena = Buffer(be, g.param_floats * sizeof(float));
   g.grad_arena = Buffer(be, g.param_floats * sizeof(float));
   g.state_arena = Buffer(be, std::max<std::size_t>(g.state_floats, 1) * sizeof(float));

@@ -189,7 +189,7 @@ class CpuBatchNorm final : public BatchNormOp {
   }
   void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                          const float* rm, const float* rv) override {
-    cpu::bn_forward_inference(x, y, gamma, beta, rm, rv, p_);
+    cpu::bn_forward_inference(x, y, gamma, beta, rm, rv, p_, scratch_.data());
   }
   void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                 const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx) override {
@@ -333,6 +333,15 @@ class CpuBackend final : public Backend {
   void deallocate(void* p) override { std::free(p); }
   void* allocate_host(std::size_t bytes) override { return allocate(bytes); }
   void deallocate_host(void* p) override { std::free(p); }
+  std::size_t memory_available() const override {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    std::size_t kb = 0;
+    std::string unit;
+    while (f >> key >> kb >> unit)
+      if (key == "MemAvailable:") return kb * 1024;
+    return static_cast<std::size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  }
 
   Stream& default_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }

@@ -58,6 +58,41 @@ void channel_sums(const Shape& s, double* scratch, double* out, F&& f) {
     for (std::int64_t i = 0; i < C * K; ++i) out[i] += scratch[static_cast<std::size_t>(t) * C * K + i];
 }
 
+// y = relu?(a[c] * x + b[c]): channel-contiguous per pixel for NHWC, plane by plane for NCHW (each
+// (n, c) row of w is contiguous even in a channel slice), so both layouts stream through memory.
+void affine_per_channel(const Tensor& x, const Tensor& y, const float* a, const float* b, bool relu) {
+  const Shape& s = x.shape();
+  const std::int64_t C = s.c;
+  const float* X = x.as<float>();
+  float* Y = y.as<float>();
+  if (x.desc.layout == Layout::nhwc) {
+    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      float* py = Y + y.desc.offset(n, 0, h, w);
+      if (relu) {
+        for (std::int64_t c = 0; c < C; ++c) py[c] = std::max(a[c] * px[c] + b[c], 0.0f);
+      } else {
+        for (std::int64_t c = 0; c < C; ++c) py[c] = a[c] * px[c] + b[c];
+      }
+    });
+    return;
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float ac = a[c], bc = b[c];
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* px = X + x.desc.offset(n, c, h, 0);
+        float* py = Y + y.desc.offset(n, c, h, 0);
+        if (relu) {
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = std::max(ac * px[w] + bc, 0.0f);
+        } else {
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = ac * px[w] + bc;
+        }
+      }
+    }
+}
+
 }  // namespace
 
 std::size_t bn_scratch_doubles(std::int64_t channels) {
@@ -103,43 +138,22 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
     a[c] = static_cast<float>(gamma[c] * invstd);
     b[c] = static_cast<float>(beta[c] - save_mean[c] * gamma[c] * invstd);
   }
-  const bool relu = p.relu;
-  dispatch_layout(x, [&](auto cl) {
-    constexpr bool CL = decltype(cl)::value;
-    const std::int64_t xc = cstride<CL>(x), yc = cstride<CL>(y);
-    float* Y = y.as<float>();
-    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      float* py = Y + y.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float v = a[c] * px[c * xc] + b[c];
-        py[c * yc] = relu ? std::max(v, 0.0f) : v;
-      }
-    });
-  });
+  affine_per_channel(x, y, a, b, p.relu);
 }
 
 void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                          const float* running_mean, const float* running_var, const BatchNormParams& p) {
+                          const float* running_mean, const float* running_var, const BatchNormParams& p,
+                          double* scratch) {
   check_f32(x, "batch norm");
-  const Shape& s = x.shape();
-  const std::int64_t C = s.c;
-  const bool relu = p.relu;
-  const float* X = x.as<float>();
-  float* Y = y.as<float>();
-  dispatch_layout(x, [&](auto cl) {
-    constexpr bool CL = decltype(cl)::value;
-    const std::int64_t xc = cstride<CL>(x), yc = cstride<CL>(y);
-    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      float* py = Y + y.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float invstd = 1.0f / std::sqrt(running_var[c] + static_cast<float>(p.eps));
-        const float v = gamma[c] * invstd * (px[c * xc] - running_mean[c]) + beta[c];
-        py[c * yc] = relu ? std::max(v, 0.0f) : v;
-      }
-    });
-  });
+  const std::int64_t C = x.shape().c;
+  float* a = reinterpret_cast<float*>(scratch);
+  float* b = a + C;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + p.eps);
+    a[c] = static_cast<float>(gamma[c] * invstd);
+    b[c] = static_cast<float>(beta[c] - running_mean[c] * gamma[c] * invstd);
+  }
+  affine_per_channel(x, y, a, b, p.relu);
 }
 
 void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,

@@ -14,7 +14,8 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
                          float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p,
                          double* scratch);
 void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                          const float* running_mean, const float* running_var, const BatchNormParams& p);
+                          const float* running_mean, const float* running_var, const BatchNormParams& p,
+                          double* scratch);
 void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                  const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx,
                  bool relu, double* scratch);

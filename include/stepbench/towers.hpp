@@ -1,0 +1,121 @@
+// The tower core: one model replica per device (GPU, or CPU "tower" on the cpu backend), each
+// with its own backend, graph and optimizer state, and the gradient synchronisation between them
+// in tf_cnn_benchmarks' variable-update modes:
+//   replicated        every tower's gradients are all-reduced (averaged), every tower updates its
+//                     own copy of the variables (identical results);
+//   parameter_server  gradients are reduced (averaged) onto the server (tower 0), which updates
+//                     the variables and broadcasts them back to every tower;
+//   independent       no synchronisation: each tower trains on its own.
+// Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
+// execution order, so the first bucket is the first one backward finishes).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stepbench/graph.hpp"
+#include "stepbench/models.hpp"
+
+namespace stepbench {
+
+enum class VariableUpdate { replicated, parameter_server, independent };
+std::string_view to_string(VariableUpdate v);
+VariableUpdate parse_variable_update(std::string_view s);  // UsageError naming the accepted values
+
+struct TowerOptions {
+  std::string backend = "cpu";  // "cpu" or "cuda" (already resolved from "auto")
+  int towers = 1;
+  std::int64_t batch_per_tower = 1;
+  std::string model = "inception_v3";
+  ModelOptions model_options;
+  Layout layout = Layout::nchw;
+  DType dtype = DType::f32;
+  OptimizerConfig optimizer;
+  VariableUpdate variable_update = VariableUpdate::replicated;
+  std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size
+  std::uint64_t seed = 1;
+};
+
+// Moves gradient and parameter buckets between towers. Implementations: host memory (the cpu
+// backend's towers); NCCL for GPUs.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual std::string name() const = 0;
+  // Average `count` floats at offset `off` of every tower's buffer; result on every tower.
+  virtual void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
+  // Average onto tower 0 only.
+  virtual void reduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
+  // Copy tower 0's range to every other tower.
+  virtual void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
+};
+
+class Towers {
+ public:
+  explicit Towers(const TowerOptions& o);
+  ~Towers();
+  Towers(const Towers&) = delete;
+  Towers& operator=(const Towers&) = delete;
+
+  int size() const { return static_cast<int>(towers_.size()); }
+  const TowerOptions& options() const { return opt_; }
+  Backend& backend(int i) const;
+  Graph& graph(int i) const;
+  Stream& stream(int i) const;
+  const ModelInfo& model_info() const { return info_; }
+  const Collective& collective() const { return *coll_; }
+
+  // Synthetic data: a fixed random batch and labels on every tower (different per tower).
+  void set_synthetic_batch(std::uint64_t seed);
+
+  // The phases. Each launches the work on every tower's stream and returns without waiting.
+  void forward_inference();
+  void forward_train();
+  void backward();
+  void grad_sync();
+  void update();
+  void step();  // forward_train, backward, grad_sync, update
+  void synchronize();
+
+  // Gradient synchronisation: what one grad_sync moves, and nccl-tests' bus-bandwidth factor for
+  // the collective the mode uses (allreduce 2(n-1)/n, reduce 1), 0 when nothing moves.
+  std::size_t sync_bytes() const;
+  std::size_t bucket_count() const { return buckets_.size(); }
+  double bus_factor() const;
+
+  float loss(int tower) const;
+
+ private:
+  struct Tower;
+  TowerOptions opt_;
+  ModelInfo info_;
+  std::vector<std::unique_ptr<Tower>> towers_;
+  std::unique_ptr<Collective> coll_;
+  std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
+  std::vector<float*> grads_, params_;
+};
+
+// Times a region of work on every tower: points are recorded as events on each tower's stream
+// (device time) and read on a steady clock (host time). Point 0 is start(), the last is stop();
+// mark() records the ones between. stop() waits for the work.
+class RegionTimer {
+ public:
+  RegionTimer(const Towers& t, int points);
+  void start();
+  void mark(int point);
+  void stop();
+  // The longest tower's device time between two points.
+  double device_ms(int from, int to) const;
+  // Host wall time from start() to the return of stop() (which waited for the device).
+  double host_ms() const;
+
+ private:
+  const Towers& t_;
+  std::vector<std::vector<std::unique_ptr<Event>>> ev_;  // [tower][point]
+  std::chrono::steady_clock::time_point h0_, h1_;
+};
+
+}  // namespace stepbench

@@ -1,0 +1,419 @@
+#include "bench.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <tuple>
+
+#include <unistd.h>
+
+#include "stepbench/error.hpp"
+#include "stepbench/towers.hpp"
+
+namespace stepbench::cli {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / v.size(); }
+double stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0.0;
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / (v.size() - 1));
+}
+
+// Every repetition of every benchmark, for the summary; Google Benchmark's console output as usual.
+class SummaryReporter final : public benchmark::ConsoleReporter {
+ public:
+  explicit SummaryReporter(OutputOptions opts) : ConsoleReporter(opts) {}
+  struct Rep {
+    double device_ms;
+    std::map<std::string, double> counters;
+  };
+  std::map<std::string, std::vector<Rep>> reps;  // by registered name
+  std::vector<std::string> errors;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs) {
+      if (r.error_occurred) {
+        errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));
+        continue;
+      }
+      if (r.run_type != Run::RT_Iteration) continue;
+      Rep rep{r.GetAdjustedRealTime(), {}};  // manual time, in the benchmark's unit (ms)
+      for (const auto& [k, c] : r.counters) rep.counters[k] = c.value;
+      reps[r.run_name.function_name].push_back(std::move(rep));
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+struct Phase {
+  std::string name;
+  double flops_per_image = 0;  // for TFLOP/s
+  bool images = true;          // images/s makes sense
+};
+
+std::string prefix_of(const Options& o, std::int64_t batch) {
+  return fmt::format("{}/{}/{}/gpus:{}/batch:{}", o.model, o.precision, o.format, o.gpus, batch);
+}
+
+// A distinct convolution shape of the model, DeepBench style.
+struct ConvShape {
+  Shape x;
+  std::int64_t cout;
+  ConvParams p;
+  int count = 0;
+  auto key() const {
+    return std::make_tuple(x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+  }
+  std::string name() const {
+    return fmt::format("conv:{}x{}x{}x{}>{}:k{}x{}:s{}x{}:p{}x{}", x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h,
+                       p.stride_w, p.pad_h, p.pad_w);
+  }
+};
+
+std::vector<ConvShape> distinct_convs(const Graph& g) {
+  std::vector<ConvShape> v;
+  for (const auto& l : g.layers()) {
+    if (l.kind != "conv_bn_relu") continue;
+    ConvShape s{g.shape_of(l.in[0]), g.shape_of(l.out).c, l.conv};
+    auto it = std::find_if(v.begin(), v.end(), [&](const ConvShape& o) { return o.key() == s.key(); });
+    if (it == v.end()) {
+      s.count = 1;
+      v.push_back(s);
+    } else {
+      ++it->count;
+    }
+  }
+  return v;
+}
+
+// Buffers and the op for timing one conv shape alone.
+struct ConvRig {
+  std::unique_ptr<ConvOp> op;
+  Buffer x, y, w, dw, ws;
+  TensorDesc xd, yd;
+  ConvRig(Backend& be, const ConvShape& s, Layout l, DType t) {
+    xd = TensorDesc::dense(s.x, t, l);
+    yd = TensorDesc::dense(conv_output_shape(s.x, s.cout, s.p), t, l);
+    op = be.make_conv(xd, yd, s.p);
+    x = Buffer(be, xd.bytes());
+    y = Buffer(be, yd.bytes());
+    const std::size_t wn = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
+    w = Buffer(be, wn * sizeof(float));
+    dw = Buffer(be, wn * sizeof(float));
+    ws = Buffer(be, std::max<std::size_t>(op->workspace_bytes(), 1));
+    auto& st = be.default_stream();
+    if (t == DType::f32) {
+      be.fill(st, x.as<float>(), 0.5f, static_cast<std::size_t>(xd.numel()));
+      be.fill(st, y.as<float>(), 0.25f, static_cast<std::size_t>(yd.numel()));
+    } else {
+      be.memset_zero(st, x.get(), xd.bytes());
+      be.memset_zero(st, y.get(), yd.bytes());
+    }
+    be.fill(st, w.as<float>(), 0.01f, wn);
+    be.synchronize(st);
+  }
+};
+
+void add_context(const Options& o, const Towers& t) {
+  Backend& be = t.backend(0);
+  benchmark::AddCustomContext("stepbench_version", STEPBENCH_VERSION);
+  benchmark::AddCustomContext("backend", be.name());
+  benchmark::AddCustomContext("device", be.device_name());
+  for (const auto& [k, v] : be.versions()) benchmark::AddCustomContext(k, v);
+  benchmark::AddCustomContext("model", o.model);
+  benchmark::AddCustomContext("image_size", std::to_string(o.image_size));
+  benchmark::AddCustomContext("aux_logits", o.aux_logits);
+  benchmark::AddCustomContext("precision", o.precision);
+  benchmark::AddCustomContext("layout", o.format);
+  benchmark::AddCustomContext("gpus", std::to_string(o.gpus));
+  benchmark::AddCustomContext("batch_size_per_gpu", std::to_string(o.batch_size));
+  benchmark::AddCustomContext("global_batch_size", std::to_string(o.batch_size * o.gpus));
+  benchmark::AddCustomContext("variable_update", o.variable_update);
+  benchmark::AddCustomContext("optimizer", o.optimizer);
+  benchmark::AddCustomContext("warmup_steps", std::to_string(o.warmup));
+  benchmark::AddCustomContext("gradient_bytes", std::to_string(t.graph(0).param_arena_floats() * sizeof(float)));
+  benchmark::AddCustomContext("sync_buckets", std::to_string(t.bucket_count()));
+  benchmark::AddCustomContext("collective", t.collective().name());
+  benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
+  benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
+  if (o.reduced) benchmark::AddCustomContext("reduced_configuration", o.reduced_note);
+}
+
+benchmark::Counter avg(double total) { return benchmark::Counter(total, benchmark::Counter::kAvgIterations); }
+benchmark::Counter rate(double per_iteration) {
+  return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep, const std::string& prefix) {
+  auto find = [&](const std::string& phase) -> const std::vector<SummaryReporter::Rep>* {
+    auto it = rep.reps.find(prefix + "/" + phase);
+    return it == rep.reps.end() ? nullptr : &it->second;
+  };
+  auto med = [&](const std::vector<SummaryReporter::Rep>& r, const std::string& counter) {
+    std::vector<double> v;
+    for (const auto& x : r) {
+      if (counter.empty()) {
+        v.push_back(x.device_ms);
+      } else {
+        auto it = x.counters.find(counter);
+        if (it != x.counters.end()) v.push_back(it->second);
+      }
+    }
+    return median(v);
+  };
+  const auto* step = find("step");
+  const double step_ms = step ? med(*step, "") : NAN;
+  const std::int64_t images = o.batch_size * o.gpus;
+  std::cout << fmt::format("\nstepbench summary: {} on {} ({}), {} {} {}, {} x batch {} = {} images per step, "
+                           "variable update {}\n",
+                           o.model, t.backend(0).name(), t.backend(0).device_name(), o.precision, o.format,
+                           o.image_size == 0 ? "" : fmt::format("{}x{}", o.image_size, o.image_size), o.gpus,
+                           o.batch_size, images, o.variable_update);
+  std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", o.repetitions,
+                           o.warmup);
+  std::cout << fmt::format("{:<18} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}\n", "phase", "median ms", "images/s",
+                           "host ms", "gap ms", "cv %", "% of step");
+  std::vector<std::string> warnings;
+  for (const auto& ph : all_phases()) {
+    const auto* r = find(ph);
+    if (!r || r->empty()) continue;
+    std::vector<double> ms;
+    for (const auto& x : *r) ms.push_back(x.device_ms);
+    const double m = median(ms), cv = ms.size() > 1 ? 100.0 * stddev(ms) / mean(ms) : 0.0;
+    if (cv > 5.0) warnings.push_back(fmt::format("{}: cv {:.1f}% over {} repetitions", ph, cv, ms.size()));
+    const bool per_image = ph != "grad_sync" && ph != "update";
+    std::cout << fmt::format("{:<18} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}\n", ph, m,
+                             per_image ? fmt::format("{:.1f}", 1000.0 * images / m) : "-", med(*r, "host_ms"),
+                             med(*r, "gap_ms"), cv,
+                             std::isnan(step_ms) ? "-" : fmt::format("{:.1f}", 100.0 * m / step_ms));
+  }
+  if (step) {
+    const double f = med(*step, "forward_ms"), b = med(*step, "backward_ms"), s = med(*step, "sync_ms"),
+                 u = med(*step, "update_ms");
+    std::cout << fmt::format(
+        "inside the step: forward {:.3f} ms, backward {:.3f} ms, sync {:.3f} ms, update {:.3f} ms; "
+        "backward:forward {:.2f}, sync share {:.1f}% of the step\n",
+        f, b, s, u, b / f, 100.0 * s / step_ms);
+  }
+  if (const auto* fb = find("forward_backward")) {
+    const double f = med(*fb, "forward_ms"), b = med(*fb, "backward_ms");
+    std::cout << fmt::format("forward_backward alone: forward {:.3f} ms, backward {:.3f} ms, backward:forward {:.2f}\n",
+                             f, b, b / f);
+  }
+  if (const auto* gs = find("grad_sync")) {
+    std::cout << fmt::format("grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s\n",
+                             t.sync_bytes() / 1e6, t.bucket_count(), t.collective().name(), o.variable_update,
+                             med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"));
+  } else if (t.sync_bytes() == 0) {
+    std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
+                             t.size() < 2 ? "one tower" : "independent towers");
+  }
+  for (const auto& w : warnings) std::cout << "WARNING: " << w << " (> 5%: the machine is noisy; more --repetitions "
+                                                             "or a quieter machine)\n";
+  for (const auto& e : rep.errors) std::cout << "ERROR: " << e << "\n";
+  if (o.reduced) std::cout << "note: " << o.reduced_note << "\n";
+}
+
+}  // namespace
+
+int run_benchmarks(Options& o, const char* argv0) {
+  TowerOptions to;
+  to.backend = o.backend;
+  to.towers = o.gpus;
+  to.batch_per_tower = o.batch_size;
+  to.model = o.model;
+  to.model_options.image_size = o.image_size;
+  to.model_options.aux_logits = o.aux_logits == "on";
+  to.layout = parse_layout(o.format);
+  to.dtype = o.precision == "tf32" ? DType::f32 : parse_dtype(o.precision);
+  to.optimizer.kind = parse_optimizer(o.optimizer);
+  to.optimizer.lr = static_cast<float>(o.learning_rate);
+  to.optimizer.weight_decay = static_cast<float>(o.weight_decay);
+  to.variable_update = parse_variable_update(o.variable_update);
+  to.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
+  const std::string prefix = prefix_of(o, o.batch_size);
+
+  // Google Benchmark's flags first, so a bad one fails before minutes of set-up.
+  std::vector<std::string> gb_args = {argv0};
+  for (const auto& a : o.benchmark_args) gb_args.push_back(a);
+  if (!o.json.empty()) {
+    gb_args.push_back("--benchmark_out=" + o.json);
+    gb_args.push_back("--benchmark_out_format=json");
+  }
+  std::vector<char*> gb_argv;
+  for (auto& a : gb_args) gb_argv.push_back(a.data());
+  int gb_argc = static_cast<int>(gb_argv.size());
+  benchmark::Initialize(&gb_argc, gb_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(gb_argc, gb_argv.data())) return 2;
+
+  std::vector<std::string> phases = o.phases.empty() ? all_phases() : o.phases;
+  std::cerr << fmt::format("stepbench: {} x {} on {}, batch {} per tower, {}x{} {} {}{}\n", o.gpus, o.model,
+                           o.backend, o.batch_size, o.image_size, o.image_size, o.precision, o.format,
+                           o.reduced ? fmt::format(" [{}]", o.reduced_note) : "");
+  Towers towers(to);
+  towers.set_synthetic_batch(42);
+  const Graph& g0 = towers.graph(0);
+  const double fwd_flops = 2.0 * static_cast<double>(g0.forward_macs_per_image(false));
+  const double train_fwd_flops = 2.0 * static_cast<double>(g0.forward_macs_per_image(true));
+  const double images = static_cast<double>(o.batch_size * o.gpus);
+
+  if (o.list) {
+    for (const auto& p : phases)
+      if (p != "grad_sync" || towers.sync_bytes() > 0) std::cout << prefix << "/" << p << "\n";
+    if (o.per_layer)
+      for (const auto& c : distinct_convs(g0))
+        for (const char* k : {"fwd", "bwd_data", "bwd_filter"}) std::cout << prefix << "/" << c.name() << "/" << k << "\n";
+    return 0;
+  }
+
+  // Warm-up: algorithm choice, first touch of every buffer, caches. Never fewer than one step.
+  for (int i = 0; i < std::max(o.warmup, 1); ++i) {
+    towers.step();
+    towers.forward_inference();
+  }
+  towers.synchronize();
+  if (!std::isfinite(towers.loss(0)))
+    std::cerr << "stepbench: warning: the loss is not finite after warm-up (" << towers.loss(0) << ")\n";
+  add_context(o, towers);
+
+  auto reg = [&](const std::string& name, auto body) {
+    benchmark::RegisterBenchmark(name.c_str(), body)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Repetitions(o.repetitions);  // mean, median, stddev and cv aggregates
+  };
+
+  for (const auto& ph : phases) {
+    if (ph == "grad_sync" && towers.sync_bytes() == 0) continue;  // nothing moves: reported in the summary
+    reg(prefix + "/" + ph, [&, ph](benchmark::State& st) {
+      const bool fb = ph == "forward_backward", step = ph == "step";
+      RegionTimer rt(towers, step ? 5 : fb ? 3 : 2);
+      double host = 0, dev = 0, f = 0, b = 0, s = 0, u = 0;
+      for (auto _ : st) {
+        rt.start();
+        if (ph == "forward") {
+          towers.forward_inference();
+        } else if (ph == "forward_train") {
+          towers.forward_train();
+        } else if (fb) {
+          towers.forward_train();
+          rt.mark(1);
+          towers.backward();
+        } else if (step) {
+          towers.forward_train();
+          rt.mark(1);
+          towers.backward();
+          rt.mark(2);
+          towers.grad_sync();
+          rt.mark(3);
+          towers.update();
+        } else if (ph == "grad_sync") {
+          towers.grad_sync();
+        } else if (ph == "update") {
+          towers.update();
+        }
+        rt.stop();
+        const int last = step ? 4 : fb ? 2 : 1;
+        const double d = rt.device_ms(0, last);
+        st.SetIterationTime(d / 1e3);
+        dev += d;
+        host += rt.host_ms();
+        if (fb || step) {
+          f += rt.device_ms(0, 1);
+          b += rt.device_ms(1, 2);
+        }
+        if (step) {
+          s += rt.device_ms(2, 3);
+          u += rt.device_ms(3, 4);
+        }
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["gap_ms"] = avg(host - dev);
+      if (fb || step) {
+        st.counters["forward_ms"] = avg(f);
+        st.counters["backward_ms"] = avg(b);
+      }
+      if (step) {
+        st.counters["sync_ms"] = avg(s);
+        st.counters["update_ms"] = avg(u);
+      }
+      if (ph == "forward") {
+        st.counters["images/s"] = rate(images);
+        st.counters["TFLOP/s"] = rate(images * fwd_flops / 1e12);
+      } else if (ph == "forward_train") {
+        st.counters["images/s"] = rate(images);
+        st.counters["TFLOP/s"] = rate(images * train_fwd_flops / 1e12);
+      } else if (fb || step) {
+        st.counters["images/s"] = rate(images);
+        st.counters["TFLOP/s"] = rate(images * 3.0 * train_fwd_flops / 1e12);  // backward ~ 2x forward
+      } else if (ph == "grad_sync") {
+        const double gb = static_cast<double>(towers.sync_bytes()) / 1e9;
+        st.counters["algbw_GB/s"] = rate(gb);
+        st.counters["busbw_GB/s"] = rate(gb * towers.bus_factor());
+        st.counters["bytes"] = static_cast<double>(towers.sync_bytes());
+        st.counters["buckets"] = static_cast<double>(towers.bucket_count());
+      } else if (ph == "update") {
+        st.counters["params/s"] = rate(static_cast<double>(g0.num_parameters()) * towers.size());
+      }
+    });
+  }
+
+  std::vector<std::unique_ptr<ConvRig>> rigs;
+  if (o.per_layer) {
+    Backend& be = towers.backend(0);
+    for (const auto& c : distinct_convs(g0)) {
+      rigs.push_back(std::make_unique<ConvRig>(be, c, to.layout, to.dtype));
+      ConvRig* rig = rigs.back().get();
+      const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * c.x.c;
+      for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
+        reg(prefix + "/" + c.name() + "/" + kind, [&be, rig, kind, macs, count = c.count](benchmark::State& st) {
+          auto& s = be.default_stream();
+          auto run = [&] {
+            const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
+            if (kind == "fwd") rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
+            else if (kind == "bwd_data") rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
+            else rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
+          };
+          run();  // warm-up
+          be.synchronize(s);
+          auto e0 = be.create_event(), e1 = be.create_event();
+          for (auto _ : st) {
+            be.record(*e0, s);
+            run();
+            be.record(*e1, s);
+            be.synchronize(s);
+            st.SetIterationTime(be.elapsed_ms(*e0, *e1) / 1e3);
+          }
+          st.counters["MACs"] = macs;
+          st.counters["GFLOP/s"] = rate(2.0 * macs / 1e9);
+          st.counters["layers"] = count;
+        });
+      }
+    }
+  }
+
+  // Colour only on a terminal: logs and CI output stay plain text.
+  SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
+                                                  : benchmark::ConsoleReporter::OO_Tabular);
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  print_summary(o, towers, reporter, prefix);
+  benchmark::Shutdown();
+  return reporter.errors.empty() ? 0 : 1;
+}
+
+}  // namespace stepbench::cli

@@ -1,0 +1,222 @@
+#include "stepbench/towers.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "stepbench/error.hpp"
+#include "stepbench/trainer.hpp"
+
+namespace stepbench {
+
+std::string_view to_string(VariableUpdate v) {
+  switch (v) {
+    case VariableUpdate::replicated: return "replicated";
+    case VariableUpdate::parameter_server: return "parameter_server";
+    case VariableUpdate::independent: return "independent";
+  }
+  return "?";
+}
+
+VariableUpdate parse_variable_update(std::string_view s) {
+  if (s == "replicated") return VariableUpdate::replicated;
+  if (s == "parameter_server") return VariableUpdate::parameter_server;
+  if (s == "independent") return VariableUpdate::independent;
+  throw UsageError(
+      fmt::format("--variable-update '{}' is not one of: replicated, parameter_server, independent", s));
+}
+
+namespace {
+
+TensorDesc flat(std::size_t count) {
+  return TensorDesc::dense(Shape{1, static_cast<std::int64_t>(count), 1, 1}, DType::f32, Layout::nchw);
+}
+
+// Towers whose memory the host can address (the cpu backend): sums on tower 0's backend.
+class HostCollective final : public Collective {
+ public:
+  explicit HostCollective(Backend& be) : be_(be) {}
+  std::string name() const override { return "host memory"; }
+  void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
+    reduce_average(bufs, off, count);
+    broadcast(bufs, off, count);
+  }
+  void reduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
+    if (bufs.size() < 2) return;
+    auto& s = be_.default_stream();
+    const Tensor dst{bufs[0] + off, flat(count)};
+    for (std::size_t i = 1; i < bufs.size(); ++i) be_.add(s, Tensor{bufs[i] + off, flat(count)}, dst, 1.0f);
+    be_.scale(s, bufs[0] + off, 1.0f / static_cast<float>(bufs.size()), count);
+  }
+  void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
+    auto& s = be_.default_stream();
+    for (std::size_t i = 1; i < bufs.size(); ++i) be_.copy(s, bufs[i] + off, bufs[0] + off, count * sizeof(float));
+  }
+
+ private:
+  Backend& be_;
+};
+
+}  // namespace
+
+struct Towers::Tower {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Graph> g;
+  std::unique_ptr<Trainer> tr;
+};
+
+Towers::Towers(const TowerOptions& o) : opt_(o) {
+  if (o.towers < 1) throw UsageError(fmt::format("--gpus {} must be at least 1", o.towers));
+  if (o.backend == "cuda") {
+    const int visible = cuda_device_count();
+    if (o.towers > visible)
+      throw UsageError(fmt::format("--gpus {} but only {} GPU{} visible; use --gpus {} or fewer", o.towers, visible,
+                                   visible == 1 ? " is" : "s are", visible));
+  }
+  for (int i = 0; i < o.towers; ++i) {
+    auto t = std::make_unique<Tower>();
+    t->be = make_backend(o.backend, i);
+    t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype, o.seed + 977 * i});
+    info_ = build_model(*t->g, o.model, o.model_options);
+    t->g->plan();
+    init_parameters(*t->g, o.seed);  // every replica starts from the same variables
+    t->tr = std::make_unique<Trainer>(*t->g, o.optimizer);
+    grads_.push_back(t->g->grad_arena());
+    params_.push_back(t->g->param_arena());
+    towers_.push_back(std::move(t));
+  }
+  if (o.backend == "cpu") {
+    coll_ = std::make_unique<HostCollective>(*towers_[0]->be);
+  } else {
+    // NCCL between GPUs is the towers issue's; until then only one GPU tower.
+    if (o.towers > 1)
+      throw UnsupportedError(fmt::format(
+          "--gpus {}: gradient sync between GPUs (NCCL) is not implemented yet; use --gpus 1", o.towers));
+    coll_ = std::make_unique<HostCollective>(*towers_[0]->be);
+  }
+  // Buckets over the gradient arena, each at most bucket_bytes, split at parameter boundaries when
+  // a parameter fits (a parameter larger than a bucket gets a bucket of its own).
+  const std::size_t per = std::max<std::size_t>(opt_.bucket_bytes / sizeof(float), 1);
+  const std::size_t total = towers_[0]->g->param_arena_floats();
+  std::vector<std::size_t> bounds;  // parameter starts, ascending
+  for (const auto& e : towers_[0]->g->params())
+    if (e.trainable) bounds.push_back(e.offset);
+  std::sort(bounds.begin(), bounds.end());
+  bounds.push_back(total);
+  std::size_t start = 0;
+  for (std::size_t k = 1; k < bounds.size(); ++k) {
+    if (bounds[k] - start > per && bounds[k - 1] > start) {
+      buckets_.emplace_back(start, bounds[k - 1] - start);
+      start = bounds[k - 1];
+    }
+  }
+  if (total > start) buckets_.emplace_back(start, total - start);
+}
+
+Towers::~Towers() = default;
+
+Backend& Towers::backend(int i) const { return *towers_.at(static_cast<std::size_t>(i))->be; }
+Graph& Towers::graph(int i) const { return *towers_.at(static_cast<std::size_t>(i))->g; }
+Stream& Towers::stream(int i) const { return backend(i).default_stream(); }
+
+void Towers::set_synthetic_batch(std::uint64_t seed) {
+  for (int i = 0; i < size(); ++i) {
+    Graph& g = graph(i);
+    const Shape s = g.input_tensor().shape();
+    std::mt19937_64 rng(seed + 7919 * static_cast<std::uint64_t>(i));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> img(static_cast<std::size_t>(s.numel()));
+    for (auto& v : img) v = nd(rng);
+    g.set_input_nchw(img.data());
+    const auto classes = static_cast<std::uint64_t>(opt_.model_options.num_classes);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(s.n));
+    for (auto& l : labels) l = static_cast<std::int32_t>(rng() % classes);
+    g.set_labels(labels.data());
+  }
+}
+
+void Towers::forward_inference() {
+  for (auto& t : towers_) t->g->forward(t->be->default_stream(), false);
+}
+void Towers::forward_train() {
+  for (auto& t : towers_) t->tr->forward(t->be->default_stream());
+}
+void Towers::backward() {
+  for (auto& t : towers_) t->tr->backward(t->be->default_stream());
+}
+void Towers::grad_sync() {
+  if (size() < 2) return;
+  switch (opt_.variable_update) {
+    case VariableUpdate::replicated:
+      for (auto [off, n] : buckets_) coll_->allreduce_average(grads_, off, n);
+      break;
+    case VariableUpdate::parameter_server:
+      for (auto [off, n] : buckets_) coll_->reduce_average(grads_, off, n);
+      break;
+    case VariableUpdate::independent: break;
+  }
+}
+void Towers::update() {
+  if (opt_.variable_update == VariableUpdate::parameter_server && size() > 1) {
+    towers_[0]->tr->update(towers_[0]->be->default_stream());
+    for (auto [off, n] : buckets_) coll_->broadcast(params_, off, n);
+    return;
+  }
+  for (auto& t : towers_) t->tr->update(t->be->default_stream());
+}
+void Towers::step() {
+  forward_train();
+  backward();
+  grad_sync();
+  update();
+}
+void Towers::synchronize() {
+  for (auto& t : towers_) t->be->synchronize(t->be->default_stream());
+}
+
+std::size_t Towers::sync_bytes() const {
+  if (size() < 2 || opt_.variable_update == VariableUpdate::independent) return 0;
+  return towers_[0]->g->param_arena_floats() * sizeof(float);
+}
+
+double Towers::bus_factor() const {
+  if (sync_bytes() == 0) return 0.0;
+  const double n = size();
+  return opt_.variable_update == VariableUpdate::replicated ? 2.0 * (n - 1) / n : 1.0;
+}
+
+float Towers::loss(int tower) const { return graph(tower).loss(stream(tower)); }
+
+// ---- timing --------------------------------------------------------------------------------------
+RegionTimer::RegionTimer(const Towers& t, int points) : t_(t) {
+  SB_CHECK(points >= 2, "a region has a start and a stop");
+  ev_.resize(static_cast<std::size_t>(t.size()));
+  for (int i = 0; i < t.size(); ++i)
+    for (int p = 0; p < points; ++p) ev_[static_cast<std::size_t>(i)].push_back(t.backend(i).create_event());
+}
+void RegionTimer::start() {
+  h0_ = std::chrono::steady_clock::now();
+  mark(0);
+}
+void RegionTimer::mark(int point) {
+  for (int i = 0; i < t_.size(); ++i)
+    t_.backend(i).record(*ev_[static_cast<std::size_t>(i)].at(static_cast<std::size_t>(point)), t_.stream(i));
+}
+void RegionTimer::stop() {
+  mark(static_cast<int>(ev_[0].size()) - 1);
+  for (int i = 0; i < t_.size(); ++i) t_.backend(i).synchronize(t_.stream(i));
+  h1_ = std::chrono::steady_clock::now();
+}
+double RegionTimer::device_ms(int from, int to) const {
+  double ms = 0;
+  for (int i = 0; i < t_.size(); ++i) {
+    auto& ev = ev_[static_cast<std::size_t>(i)];
+    ms = std::max(ms, t_.backend(i).elapsed_ms(*ev.at(static_cast<std::size_t>(from)),
+                                               *ev.at(static_cast<std::size_t>(to))));
+  }
+  return ms;
+}
+double RegionTimer::host_ms() const { return std::chrono::duration<double, std::milli>(h1_ - h0_).count(); }
+
+}  // namespace stepbench

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The stepbench binary as a user meets it: flags, bad values (exit code 2 and a message that names
+the flag and what to change), every preset in configs/, and the JSON (every phase with its counters).
+
+  tests/cli/test_cli.py --stepbench build/bin/stepbench --configs configs [unittest args, e.g. -k Flags]"""
+import argparse, glob, json, os, subprocess, sys, tempfile, unittest
+
+STEPBENCH = None
+CONFIGS = None
+FAST = ["--benchmark_min_time=0.01"]  # one short timing per repetition: these tests check plumbing
+
+
+def run(*args, timeout=300):
+    p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Flags(unittest.TestCase):
+    def test_help_lists_every_flag_with_its_default(self):
+        rc, out, _ = run("--help")
+        self.assertEqual(rc, 0)
+        for flag in ["--backend", "--gpus", "--batch-size", "--global-batch-size", "--model", "--image-size",
+                     "--aux-logits", "--precision", "--format", "--variable-update", "--optimizer", "--warmup",
+                     "--repetitions", "--json", "--per-layer", "--config", "--phases"]:
+            self.assertIn(flag, out)
+        for default in ["=auto", "=inception_v3", "=299", "=fp32", "=nchw", "=replicated", "=momentum", "=10", "=5"]:
+            self.assertIn(default, out)
+
+    def bad(self, args, *expect):
+        rc, out, err = run(*args)
+        self.assertEqual(rc, 2, f"{args}: exit {rc}\n{out}\n{err}")
+        for e in expect:
+            self.assertIn(e, err, f"{args}: message lacks {e!r}:\n{err}")
+        self.assertNotIn("Traceback", err)
+        return err
+
+    def test_bad_values_name_the_flag_and_the_choices(self):
+        self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
+        self.bad(["--format", "nchwc"], "--format", "nhwc")
+        self.bad(["--model", "resnet50"], "--model", "inception_v3", "tiny")
+        self.bad(["--variable-update", "ring"], "--variable-update", "parameter_server")
+        self.bad(["--optimizer", "adam"], "--optimizer", "rmsprop")
+        self.bad(["--backend", "tpu"], "--backend", "cuda")
+        self.bad(["--gpus", "0"], "--gpus")
+        self.bad(["--batch-size", "0"], "--batch-size")
+        self.bad(["--batch-size", "eight"], "--batch-size")
+        self.bad(["--warmup", "0"], "--warmup")
+        self.bad(["--phases", "forward,sideways"], "--phases")
+
+    def test_unknown_flags_and_google_benchmark_flags(self):
+        self.bad(["--batchsize", "8"], "--batchsize")
+        rc, _, err = run("--backend", "cpu", "--model", "tiny", "--benchmark_no_such_flag=1", "--list")
+        self.assertEqual(rc, 2, err)
+
+    def test_impossible_combinations(self):
+        self.bad(["--backend", "cpu", "--gpus", "4", "--global-batch-size", "10"], "--global-batch-size 10",
+                 "--gpus 4", "multiple of 4")
+        self.bad(["--batch-size", "8", "--global-batch-size", "16"], "--global-batch-size")
+        self.bad(["--backend", "cpu", "--precision", "tf32"], "tf32", "--precision fp32")
+        self.bad(["--backend", "cpu", "--precision", "bf16"], "bf16", "--precision fp32")
+        self.bad(["--backend", "cpu", "--image-size", "150"], "--image-size 150", "aux")
+        self.bad(["--backend", "cpu", "--image-size", "40", "--aux-logits", "off"], "--image-size 40")
+        self.bad(["--backend", "cpu", "--batch-size", "100000"], "batch size 100000", "GiB", "--batch-size")
+
+    def test_cuda_without_a_gpu_is_a_clear_error(self):
+        rc, out, err = run("--backend", "cuda", "--list")
+        if rc == 0:
+            self.skipTest("a GPU is visible here")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--backend cpu", err)
+
+    def test_auto_says_what_it_picked(self):
+        rc, out, err = run("--backend", "auto", "--model", "tiny", "--list")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("--backend auto picked", err)
+
+    def test_missing_or_broken_config_file(self):
+        self.bad(["--config", "/nonexistent/x.toml"], "x.toml")
+
+    def test_global_batch_size_splits_over_towers(self):
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--gpus", "2", "--global-batch-size", "8", "--list")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("tiny/fp32/nchw/gpus:2/batch:4/step", out)
+        self.assertIn("tiny/fp32/nchw/gpus:2/batch:4/grad_sync", out)
+
+    def test_check_subcommand_errors(self):
+        rc, _, err = run("check", "--weights", "/nonexistent.safetensors", "--input", "/nonexistent.npy",
+                         "--output", "/tmp/x.safetensors")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--weights", err)
+        with tempfile.TemporaryDirectory() as d:
+            bad = os.path.join(d, "w.safetensors")
+            with open(bad, "wb") as f:
+                f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+            x = os.path.join(d, "x.npy")
+            with open(x, "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + b"garbage")
+            rc, _, err = run("check", "--backend", "cpu", "--model", "tiny", "--weights", bad, "--input", x,
+                             "--output", os.path.join(d, "o.safetensors"))
+            self.assertIn(rc, (1, 2), err)
+            self.assertIn("x.npy", err)
+
+
+class Presets(unittest.TestCase):
+    def test_every_preset_runs_on_the_cpu_with_a_small_override(self):
+        presets = sorted(glob.glob(os.path.join(CONFIGS, "*.toml")))
+        self.assertGreaterEqual(len(presets), 4)
+        for p in presets:
+            with self.subTest(preset=os.path.basename(p)):
+                rc, out, err = run("--config", p, "--backend", "cpu", "--model", "tiny", "--image-size", "32",
+                                   "--batch-size", "2", "--precision", "fp32", "--warmup", "1", "--repetitions", "1",
+                                   "--gpus", "2", *FAST)
+                self.assertEqual(rc, 0, f"{p}\n{out}\n{err}")
+                self.assertIn("stepbench summary", out)
+                self.assertIn("step ", out)
+
+
+class Json(unittest.TestCase):
+    def test_json_holds_every_phase_with_its_counters(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "out.json")
+            rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--gpus", "2",
+                               "--batch-size", "2", "--warmup", "1", "--repetitions", "2", "--per-layer",
+                               "--json", path, *FAST)
+            self.assertEqual(rc, 0, f"{out}\n{err}")
+            with open(path) as f:
+                j = json.load(f)
+        ctx = j["context"]
+        for k in ["backend", "device", "onednn", "precision", "layout", "model", "gpus", "batch_size_per_gpu",
+                  "global_batch_size", "variable_update", "stepbench_version"]:
+            self.assertIn(k, ctx)
+        self.assertEqual(ctx["gpus"], "2")
+        runs = {}
+        for b in j["benchmarks"]:
+            if b.get("run_type") == "iteration":
+                runs.setdefault(b["run_name"].split("/repeats")[0], []).append(b)
+        prefix = "tiny/fp32/nchw/gpus:2/batch:2/"
+        want = {
+            "forward": ["images/s", "TFLOP/s", "host_ms", "gap_ms"],
+            "forward_train": ["images/s", "TFLOP/s", "host_ms", "gap_ms"],
+            "forward_backward": ["images/s", "TFLOP/s", "forward_ms", "backward_ms", "host_ms", "gap_ms"],
+            "step": ["images/s", "TFLOP/s", "forward_ms", "backward_ms", "sync_ms", "update_ms", "host_ms"],
+            "grad_sync": ["algbw_GB/s", "busbw_GB/s", "bytes", "buckets", "host_ms"],
+            "update": ["params/s", "host_ms"],
+        }
+        for phase, counters in want.items():
+            name = prefix + phase
+            self.assertIn(name, runs, sorted(runs))
+            self.assertEqual(len(runs[name]), 2)  # --repetitions 2
+            for r in runs[name]:
+                self.assertGreater(r["real_time"], 0, name)
+                for c in counters:
+                    self.assertIn(c, r, f"{name} lacks {c}")
+        step = runs[prefix + "step"][0]
+        self.assertGreater(step["backward_ms"], 0)
+        self.assertGreater(step["images/s"], 0)
+        aggregates = {b["aggregate_name"] for b in j["benchmarks"] if b.get("run_type") == "aggregate"}
+        self.assertTrue({"median", "stddev", "mean"} <= aggregates, aggregates)
+        layers = [n for n in runs if "/conv:" in n]
+        self.assertTrue(any(n.endswith("/fwd") for n in layers) and any(n.endswith("/bwd_data") for n in layers)
+                        and any(n.endswith("/bwd_filter") for n in layers), layers)
+        for n in layers:
+            self.assertIn("GFLOP/s", runs[n][0])
+            self.assertIn("MACs", runs[n][0])
+        self.assertIn("backward:forward", out)
+        self.assertIn("grad_sync:", out)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stepbench", required=True)
+    ap.add_argument("--configs", required=True)
+    args, rest = ap.parse_known_args()
+    STEPBENCH, CONFIGS = os.path.abspath(args.stepbench), os.path.abspath(args.configs)
+    unittest.main(argv=[sys.argv[0], "-v", *rest])

@@ -1,0 +1,134 @@
+// The tower core on CPU towers: N towers against one, the variable-update modes against each other,
+// the gradient average, and the buckets.
+#include "stepbench/towers.hpp"
+#include "test_util.hpp"
+
+namespace stepbench {
+namespace {
+
+TowerOptions tiny(int towers, VariableUpdate mode, std::size_t bucket_bytes = std::size_t{25} << 20) {
+  TowerOptions o;
+  o.backend = "cpu";
+  o.towers = towers;
+  o.batch_per_tower = 4;
+  o.model = "tiny";
+  o.model_options.image_size = 24;
+  o.model_options.num_classes = 10;
+  o.variable_update = mode;
+  o.bucket_bytes = bucket_bytes;
+  return o;
+}
+
+std::vector<float> host(const Towers& t, int i, const float* p) {
+  std::vector<float> v(t.graph(i).param_arena_floats());
+  t.backend(i).copy(t.stream(i), v.data(), p, v.size() * sizeof(float));
+  t.backend(i).synchronize(t.stream(i));
+  return v;
+}
+std::vector<float> params(const Towers& t, int i) { return host(t, i, t.graph(i).param_arena()); }
+std::vector<float> grads(const Towers& t, int i) { return host(t, i, t.graph(i).grad_arena()); }
+
+// The same images and labels on every tower.
+void same_batch(Towers& t) {
+  const Shape s = t.graph(0).input_tensor().shape();
+  const auto img = test::random_vec(static_cast<std::size_t>(s.numel()), 17);
+  const std::vector<float> f(img.begin(), img.end());
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(s.n));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i * 3 % 10);
+  for (int i = 0; i < t.size(); ++i) {
+    t.graph(i).set_input_nchw(f.data());
+    t.graph(i).set_labels(labels.data());
+  }
+}
+
+TEST(Towers, TwoReplicatedTowersOnTheSameBatchMatchOneTowerBitForBit) {
+  auto o1 = tiny(1, VariableUpdate::replicated), o2 = tiny(2, VariableUpdate::replicated);
+  o1.model_options.dropout = o2.model_options.dropout = 0;  // each tower draws its own dropout masks
+  Towers one(o1), two(o2);
+  same_batch(one);
+  same_batch(two);
+  for (int k = 0; k < 3; ++k) {
+    one.step();
+    two.step();
+  }
+  one.synchronize();
+  two.synchronize();
+  const auto p1 = params(one, 0);
+  EXPECT_EQ(params(two, 0), p1);
+  EXPECT_EQ(params(two, 1), p1);
+  EXPECT_NE(p1, [&] {  // and training moved them
+    Towers fresh(tiny(1, VariableUpdate::replicated));
+    return params(fresh, 0);
+  }());
+}
+
+TEST(Towers, GradSyncAveragesEveryTowersGradients) {
+  for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    Towers t(tiny(3, mode, 4096));  // small buckets: many of them
+    ASSERT_GT(t.bucket_count(), 3u);
+    t.set_synthetic_batch(5);  // a different batch per tower
+    t.forward_train();
+    t.backward();
+    t.synchronize();
+    std::vector<std::vector<float>> before;
+    for (int i = 0; i < 3; ++i) before.push_back(grads(t, i));
+    ASSERT_NE(before[0], before[1]);
+    t.grad_sync();
+    t.synchronize();
+    std::vector<double> want(before[0].size());
+    for (std::size_t j = 0; j < want.size(); ++j) want[j] = (before[0][j] + before[1][j] + before[2][j]) / 3.0;
+    const auto g0 = grads(t, 0);
+    EXPECT_CLOSE(std::vector<double>(g0.begin(), g0.end()), want, 1e-6);
+    if (mode == VariableUpdate::replicated) {
+      EXPECT_EQ(grads(t, 1), g0);
+      EXPECT_EQ(grads(t, 2), g0);
+    }
+  }
+}
+
+TEST(Towers, ParameterServerAndReplicatedGiveTheSameVariables) {
+  Towers rep(tiny(2, VariableUpdate::replicated)), ps(tiny(2, VariableUpdate::parameter_server));
+  rep.set_synthetic_batch(9);
+  ps.set_synthetic_batch(9);
+  for (int k = 0; k < 3; ++k) {
+    rep.step();
+    ps.step();
+  }
+  rep.synchronize();
+  ps.synchronize();
+  EXPECT_EQ(params(rep, 0), params(rep, 1));  // replicas stay in sync
+  EXPECT_EQ(params(ps, 0), params(ps, 1));    // the broadcast reached every tower
+  EXPECT_EQ(params(ps, 0), params(rep, 0));
+}
+
+TEST(Towers, IndependentTowersDriftApartAndMoveNothing) {
+  Towers t(tiny(2, VariableUpdate::independent));
+  EXPECT_EQ(t.sync_bytes(), 0u);
+  EXPECT_EQ(t.bus_factor(), 0.0);
+  t.set_synthetic_batch(3);
+  t.step();
+  t.synchronize();
+  EXPECT_NE(params(t, 0), params(t, 1));
+}
+
+TEST(Towers, BucketsTileTheGradientArenaAtParameterBoundaries) {
+  Towers t(tiny(2, VariableUpdate::replicated, 8192));
+  EXPECT_EQ(t.sync_bytes(), t.graph(0).param_arena_floats() * sizeof(float));
+  EXPECT_DOUBLE_EQ(t.bus_factor(), 1.0);  // allreduce over 2: 2(n-1)/n
+  Towers four(tiny(4, VariableUpdate::replicated));
+  EXPECT_DOUBLE_EQ(four.bus_factor(), 1.5);
+  Towers ps(tiny(4, VariableUpdate::parameter_server));
+  EXPECT_DOUBLE_EQ(ps.bus_factor(), 1.0);
+}
+
+TEST(Towers, BadTowerCountsAreUsageErrors) {
+  EXPECT_THROW(Towers(tiny(0, VariableUpdate::replicated)), UsageError);
+  auto o = tiny(2, VariableUpdate::replicated);
+  o.backend = "cuda";
+  EXPECT_THROW(Towers{o}, UsageError);  // no GPU here, or fewer than asked: either way a usage error
+  EXPECT_THROW(parse_variable_update("ring"), UsageError);
+}
+
+}  // namespace
+}  // namespace stepbench
