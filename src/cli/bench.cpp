@@ -11,7 +11,11 @@
 #include <numeric>
 #include <tuple>
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "stepbench/error.hpp"
 #include "stepbench/towers.hpp"
@@ -159,7 +163,48 @@ benchmark::Counter rate(double per_iteration) {
   return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep, const std::string& prefix) {
+// The peer's medians by phase (ms), or empty with the reason printed.
+std::map<std::string, double> run_peer(const Options& o) {
+  std::map<std::string, double> out;
+  if (o.peer.empty()) return out;
+  const std::string script = std::string(STEPBENCH_SOURCE_DIR) + "/bench/torch_peer.py";
+  const std::string cmd = fmt::format(
+      "'{}' '{}' --model {} --batch-size {} --image-size {} --format {} --aux-logits {} --device {} --warmup {} "
+      "--repetitions {}",
+      o.peer_python, script, o.model, o.batch_size, o.image_size, o.format, o.aux_logits,
+      o.backend == "cuda" ? "cuda" : "cpu", o.warmup, o.repetitions);
+  std::cerr << "stepbench: timing the peer: " << cmd << "\n";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) {
+    std::cerr << "stepbench: the peer did not start\n";
+    return out;
+  }
+  std::string text;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
+  const int rc = pclose(f);
+  if (rc != 0) {
+    std::cerr << fmt::format("stepbench: the peer exited with status {} (77: torch missing); no ratios\n",
+                             WIFEXITED(rc) ? WEXITSTATUS(rc) : rc);
+    return out;
+  }
+  try {
+    const auto j = nlohmann::json::parse(text.substr(text.rfind('{')));
+    for (const auto& [k, v] : j.items())
+      if (v.is_number()) out[k] = v.get<double>();
+    if (j.contains("torch")) out["_torch_version_marker"] = 0;
+    std::cerr << "stepbench: peer: PyTorch " << j.value("torch", std::string("?")) << ", "
+              << j.value("threads", 0) << " threads\n";
+  } catch (const std::exception& e) {
+    std::cerr << "stepbench: the peer's output was not JSON (" << e.what() << ")\n";
+  }
+  out.erase("threads");
+  out.erase("_torch_version_marker");
+  return out;
+}
+
+void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
+                   const std::map<std::string, double>& peer) {
   auto find = [&](const std::string& phase) -> const std::vector<SummaryReporter::Rep>* {
     auto it = rep.reps.find(prefix + "/" + phase);
     return it == rep.reps.end() ? nullptr : &it->second;
@@ -186,8 +231,9 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                            o.batch_size, images, o.variable_update);
   std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", o.repetitions,
                            o.warmup);
-  std::cout << fmt::format("{:<18} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}\n", "phase", "median ms", "images/s",
-                           "host ms", "gap ms", "cv %", "% of step");
+  std::cout << fmt::format("{:<18} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}\n", "phase", "median ms", "images/s",
+                           "host ms", "gap ms", "cv %", "% of step",
+                           peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"));
   std::vector<std::string> warnings;
   for (const auto& ph : all_phases()) {
     const auto* r = find(ph);
@@ -197,10 +243,17 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
     const double m = median(ms), cv = ms.size() > 1 ? 100.0 * stddev(ms) / mean(ms) : 0.0;
     if (cv > 5.0) warnings.push_back(fmt::format("{}: cv {:.1f}% over {} repetitions", ph, cv, ms.size()));
     const bool per_image = ph != "grad_sync" && ph != "update";
-    std::cout << fmt::format("{:<18} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}\n", ph, m,
+    std::string peer_cols;
+    if (!peer.empty()) {
+      auto it = peer.find(ph);
+      peer_cols = it == peer.end() || o.gpus != 1
+                      ? fmt::format(" {:>11} {:>14}", "-", "-")
+                      : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
+    }
+    std::cout << fmt::format("{:<18} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}{}\n", ph, m,
                              per_image ? fmt::format("{:.1f}", 1000.0 * images / m) : "-", med(*r, "host_ms"),
                              med(*r, "gap_ms"), cv,
-                             std::isnan(step_ms) ? "-" : fmt::format("{:.1f}", 100.0 * m / step_ms));
+                             std::isnan(step_ms) ? "-" : fmt::format("{:.1f}", 100.0 * m / step_ms), peer_cols);
   }
   if (step) {
     const double f = med(*step, "forward_ms"), b = med(*step, "backward_ms"), s = med(*step, "sync_ms"),
@@ -411,7 +464,12 @@ int run_benchmarks(Options& o, const char* argv0) {
   SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
                                                   : benchmark::ConsoleReporter::OO_Tabular);
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  print_summary(o, towers, reporter, prefix);
+  const auto peer = run_peer(o);
+  print_summary(o, towers, reporter, prefix, peer);
+  if (!peer.empty())
+    std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout and warm-up, timed on the host with "
+                 "a device synchronise; stepbench/PT < 1 means stepbench is faster"
+              << (o.gpus != 1 ? "; ratios only for --gpus 1" : "") << "\n";
   benchmark::Shutdown();
   return reporter.errors.empty() ? 0 : 1;
 }

@@ -70,6 +70,10 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->delimiter(',')->check(CLI::IsMember(all_phases()));
   app.add_option("--json", o.json, "write Google Benchmark's JSON (with the configuration in its context) here");
   app.add_flag("--per-layer", o.per_layer, "also time every distinct conv layer shape: fwd, bwd_data, bwd_filter");
+  app.add_option("--peer", o.peer, "after stepbench, time the same phases in this peer (pytorch: bench/torch_peer.py, "
+                                   "Debian's python3-torch) and add its medians and the ratios to the summary")
+      ->check(CLI::IsMember({"pytorch"}));
+  app.add_option("--peer-python", o.peer_python, "the Python that has torch and torchvision")->capture_default_str();
   app.add_flag("--list", o.list, "print the benchmark names this configuration registers, then exit");
   (void)backend;
 

@@ -30,6 +30,8 @@ struct Options {
   std::string json;
   bool per_layer = false;
   bool list = false;  // print the fixture names and exit
+  std::string peer;   // "pytorch": time the same phases in PyTorch after stepbench, for ratios
+  std::string peer_python = "/usr/bin/python3";
   std::vector<std::string> benchmark_args;  // --benchmark_* flags for Google Benchmark
 
   // Filled by resolve():
