@@ -98,6 +98,9 @@ class Graph {
   // A dense N x M x 1 x 1 output (logits) copied to the host.
   std::vector<float> read_output(const std::string& name) const;
   std::int32_t* labels() const;  // batch entries, device memory
+  // Read the images (dense, the graph's layout and dtype) and labels from the caller's device
+  // buffers from now on, e.g. one of two staging buffers; nullptr goes back to the planned ones.
+  void bind_input(void* images, std::int32_t* labels);
   Shape shape_of(ValueId v) const;  // available while building
   Tensor value(ValueId v) const;
   Tensor grad(ValueId v) const;

@@ -88,6 +88,16 @@ class Towers {
 
   float loss(int tower) const;
 
+  // Host batches staged to the device, double-buffered: two device buffers per tower; stage()
+  // copies a host batch (images dense in the graph's layout, fp32; int32 labels) into the spare
+  // buffer on the tower's copy stream, once the step that last read that buffer is done, and returns
+  // when the copy is (so the host batch can be reused); flip() makes the next step read the
+  // buffers just staged. The copy for step k+1 thus overlaps the compute of step k.
+  void enable_staging();
+  void stage(int tower, const float* images, const std::int32_t* labels);
+  void flip();
+  std::size_t input_bytes() const;
+
  private:
   struct Tower;
   TowerOptions opt_;
@@ -96,6 +106,8 @@ class Towers {
   std::unique_ptr<Collective> coll_;
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
+  struct Staging;  // declared after towers_: destroyed before the backends it allocated from
+  std::vector<std::unique_ptr<Staging>> staging_;
 };
 
 // Times a region of work on every tower: points are recorded as events on each tower's stream

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "stepbench/error.hpp"
+#include "stepbench/data.hpp"
 #include "stepbench/towers.hpp"
 
 namespace stepbench::cli {
@@ -155,8 +157,82 @@ void add_context(const Options& o, const Towers& t) {
   benchmark::AddCustomContext("collective", t.collective().name());
   benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
   benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
+  benchmark::AddCustomContext("data", o.data);
+  if (o.data != "synthetic" && o.data != "synthetic-host") {
+    benchmark::AddCustomContext("data_threads", std::to_string(o.data_threads));
+    benchmark::AddCustomContext("prefetch", std::to_string(o.prefetch));
+  }
   if (o.reduced) benchmark::AddCustomContext("reduced_configuration", o.reduced_note);
 }
+
+// Where the step's input comes from when it is not the constant device batch.
+class Feeder {
+ public:
+  Feeder(const Options& o, Towers& t) : o_(o), t_(t) {
+    if (o.data == "synthetic") return;
+    t.enable_staging();
+    const Shape s = t.graph(0).input_tensor().shape();
+    if (o.data == "synthetic-host") {
+      fixed_ = std::make_unique<HostBatch>();
+      fixed_->images.resize(static_cast<std::size_t>(s.numel()));
+      std::uint64_t x = 12345;
+      for (auto& v : fixed_->images) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v = static_cast<float>(static_cast<double>(x >> 40) / (1ull << 24) * 2.0 - 1.0);
+      }
+      fixed_->labels.resize(static_cast<std::size_t>(s.n));
+      for (std::size_t i = 0; i < fixed_->labels.size(); ++i) fixed_->labels[i] = static_cast<std::int32_t>(i % 1000);
+      return;
+    }
+    JpegFolder folder = scan_jpeg_folder(o.data);
+    if (folder.classes.size() > 1000)
+      throw UsageError(fmt::format("--data {}: {} classes, but the model has 1000 outputs", o.data,
+                                   folder.classes.size()));
+    files_ = folder.files.size();
+    classes_ = folder.classes.size();
+    PipelineOptions po;
+    po.batch = s.n;
+    po.image_size = s.h;
+    po.layout = t.options().layout;
+    po.threads = o.data_threads;
+    po.prefetch = o.prefetch;
+    pipe_ = std::make_unique<JpegPipeline>(std::move(folder), po);
+  }
+  bool active() const { return fixed_ || pipe_; }
+  std::string name() const { return pipe_ ? "jpeg" : "synthetic-host"; }
+  // Stage the next batch for every tower and make the next step read it.
+  void feed() {
+    for (int i = 0; i < t_.size(); ++i) {
+      if (fixed_) {
+        t_.stage(i, fixed_->images.data(), fixed_->labels.data());
+      } else {
+        auto b = pipe_->next();
+        t_.stage(i, b->images.data(), b->labels.data());
+        pipe_->recycle(std::move(b));
+      }
+    }
+    t_.flip();
+  }
+  std::string describe() const {
+    if (fixed_) return "synthetic-host (one pinned host batch, copied every step on a copy stream)";
+    return fmt::format("{} ({} JPEG files, {} classes; {} decoding thread{}, prefetch {})", o_.data, files_, classes_,
+                       o_.data_threads, o_.data_threads == 1 ? "" : "s", o_.prefetch);
+  }
+  std::string skipped() const {
+    if (!pipe_ || pipe_->skipped() == 0) return "";
+    std::string ex;
+    for (const auto& e : pipe_->skipped_examples()) ex += "\n  " + e;
+    return fmt::format("{} unreadable or corrupt file{} skipped (of {} decoded), e.g.:{}", pipe_->skipped(),
+                       pipe_->skipped() == 1 ? "" : "s", pipe_->decoded(), ex);
+  }
+
+ private:
+  const Options& o_;
+  Towers& t_;
+  std::unique_ptr<HostBatch> fixed_;
+  std::unique_ptr<JpegPipeline> pipe_;
+  std::size_t files_ = 0, classes_ = 0;
+};
 
 benchmark::Counter avg(double total) { return benchmark::Counter(total, benchmark::Counter::kAvgIterations); }
 benchmark::Counter rate(double per_iteration) {
@@ -204,7 +280,7 @@ std::map<std::string, double> run_peer(const Options& o) {
 }
 
 void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const std::map<std::string, double>& peer) {
+                   const std::map<std::string, double>& peer, const Feeder& feeder) {
   auto find = [&](const std::string& phase) -> const std::vector<SummaryReporter::Rep>* {
     auto it = rep.reps.find(prefix + "/" + phase);
     return it == rep.reps.end() ? nullptr : &it->second;
@@ -235,14 +311,16 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                            "host ms", "gap ms", "cv %", "% of step",
                            peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"));
   std::vector<std::string> warnings;
-  for (const auto& ph : all_phases()) {
+  std::vector<std::string> rows = all_phases();
+  if (feeder.active()) rows.push_back("step:data=" + feeder.name());
+  for (const auto& ph : rows) {
     const auto* r = find(ph);
     if (!r || r->empty()) continue;
     std::vector<double> ms;
     for (const auto& x : *r) ms.push_back(x.device_ms);
     const double m = median(ms), cv = ms.size() > 1 ? 100.0 * stddev(ms) / mean(ms) : 0.0;
     if (cv > 5.0) warnings.push_back(fmt::format("{}: cv {:.1f}% over {} repetitions", ph, cv, ms.size()));
-    const bool per_image = ph != "grad_sync" && ph != "update";
+    const bool per_image = ph != "grad_sync" && ph != "update";  // input_pipeline: images delivered per second
     std::string peer_cols;
     if (!peer.empty()) {
       auto it = peer.find(ph);
@@ -275,6 +353,34 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
   } else if (t.sync_bytes() == 0) {
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
                              t.size() < 2 ? "one tower" : "independent towers");
+  }
+  if (feeder.active()) {
+    std::cout << "input: " << feeder.describe() << "\n";
+    const auto* pipe = find("input_pipeline");
+    const auto* fed = find("step:data=" + feeder.name());
+    const double S = step ? 1000.0 * images / step_ms : NAN;
+    const double P = pipe ? 1000.0 * images / med(*pipe, "") : NAN;
+    const double D = fed ? 1000.0 * images / med(*fed, "") : NAN;
+    if (!std::isnan(P) && !std::isnan(S)) {
+      if (P < S)
+        std::cout << fmt::format(
+            "verdict: INPUT-BOUND. The input pipeline delivers {:.1f} images/s; the step could take {:.1f} images/s "
+            "(synthetic data). Fed by the pipeline the step ran at {:.1f} images/s, {:.2f}x slower than with "
+            "synthetic data. More --data-threads, smaller JPEGs or a faster decoder would help.\n",
+            P, S, D, S / D);
+      else
+        std::cout << fmt::format(
+            "verdict: not input-bound. The input pipeline delivers {:.1f} images/s, {:.2f}x what the step takes "
+            "({:.1f} images/s with synthetic data); fed by it the step ran at {:.1f} images/s ({:.2f}x the "
+            "synthetic step time).\n",
+            P, P / S, S, D, S / D);
+    } else {
+      std::cout << "verdict: needs both the step and input_pipeline phases\n";
+    }
+    if (o.backend == "cpu")
+      std::cout << "note: on the cpu backend the decoding threads share the cores with the model, so the fed step "
+                   "is slower than the synthetic one even when the pipeline alone keeps up\n";
+    if (const std::string sk = feeder.skipped(); !sk.empty()) std::cout << "input: " << sk << "\n";
   }
   for (const auto& w : warnings) std::cout << "WARNING: " << w << " (> 5%: the machine is noisy; more --repetitions "
                                                              "or a quieter machine)\n";
@@ -315,6 +421,7 @@ int run_benchmarks(Options& o, const char* argv0) {
   if (benchmark::ReportUnrecognizedArguments(gb_argc, gb_argv.data())) return 2;
 
   std::vector<std::string> phases = o.phases.empty() ? all_phases() : o.phases;
+  if (o.data == "synthetic") phases.erase(std::remove(phases.begin(), phases.end(), "input_pipeline"), phases.end());
   std::cerr << fmt::format("stepbench: {} x {} on {}, batch {} per tower, {}x{} {} {}{}\n", o.gpus, o.model,
                            o.backend, o.batch_size, o.image_size, o.image_size, o.precision, o.format,
                            o.reduced ? fmt::format(" [{}]", o.reduced_note) : "");
@@ -325,9 +432,12 @@ int run_benchmarks(Options& o, const char* argv0) {
   const double train_fwd_flops = 2.0 * static_cast<double>(g0.forward_macs_per_image(true));
   const double images = static_cast<double>(o.batch_size * o.gpus);
 
+  Feeder feeder(o, towers);
+  const bool data_step = feeder.active() && std::find(phases.begin(), phases.end(), "step") != phases.end();
   if (o.list) {
     for (const auto& p : phases)
       if (p != "grad_sync" || towers.sync_bytes() > 0) std::cout << prefix << "/" << p << "\n";
+    if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
     if (o.per_layer)
       for (const auto& c : distinct_convs(g0))
         for (const char* k : {"fwd", "bwd_data", "bwd_filter"}) std::cout << prefix << "/" << c.name() << "/" << k << "\n";
@@ -353,6 +463,7 @@ int run_benchmarks(Options& o, const char* argv0) {
 
   for (const auto& ph : phases) {
     if (ph == "grad_sync" && towers.sync_bytes() == 0) continue;  // nothing moves: reported in the summary
+    if (ph == "input_pipeline") continue;                          // registered below, after the model phases
     reg(prefix + "/" + ph, [&, ph](benchmark::State& st) {
       const bool fb = ph == "forward_backward", step = ph == "step";
       RegionTimer rt(towers, step ? 5 : fb ? 3 : 2);
@@ -426,6 +537,49 @@ int run_benchmarks(Options& o, const char* argv0) {
     });
   }
 
+  // Input: the pipeline alone, then the step fed by it. Both are timed on the host clock: waiting
+  // for input is what they measure. (Registered last: afterwards the graphs read staged batches.)
+  if (feeder.active() && std::find(phases.begin(), phases.end(), "input_pipeline") != phases.end()) {
+    reg(prefix + "/input_pipeline", [&](benchmark::State& st) {
+      double host = 0;
+      for (auto _ : st) {
+        const auto t0 = std::chrono::steady_clock::now();
+        feeder.feed();
+        towers.synchronize();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        st.SetIterationTime(ms / 1e3);
+        host += ms;
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["gap_ms"] = avg(0.0);
+      st.counters["images/s"] = rate(images);
+    });
+  }
+  if (data_step) {
+    reg(prefix + "/step:data=" + feeder.name(), [&](benchmark::State& st) {
+      feeder.feed();  // the first batch
+      RegionTimer rt(towers, 3);
+      double host = 0, dev = 0;
+      for (auto _ : st) {
+        const auto t0 = std::chrono::steady_clock::now();
+        rt.start();
+        towers.step();
+        rt.mark(1);
+        feeder.feed();  // on a GPU the copy overlaps the step just launched; the host waits for the batch
+        rt.stop();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        st.SetIterationTime(ms / 1e3);
+        host += ms;
+        dev += rt.device_ms(0, 1);
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["device_ms"] = avg(dev);
+      st.counters["gap_ms"] = avg(host - dev);
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * 3.0 * train_fwd_flops / 1e12);
+    });
+  }
+
   std::vector<std::unique_ptr<ConvRig>> rigs;
   if (o.per_layer) {
     Backend& be = towers.backend(0);
@@ -465,7 +619,7 @@ int run_benchmarks(Options& o, const char* argv0) {
                                                   : benchmark::ConsoleReporter::OO_Tabular);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   const auto peer = run_peer(o);
-  print_summary(o, towers, reporter, prefix, peer);
+  print_summary(o, towers, reporter, prefix, peer, feeder);
   if (!peer.empty())
     std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout and warm-up, timed on the host with "
                  "a device synchronise; stepbench/PT < 1 means stepbench is faster"

@@ -1,6 +1,7 @@
 // stepbench: times a CNN training step's phases, and checks numerics against a reference.
 //   stepbench [flags]          Google Benchmark fixtures of every phase, then a summary (bench.cpp)
 //   stepbench check ...        run given weights and input, write logits/loss/gradients
+//   stepbench make-dataset DIR  write a synthetic JPEG folder for --data DIR
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -9,9 +10,11 @@
 #include <functional>
 #include <cmath>
 #include <iostream>
+#include <sstream>
 #include <vector>
 
 #include "stepbench/backend.hpp"
+#include "stepbench/data.hpp"
 #include "stepbench/error.hpp"
 #include "stepbench/io.hpp"
 #include "stepbench/models.hpp"
@@ -139,11 +142,48 @@ int check_main(int argc, char** argv) {
   return check(cc, weights, input, labels, mode, output, dropout);
 }
 
+int make_dataset_main(int argc, char** argv) {
+  CLI::App app{"stepbench make-dataset: write a synthetic JPEG folder in ImageNet's layout (DIR/<class>/<image>.jpg), "
+               "to try --data DIR without downloading a data set",
+               "stepbench make-dataset"};
+  std::string dir, size = "500x375";
+  std::size_t images = 1000;
+  int classes = 10;
+  std::uint64_t seed = 1;
+  app.add_option("dir", dir, "the folder to write")->required();
+  app.add_option("--images", images, "how many images")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{100000000}));
+  app.add_option("--classes", classes, "class subfolders")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--size", size, "WxH of every image")->capture_default_str();
+  app.add_option("--seed", seed, "content seed")->capture_default_str();
+  try {
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 2; --i) args.emplace_back(argv[i]);
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "stepbench make-dataset: {}\nRun 'stepbench make-dataset --help' for its flags.\n", e.what());
+    return 2;
+  }
+  int w = 0, h = 0;
+  char x = 0;
+  std::istringstream in(size);
+  if (!(in >> w >> x >> h) || (x != 'x' && x != 'X') || w < 8 || h < 8 || w > 65535 || h > 65535)
+    throw UsageError(fmt::format("--size '{}' must be WxH, e.g. 500x375 (each side 8 to 65535)", size));
+  const auto t0 = std::chrono::steady_clock::now();
+  make_jpeg_dataset(dir, images, classes, w, h, seed);
+  fmt::print("stepbench make-dataset: wrote {} JPEGs of {}x{} in {} classes to {} ({:.1f} s)\n", images, w, h,
+             classes, dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string_view(argv[1]) == "check") return check_main(argc, argv);
+    if (argc > 1 && std::string_view(argv[1]) == "make-dataset") return make_dataset_main(argc, argv);
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
     cli::resolve(o);

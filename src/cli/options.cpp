@@ -13,7 +13,7 @@ namespace stepbench::cli {
 
 const std::vector<std::string>& all_phases() {
   static const std::vector<std::string> p = {"forward", "forward_train", "forward_backward", "step", "grad_sync",
-                                             "update"};
+                                             "update", "input_pipeline"};
   return p;
 }
 
@@ -65,8 +65,16 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--bucket-mb", o.bucket_mb, "gradient sync bucket size in MiB")->capture_default_str()
       ->check(CLI::Range(0.001, 65536.0));
+  app.add_option("--data", o.data,
+                 "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
+                 "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")
+      ->capture_default_str();
+  app.add_option("--data-threads", o.data_threads, "JPEG decoding threads")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--prefetch", o.prefetch, "decoded batches kept ready ahead of the step")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--phases", o.phases, "comma-separated subset of: forward, forward_train, forward_backward, step, "
-                                       "grad_sync, update [default: all]")
+                                       "grad_sync, update, input_pipeline [default: all]")
       ->delimiter(',')->check(CLI::IsMember(all_phases()));
   app.add_option("--json", o.json, "write Google Benchmark's JSON (with the configuration in its context) here");
   app.add_flag("--per-layer", o.per_layer, "also time every distinct conv layer shape: fwd, bwd_data, bwd_filter");

@@ -27,6 +27,9 @@ struct Options {
   int repetitions = 5;
   double bucket_mb = 25.0;
   std::vector<std::string> phases;  // empty: all
+  std::string data = "synthetic";    // synthetic, synthetic-host, or a JPEG folder
+  int data_threads = 2;
+  int prefetch = 2;
   std::string json;
   bool per_layer = false;
   bool list = false;  // print the fixture names and exit

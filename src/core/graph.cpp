@@ -69,6 +69,9 @@ struct Graph::Impl {
   std::uint64_t step = 0;
 
   Impl(Backend& b, GraphConfig c) : be(b), cfg(c) {}
+  std::int32_t* bound_labels = nullptr;  // bind_input(): labels live in the caller's buffer
+  void* own_input = nullptr;             // the planned input buffer, for unbinding
+  std::int32_t* label_ptr() const { return bound_labels ? bound_labels : labels.as<std::int32_t>(); }
 
   TensorDesc desc(const Shape& s) const { return TensorDesc::dense(s, cfg.dtype, cfg.layout); }
   ValueId new_value(const Shape& s, int producer) {
@@ -221,10 +224,10 @@ struct LossLayer final : Layer {
     reserve = Buffer(g.be, op->reserve_bytes());
   }
   void forward(Graph::Impl& g, Stream& s, bool) override {
-    op->forward(s, g.values[in[0]].t, g.labels.as<std::int32_t>(), g.losses.as<float>() + slot, reserve.get());
+    op->forward(s, g.values[in[0]].t, g.label_ptr(), g.losses.as<float>() + slot, reserve.get());
   }
   void backward(Graph::Impl& g, Stream& s) override {
-    op->backward(s, g.labels.as<std::int32_t>(), g.values[in[0]].g, weight, in_beta[0], reserve.get());
+    op->backward(s, g.label_ptr(), g.values[in[0]].g, weight, in_beta[0], reserve.get());
   }
   std::string name;
   LayerInfo info() const override { return base_info("cross_entropy", name); }
@@ -519,7 +522,7 @@ void Graph::set_input_nchw(const float* nchw) {
 }
 void Graph::set_labels(const std::int32_t* labels) {
   Backend& be = impl_->be;
-  be.copy(be.default_stream(), impl_->labels.get(), labels, impl_->labels.bytes());
+  be.copy(be.default_stream(), impl_->label_ptr(), labels, impl_->labels.bytes());
   be.synchronize(be.default_stream());
 }
 std::vector<float> Graph::read_output(const std::string& name) const {
@@ -530,7 +533,15 @@ std::vector<float> Graph::read_output(const std::string& name) const {
   be.synchronize(be.default_stream());
   return host;
 }
-std::int32_t* Graph::labels() const { return impl_->labels.as<std::int32_t>(); }
+std::int32_t* Graph::labels() const { return impl_->label_ptr(); }
+void Graph::bind_input(void* images, std::int32_t* labels) {
+  auto& g = *impl_;
+  SB_CHECK(g.planned, "bind_input before plan()");
+  auto& in = g.values.at(g.input);
+  if (!g.own_input) g.own_input = in.t.data;
+  in.t.data = images ? images : g.own_input;
+  g.bound_labels = labels;
+}
 Tensor Graph::value(ValueId v) const { return impl_->values.at(v).t; }
 Tensor Graph::grad(ValueId v) const { return impl_->values.at(v).g; }
 bool Graph::has_output(const std::string& name) const { return impl_->outputs.count(name) > 0; }

@@ -114,7 +114,63 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (total > start) buckets_.emplace_back(start, total - start);
 }
 
+struct Towers::Staging {
+  Buffer images[2], labels[2];
+  std::unique_ptr<Stream> copy;
+  std::unique_ptr<Event> copied[2], consumed[2];
+  bool consumed_recorded[2] = {false, false};
+  int cur = -1;  // the buffer steps read; -1: the graph's own
+};
+
 Towers::~Towers() = default;
+
+std::size_t Towers::input_bytes() const { return graph(0).input_tensor().desc.bytes(); }
+
+void Towers::enable_staging() {
+  if (!staging_.empty()) return;
+  if (opt_.dtype != DType::f32)
+    throw UnsupportedError(fmt::format("host-staged input in {} is not implemented yet; use --data synthetic",
+                                       to_string(opt_.dtype)));
+  for (int i = 0; i < size(); ++i) {
+    Backend& be = backend(i);
+    auto st = std::make_unique<Staging>();
+    for (int k = 0; k < 2; ++k) {
+      st->images[k] = Buffer(be, input_bytes());
+      st->labels[k] = Buffer(be, sizeof(std::int32_t) * static_cast<std::size_t>(opt_.batch_per_tower));
+      st->copied[k] = be.create_event();
+      st->consumed[k] = be.create_event();
+    }
+    st->copy = be.create_stream();
+    staging_.push_back(std::move(st));
+  }
+}
+
+void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
+  SB_CHECK(!staging_.empty(), "enable_staging() first");
+  auto& st = *staging_.at(static_cast<std::size_t>(tower));
+  Backend& be = backend(tower);
+  const int spare = st.cur == 0 ? 1 : 0;
+  if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
+  be.copy(*st.copy, st.images[spare].get(), images, input_bytes());
+  be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
+  be.record(*st.copied[spare], *st.copy);
+  be.synchronize(*st.copy);  // the host batch may be reused once this returns
+}
+
+void Towers::flip() {
+  for (int i = 0; i < size(); ++i) {
+    auto& st = *staging_.at(static_cast<std::size_t>(i));
+    Backend& be = backend(i);
+    const int spare = st.cur == 0 ? 1 : 0;
+    if (st.cur >= 0) {
+      be.record(*st.consumed[st.cur], stream(i));  // after every step that read it
+      st.consumed_recorded[st.cur] = true;
+    }
+    be.wait(stream(i), *st.copied[spare]);
+    graph(i).bind_input(st.images[spare].get(), st.labels[spare].as<std::int32_t>());
+    st.cur = spare;
+  }
+}
 
 Backend& Towers::backend(int i) const { return *towers_.at(static_cast<std::size_t>(i))->be; }
 Graph& Towers::graph(int i) const { return *towers_.at(static_cast<std::size_t>(i))->g; }

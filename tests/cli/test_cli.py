@@ -166,6 +166,54 @@ class Json(unittest.TestCase):
         self.assertIn("grad_sync:", out)
 
 
+class Data(unittest.TestCase):
+    def test_make_dataset_and_its_bad_values(self):
+        with tempfile.TemporaryDirectory() as d:
+            rc, out, err = run("make-dataset", os.path.join(d, "ds"), "--images", "6", "--classes", "2",
+                               "--size", "40x30")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(len(glob.glob(os.path.join(d, "ds", "*", "*.jpg"))), 6)
+            rc, _, err = run("make-dataset", os.path.join(d, "x"), "--size", "40by30")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("--size", err)
+
+    def test_missing_and_empty_folders_are_usage_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            for folder, words in [(os.path.join(d, "nope"), ["no such folder", "make-dataset"]),
+                                  (d, ["no JPEG files"])]:
+                rc, _, err = run("--backend", "cpu", "--model", "tiny", "--data", folder, "--list")
+                self.assertEqual(rc, 2, err)
+                for w in words:
+                    self.assertIn(w, err)
+
+    def test_jpeg_folder_with_corrupt_files_gives_a_verdict(self):
+        with tempfile.TemporaryDirectory() as d:
+            ds = os.path.join(d, "ds")
+            self.assertEqual(run("make-dataset", ds, "--images", "12", "--classes", "3", "--size", "64x48")[0], 0)
+            with open(os.path.join(ds, "class_0000", "zz_corrupt.jpg"), "wb") as f:
+                f.write(b"\xff\xd8 definitely not a jpeg")
+            path = os.path.join(d, "out.json")
+            rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                               "--data", ds, "--data-threads", "2", "--warmup", "1", "--repetitions", "1",
+                               "--phases", "step,input_pipeline", "--json", path, *FAST)
+            self.assertEqual(rc, 0, f"{out}\n{err}")
+            self.assertIn("verdict:", out)
+            self.assertIn("zz_corrupt.jpg", out)
+            self.assertIn("skipped", out)
+            with open(path) as f:
+                names = {b["run_name"].split("/repeats")[0] for b in json.load(f)["benchmarks"]}
+            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/input_pipeline", names)
+            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step:data=jpeg", names)
+
+    def test_synthetic_host_staging_over_two_towers(self):
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                           "--gpus", "2", "--data", "synthetic-host", "--warmup", "1", "--repetitions", "1",
+                           "--phases", "step,input_pipeline", *FAST)
+        self.assertEqual(rc, 0, f"{out}\n{err}")
+        self.assertIn("step:data=synthetic-host", out)
+        self.assertIn("verdict:", out)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)
