@@ -159,6 +159,9 @@ class Backend {
   // Throws UnsupportedError with the reason when this backend cannot run `t` here.
   virtual void require(DType t) const = 0;
   virtual FilterFormat filter_format(Layout l) const = 0;
+  // Allow TF32 tensor-op math for fp32 convolutions and GEMMs (--precision tf32); a no-op where it
+  // means nothing. Call before making ops.
+  virtual void set_tensor_math(bool allow_tf32) { (void)allow_tf32; }
 
   // memory
   virtual void* allocate(std::size_t bytes) = 0;  // device memory (host memory on the CPU backend)

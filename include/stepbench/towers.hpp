@@ -33,6 +33,7 @@ struct TowerOptions {
   ModelOptions model_options;
   Layout layout = Layout::nchw;
   DType dtype = DType::f32;
+  bool tf32 = false;  // --precision tf32: fp32 storage, TF32 tensor-op math
   OptimizerConfig optimizer;
   VariableUpdate variable_update = VariableUpdate::replicated;
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size

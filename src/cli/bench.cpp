@@ -400,6 +400,7 @@ int run_benchmarks(Options& o, const char* argv0) {
   to.model_options.aux_logits = o.aux_logits == "on";
   to.layout = parse_layout(o.format);
   to.dtype = o.precision == "tf32" ? DType::f32 : parse_dtype(o.precision);
+  to.tf32 = o.precision == "tf32";
   to.optimizer.kind = parse_optimizer(o.optimizer);
   to.optimizer.lr = static_cast<float>(o.learning_rate);
   to.optimizer.weight_decay = static_cast<float>(o.weight_decay);

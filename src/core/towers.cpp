@@ -77,6 +77,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Tower>();
     t->be = make_backend(o.backend, i);
+    if (o.tf32) t->be->set_tensor_math(true);
     t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype, o.seed + 977 * i});
     info_ = build_model(*t->g, o.model, o.model_options);
     t->g->plan();

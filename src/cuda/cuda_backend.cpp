@@ -1,11 +1,38 @@
-// The CUDA backend. So far: device discovery and the reason no GPU is usable. The cuDNN/cuBLAS ops
-// are the CUDA-backend issue's work; until then make_cuda_backend() says so instead of pretending.
+// The CUDA backend: convolutions on cuDNN (cudnnFind* at planning time within a workspace budget),
+// the fully connected layer on cuBLAS, and stepbench's own kernels (src/cuda/kernels.cu) for batch
+// norm with fused ReLU, pooling, ReLU, accumulation, dropout, the loss and the optimizer update.
+// fp32 storage; TF32 tensor-op math on request (set_tensor_math). Every tensor may be a strided
+// view (a concat slice): cuDNN gets strided descriptors, the kernels take strides.
+//
+// Written and compiled without a GPU (the session that wrote it had none): the op and model tests
+// run it against the oracle wherever a GPU is visible.
 #include <cublas_v2.h>
 #include <cudnn.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
 #include "cuda/check.hpp"
+#include "cuda/kernels.hpp"
 #include "stepbench/backend.hpp"
+
+#define SB_CUDNN(call)                                                                                      \
+  do {                                                                                                      \
+    cudnnStatus_t sb_st_ = (call);                                                                          \
+    if (sb_st_ != CUDNN_STATUS_SUCCESS)                                                                     \
+      ::stepbench::throw_error(__FILE__, __LINE__,                                                          \
+                               fmt::format("{} failed: {}", #call, cudnnGetErrorString(sb_st_)));           \
+  } while (0)
+
+#define SB_CUBLAS(call)                                                                                     \
+  do {                                                                                                      \
+    cublasStatus_t sb_st_ = (call);                                                                         \
+    if (sb_st_ != CUBLAS_STATUS_SUCCESS)                                                                    \
+      ::stepbench::throw_error(__FILE__, __LINE__,                                                          \
+                               fmt::format("{} failed: {}", #call, cublasGetStatusString(sb_st_)));         \
+  } while (0)
 
 namespace stepbench {
 
@@ -24,14 +51,512 @@ std::string cuda_unavailable_reason_impl() {
   return "";
 }
 
+namespace {
+
+using cuda::View;
+
+struct CudaStream final : Stream {
+  cudaStream_t s = nullptr;
+  explicit CudaStream(int device) {
+    SB_CUDA(cudaSetDevice(device));
+    SB_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override { cudaStreamDestroy(s); }
+};
+struct CudaEvent final : Event {
+  cudaEvent_t e = nullptr;
+  explicit CudaEvent(int device) {
+    SB_CUDA(cudaSetDevice(device));
+    SB_CUDA(cudaEventCreate(&e));
+  }
+  ~CudaEvent() override { cudaEventDestroy(e); }
+};
+cudaStream_t S(Stream& s) { return static_cast<CudaStream&>(s).s; }
+
+void require_f32(const TensorDesc& d, const char* op) {
+  if (d.dtype != DType::f32)
+    throw UnsupportedError(fmt::format("{}: the cuda backend computes in fp32 (and TF32) so far; {} is not "
+                                       "implemented yet. Use --precision fp32 or tf32",
+                                       op, to_string(d.dtype)));
+}
+
+View view(const Tensor& t) {
+  const auto& d = t.desc;
+  return View{static_cast<float*>(t.data), d.shape.n, d.shape.c, d.shape.h, d.shape.w,
+              d.strides.n, d.strides.c, d.strides.h, d.strides.w};
+}
+
+// ---- RAII descriptors -------------------------------------------------------------------------------
+struct TensorDescriptor {
+  cudnnTensorDescriptor_t d = nullptr;
+  explicit TensorDescriptor(const TensorDesc& t) {
+    SB_CUDNN(cudnnCreateTensorDescriptor(&d));
+    SB_CUDNN(cudnnSetTensor4dDescriptorEx(d, CUDNN_DATA_FLOAT, static_cast<int>(t.shape.n), static_cast<int>(t.shape.c),
+                                          static_cast<int>(t.shape.h), static_cast<int>(t.shape.w),
+                                          static_cast<int>(t.strides.n), static_cast<int>(t.strides.c),
+                                          static_cast<int>(t.strides.h), static_cast<int>(t.strides.w)));
+  }
+  ~TensorDescriptor() { cudnnDestroyTensorDescriptor(d); }
+  TensorDescriptor(const TensorDescriptor&) = delete;
+  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+};
+struct FilterDescriptor {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDescriptor(std::int64_t k, std::int64_t c, int kh, int kw, Layout l) {
+    SB_CUDNN(cudnnCreateFilterDescriptor(&d));
+    SB_CUDNN(cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, l == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                        static_cast<int>(k), static_cast<int>(c), kh, kw));
+  }
+  ~FilterDescriptor() { cudnnDestroyFilterDescriptor(d); }
+  FilterDescriptor(const FilterDescriptor&) = delete;
+  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+};
+struct ConvDescriptor {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDescriptor(const ConvParams& p, bool tf32) {
+    SB_CUDNN(cudnnCreateConvolutionDescriptor(&d));
+    SB_CUDNN(cudnnSetConvolution2dDescriptor(d, p.pad_h, p.pad_w, p.stride_h, p.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT));
+    // FMA math keeps fp32 exact (no TF32 tensor cores); TENSOR_OP math allows TF32.
+    SB_CUDNN(cudnnSetConvolutionMathType(d, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  }
+  ~ConvDescriptor() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDescriptor(const ConvDescriptor&) = delete;
+  ConvDescriptor& operator=(const ConvDescriptor&) = delete;
+};
+
+struct Ctx {  // what every op of one backend shares
+  int device;
+  cudnnHandle_t cudnn;
+  cublasHandle_t cublas;
+  bool tf32;
+  std::size_t workspace_budget;
+};
+
+// ---- convolution -----------------------------------------------------------------------------------
+// The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget.
+template <class Perf>
+decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws) {
+  for (int i = 0; i < n; ++i)
+    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget) {
+      ws = p[i].memory;
+      return p[i].algo;
+    }
+  throw Error(fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
+                          "(STEPBENCH_WORKSPACE_MB)",
+                          what, budget >> 20));
+}
+
+class CudnnConv final : public ConvOp {
+ public:
+  CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
+      : c_(c), xd_(x), yd_(y), wd_(y.shape.c, x.shape.c, p.kh, p.kw, x.layout), cd_(p, c.tf32) {
+    require_f32(x, "convolution");
+    SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
+    SB_CUDA(cudaSetDevice(c_.device));
+    int n = 0;
+    cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.d, wd_.d, cd_.d, yd_.d,
+                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
+    fwd_ = pick(f, n, "forward", c_.workspace_budget, fwd_ws_);
+    cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    SB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(c_.cudnn, wd_.d, yd_.d, cd_.d, xd_.d,
+                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, d));
+    bwd_data_ = pick(d, n, "backward data", c_.workspace_budget, data_ws_);
+    cudnnConvolutionBwdFilterAlgoPerf_t w[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    SB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(c_.cudnn, xd_.d, yd_.d, cd_.d, wd_.d,
+                                                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, w));
+    bwd_filter_ = pick(w, n, "backward filter", c_.workspace_budget, filter_ws_);
+  }
+  std::size_t workspace_bytes() const override { return std::max({fwd_ws_, data_ws_, filter_ws_}); }
+  std::string algorithm() const override {
+    return fmt::format("cudnn fwd algo {} / bwd_data algo {} / bwd_filter algo {}", static_cast<int>(fwd_),
+                       static_cast<int>(bwd_data_), static_cast<int>(bwd_filter_));
+  }
+  void forward(Stream& s, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
+    const float a = 1, b = 0;
+    set(s);
+    SB_CUDNN(cudnnConvolutionForward(c_.cudnn, &a, xd_.d, x.data, wd_.d, w, cd_.d, fwd_, ws, fwd_ws_, &b, yd_.d,
+                                     y.data));
+  }
+  void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
+    const float a = 1;
+    set(s);
+    SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, w, yd_.d, dy.data, cd_.d, bwd_data_, ws, data_ws_, &beta,
+                                          xd_.d, dx.data));
+  }
+  void backward_filter(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* ws) override {
+    const float a = 1, b = 0;
+    set(s);
+    SB_CUDNN(cudnnConvolutionBackwardFilter(c_.cudnn, &a, xd_.d, x.data, yd_.d, dy.data, cd_.d, bwd_filter_, ws,
+                                            filter_ws_, &b, wd_.d, dw));
+  }
+
+ private:
+  void set(Stream& s) {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDNN(cudnnSetStream(c_.cudnn, S(s)));
+  }
+  Ctx c_;
+  TensorDescriptor xd_, yd_;
+  FilterDescriptor wd_;
+  ConvDescriptor cd_;
+  cudnnConvolutionFwdAlgo_t fwd_{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data_{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
+  std::size_t fwd_ws_ = 0, data_ws_ = 0, filter_ws_ = 0;
+};
+
+// ---- fully connected (cuBLAS, column-major views of the row-major PyTorch layout) --------------------
+class CublasLinear final : public LinearOp {
+ public:
+  CublasLinear(const Ctx& c, const TensorDesc& x, const TensorDesc& y)
+      : c_(c), N_(static_cast<int>(x.shape.n)), K_(static_cast<int>(x.shape.c)), M_(static_cast<int>(y.shape.c)) {
+    require_f32(x, "linear");
+    SB_CHECK(x.shape.h == 1 && x.shape.w == 1 && y.shape.h == 1 && y.shape.w == 1, "linear takes N x C x 1 x 1");
+    SB_CHECK(x.is_dense() && y.is_dense(), "linear takes dense tensors");
+  }
+  std::size_t workspace_bytes() const override { return 0; }
+  // y^T (M x N) = W (as K x M col-major, transposed) * x^T (K x N)
+  void forward(Stream& s, const Tensor& x, const void* w, const void* b, const Tensor& y, void*) override {
+    const float a = 1, z = 0;
+    set(s);
+    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, M_, N_, K_, &a, static_cast<const float*>(w), K_,
+                          static_cast<const float*>(x.data), K_, &z, static_cast<float*>(y.data), M_));
+    SB_CUDA(cuda::launch_add_bias(static_cast<float*>(y.data), static_cast<const float*>(b), N_, M_, S(s)));
+  }
+  // dx^T (K x N) = W^T (K x M) * dy^T (M x N)
+  void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void*) override {
+    const float a = 1;
+    set(s);
+    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, K_, N_, M_, &a, static_cast<const float*>(w), K_,
+                          static_cast<const float*>(dy.data), M_, &beta, static_cast<float*>(dx.data), K_));
+  }
+  // dW^T (K x M) = x^T (K x N) * dy (N x M); db = column sums of dy
+  void backward_weights(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* db, void*) override {
+    const float a = 1, z = 0;
+    set(s);
+    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_T, K_, M_, N_, &a, static_cast<const float*>(x.data), K_,
+                          static_cast<const float*>(dy.data), M_, &z, static_cast<float*>(dw), K_));
+    SB_CUDA(cuda::launch_bias_grad(static_cast<const float*>(dy.data), static_cast<float*>(db), N_, M_, S(s)));
+  }
+
+ private:
+  void set(Stream& s) {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUBLAS(cublasSetStream(c_.cublas, S(s)));
+  }
+  Ctx c_;
+  int N_, K_, M_;
+};
+
+// ---- batch norm, pooling, ReLU, dropout, loss (own kernels) -------------------------------------------
+class CudaBatchNorm final : public BatchNormOp {
+ public:
+  CudaBatchNorm(const Ctx& c, const TensorDesc& x, const BatchNormParams& p) : c_(c), p_(p) {
+    require_f32(x, "batch norm");
+  }
+  void forward_training(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
+                        float* rv, float* sm, float* si) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_bn_forward_training(view(x), view(y), gamma, beta, rm, rv, sm, si, p_.eps, p_.momentum,
+                                             p_.relu, S(s)));
+  }
+  void forward_inference(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                         const float* rm, const float* rv) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_bn_forward_inference(view(x), view(y), gamma, beta, rm, rv, p_.eps, p_.relu, S(s)));
+  }
+  void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
+                const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_bn_backward(view(x), view(y), view(dy), view(dx), gamma, sm, si, dgamma, dbeta, beta_dx,
+                                     p_.relu, S(s)));
+  }
+
+ private:
+  Ctx c_;
+  BatchNormParams p_;
+};
+
+class CudaPool final : public PoolOp {
+ public:
+  CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p) : c_(c), y_(y) {
+    require_f32(x, "pooling");
+    SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
+    a_ = cuda::PoolArgs{p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                        p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
+  }
+  std::size_t reserve_bytes() const override {
+    return a_.kind == 0 ? static_cast<std::size_t>(y_.numel()) * sizeof(std::int32_t) : 0;
+  }
+  void forward(Stream& s, const Tensor& x, const Tensor& y, void* reserve) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_pool_forward(view(x), view(y), a_, static_cast<std::int32_t*>(reserve), S(s)));
+  }
+  void backward(Stream& s, const Tensor&, const Tensor&, const Tensor& dy, const Tensor& dx, float beta,
+                const void* reserve) override {
+    SB_CHECK(a_.kind != 0 || reserve, "max pool backward needs the forward's argmax");
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_pool_backward(view(dy), view(dx), a_, beta, static_cast<const std::int32_t*>(reserve), S(s)));
+  }
+
+ private:
+  Ctx c_;
+  TensorDesc y_;
+  cuda::PoolArgs a_{};
+};
+
+class CudaRelu final : public ReluOp {
+ public:
+  explicit CudaRelu(const Ctx& c) : c_(c) {}
+  void forward(Stream& s, const Tensor& x, const Tensor& y) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_relu_forward(view(x), view(y), S(s)));
+  }
+  void backward(Stream& s, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_relu_backward(view(y), view(dy), view(dx), beta, S(s)));
+  }
+
+ private:
+  Ctx c_;
+};
+
+class CudaDropout final : public DropoutOp {
+ public:
+  CudaDropout(const Ctx& c, const TensorDesc& x, double p) : c_(c), n_(x.numel()), p_(p) {
+    require_f32(x, "dropout");
+    if (!(p >= 0.0 && p < 1.0)) throw UsageError(fmt::format("dropout probability {} must be in [0, 1)", p));
+    SB_CHECK(x.is_dense(), "dropout takes dense tensors");
+  }
+  std::size_t reserve_bytes() const override { return static_cast<std::size_t>(n_); }
+  void forward(Stream& s, const Tensor& x, const Tensor& y, void* reserve, std::uint64_t seed,
+               std::uint64_t step) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_dropout_forward(static_cast<const float*>(x.data), static_cast<float*>(y.data),
+                                         static_cast<std::uint8_t*>(reserve), n_, p_, seed, step, S(s)));
+  }
+  void backward(Stream& s, const Tensor& dy, const Tensor& dx, float beta, const void* reserve) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_dropout_backward(static_cast<const float*>(dy.data), static_cast<float*>(dx.data),
+                                          static_cast<const std::uint8_t*>(reserve), n_, p_, beta, S(s)));
+  }
+
+ private:
+  Ctx c_;
+  long long n_;
+  double p_;
+};
+
+// Labels outside [0, M) cannot be checked on the host before the kernel without a synchronisation:
+// the kernel flags them, the flag is copied to pinned memory, and the next call reports it.
+class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
+ public:
+  CudaSoftmaxXent(const Ctx& c, const TensorDesc& l) : c_(c), N_(l.shape.n), M_(l.shape.c) {
+    require_f32(l, "softmax cross-entropy");
+    SB_CHECK(l.is_dense() && l.shape.h == 1 && l.shape.w == 1, "softmax cross-entropy takes dense N x M logits");
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cudaMallocHost(&host_flag_, sizeof(int)));
+    *host_flag_ = 0;
+  }
+  ~CudaSoftmaxXent() override { cudaFreeHost(host_flag_); }
+  // probabilities, per-sample losses, the bad-label flag
+  std::size_t reserve_bytes() const override {
+    return static_cast<std::size_t>(N_ * M_ + N_) * sizeof(float) + sizeof(int);
+  }
+  void forward(Stream& s, const Tensor& logits, const std::int32_t* labels, float* loss, void* reserve) override {
+    check_flag();
+    SB_CUDA(cudaSetDevice(c_.device));
+    float* probs = static_cast<float*>(reserve);
+    float* rows = probs + N_ * M_;
+    int* flag = reinterpret_cast<int*>(rows + N_);
+    SB_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), S(s)));
+    SB_CUDA(cuda::launch_softmax_xent_forward(static_cast<const float*>(logits.data), labels, loss, probs, rows, flag,
+                                              N_, M_, S(s)));
+    SB_CUDA(cudaMemcpyAsync(host_flag_, flag, sizeof(int), cudaMemcpyDeviceToHost, S(s)));
+  }
+  void backward(Stream& s, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
+                const void* reserve) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_softmax_xent_backward(labels, static_cast<float*>(dlogits.data),
+                                               static_cast<const float*>(reserve), scale, beta, N_, M_, S(s)));
+  }
+
+ private:
+  void check_flag() {
+    if (*host_flag_ != 0) {
+      const int sample = *host_flag_ - 1;
+      *host_flag_ = 0;
+      throw UsageError(fmt::format("the label of sample {} is outside [0, {}): the labels do not fit the model's "
+                                   "number of classes",
+                                   sample, M_));
+    }
+  }
+  Ctx c_;
+  long long N_, M_;
+  int* host_flag_ = nullptr;
+};
+
+// ---- the backend ------------------------------------------------------------------------------------
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : dev_(device), stream_(device) {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cudaGetDeviceProperties(&prop_, dev_));
+    SB_CUDNN(cudnnCreate(&cudnn_));
+    SB_CUBLAS(cublasCreate(&cublas_));
+    SB_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    if (const char* mb = std::getenv("STEPBENCH_WORKSPACE_MB")) budget_ = std::strtoull(mb, nullptr, 10) << 20;
+  }
+  ~CudaBackend() override {
+    cublasDestroy(cublas_);
+    cudnnDestroy(cudnn_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  std::string name() const override { return "cuda"; }
+  std::string device_name() const override { return fmt::format("{} (GPU {})", prop_.name, dev_); }
+  std::map<std::string, std::string> versions() const override {
+    int rt = 0, drv = 0, cublas = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    cublasGetVersion(cublas_, &cublas);
+    const std::size_t cudnn = cudnnGetVersion();
+    auto v = [](int x) { return fmt::format("{}.{}", x / 1000, (x % 1000) / 10); };
+    return {{"cuda_runtime", v(rt)},
+            {"cuda_driver", v(drv)},
+            {"cudnn", fmt::format("{}.{}.{}", cudnn / 10000, (cudnn % 10000) / 100, cudnn % 100)},
+            {"cublas", std::to_string(cublas)},
+            {"nccl", fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)},
+            {"compute_capability", fmt::format("{}.{}", prop_.major, prop_.minor)},
+            {"tf32", tf32_ ? "on" : "off"}};
+  }
+  void require(DType t) const override {
+    if (t != DType::f32)
+      throw UnsupportedError(fmt::format("precision {} is not implemented by the cuda backend yet (fp32 storage only, "
+                                         "TF32 math with --precision tf32); use --precision fp32 or tf32",
+                                         to_string(t)));
+  }
+  void set_tensor_math(bool allow_tf32) override {
+    tf32_ = allow_tf32;
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUBLAS(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  }
+  FilterFormat filter_format(Layout l) const override { return l == Layout::nhwc ? FilterFormat::ohwi : FilterFormat::oihw; }
+
+  void* allocate(std::size_t bytes) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      throw UsageError(fmt::format("out of GPU memory on {}: {:.1f} MiB requested, {:.1f} MiB free; use a smaller "
+                                   "--batch-size",
+                                   device_name(), static_cast<double>(bytes) / (1 << 20),
+                                   static_cast<double>(free) / (1 << 20)));
+    }
+    return p;
+  }
+  void deallocate(void* p) override { cudaFree(p); }
+  void* allocate_host(std::size_t bytes) override {
+    void* p = nullptr;
+    SB_CUDA(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)));
+    return p;
+  }
+  void deallocate_host(void* p) override { cudaFreeHost(p); }
+  std::size_t memory_available() const override {
+    cudaSetDevice(dev_);
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return free;
+  }
+
+  Stream& default_stream() override { return stream_; }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(dev_); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(dev_); }
+  void record(Event& e, Stream& s) override { SB_CUDA(cudaEventRecord(static_cast<CudaEvent&>(e).e, S(s))); }
+  void wait(Stream& s, Event& e) override { SB_CUDA(cudaStreamWaitEvent(S(s), static_cast<CudaEvent&>(e).e, 0)); }
+  void synchronize(Stream& s) override { SB_CUDA(cudaStreamSynchronize(S(s))); }
+  double elapsed_ms(Event& a, Event& b) override {
+    float ms = 0;
+    SB_CUDA(cudaEventElapsedTime(&ms, static_cast<CudaEvent&>(a).e, static_cast<CudaEvent&>(b).e));
+    return ms;
+  }
+
+  void copy(Stream& s, void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) SB_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(s)));
+  }
+  void memset_zero(Stream& s, void* dst, std::size_t bytes) override {
+    if (bytes) SB_CUDA(cudaMemsetAsync(dst, 0, bytes, S(s)));
+  }
+  void fill(Stream& s, float* dst, float v, std::size_t n) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_fill(dst, v, n, S(s)));
+  }
+
+  std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) override {
+    return std::make_unique<CudnnConv>(ctx(), x, y, p);
+  }
+  std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc&,
+                                               const BatchNormParams& p) override {
+    return std::make_unique<CudaBatchNorm>(ctx(), x, p);
+  }
+  std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) override {
+    return std::make_unique<CudaPool>(ctx(), x, y, p);
+  }
+  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override {
+    require_f32(x, "relu");
+    return std::make_unique<CudaRelu>(ctx());
+  }
+  std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
+    return std::make_unique<CublasLinear>(ctx(), x, y);
+  }
+  std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) override {
+    return std::make_unique<CudaDropout>(ctx(), x, p);
+  }
+  std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDesc& logits) override {
+    return std::make_unique<CudaSoftmaxXent>(ctx(), logits);
+  }
+
+  void add(Stream& s, const Tensor& src, const Tensor& dst, float beta) override {
+    require_f32(src.desc, "add");
+    SB_CHECK(src.shape() == dst.shape(), "add: shapes differ");
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_add(view(src), view(dst), beta, S(s)));
+  }
+  void scale(Stream& s, float* x, float alpha, std::size_t n) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_scale(x, alpha, n, S(s)));
+  }
+  void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
+                        std::size_t n) override {
+    const cuda::OptArgs a{cfg.kind == OptimizerKind::sgd ? 0 : cfg.kind == OptimizerKind::momentum ? 1 : 2,
+                          cfg.lr, cfg.weight_decay, cfg.momentum, cfg.rms_decay, cfg.epsilon};
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_optimizer_update(a, params, grads, s0, s1, n, S(s)));
+  }
+
+ private:
+  Ctx ctx() const { return Ctx{dev_, cudnn_, cublas_, tf32_, budget_}; }
+  int dev_;
+  cudaDeviceProp prop_{};
+  CudaStream stream_;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  bool tf32_ = false;
+  std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget; STEPBENCH_WORKSPACE_MB overrides
+};
+
+}  // namespace
+
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   const int n = cuda_device_count_impl();
   if (device < 0 || device >= n)
     throw UsageError(fmt::format("GPU {} requested but {} visible", device, n));
-  throw UnsupportedError(fmt::format(
-      "the cuda backend's ops are not implemented in this build yet (cuDNN {}.{}.{}, NCCL {}.{}.{} linked); "
-      "use --backend cpu",
-      CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH));
+  return std::make_unique<CudaBackend>(device);
 }
 
 }  // namespace stepbench

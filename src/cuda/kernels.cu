@@ -1,21 +1,423 @@
-// Small CUDA kernels of stepbench's own. The full set (loss, dropout, optimizers over the arena)
-// belongs to the CUDA-backend work; this one fills a buffer and keeps nvcc in every CI build.
+// stepbench's own CUDA kernels: elementwise ops, batch norm, pooling, the loss, dropout and the
+// optimizer update, fp32, over strided 4-D views. The formulas mirror src/cpu/cpu_kernels.cpp so
+// both backends compute the same thing (the op tests compare both with the oracle).
 #include <cuda_runtime.h>
 
-#include <cstddef>
+#include <cfloat>
+#include <cstdint>
+
+#include "cuda/kernels.hpp"
 
 namespace stepbench::cuda {
+namespace {
 
-__global__ void fill_kernel(float* x, float v, std::size_t n) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
-    x[i] = v;
+constexpr int kThreads = 256;
+
+unsigned grid_for(long long n) {
+  const long long b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
 }
+
+// Element i of the logical N, C, H, W order -> offset in a view.
+__device__ __forceinline__ long long offset_of(const View& v, long long i) {
+  const long long w = i % v.w;
+  long long t = i / v.w;
+  const long long h = t % v.h;
+  t /= v.h;
+  const long long c = t % v.c;
+  const long long n = t / v.c;
+  return n * v.sn + c * v.sc + h * v.sh + w * v.sw;
+}
+__device__ __forceinline__ long long off4(const View& v, long long n, long long c, long long h, long long w) {
+  return n * v.sn + c * v.sc + h * v.sh + w * v.sw;
+}
+
+#define GRID_STRIDE(i, n) \
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<long long>(blockDim.x) * gridDim.x)
+
+__global__ void fill_k(float* x, float v, std::size_t n) {
+  GRID_STRIDE(i, static_cast<long long>(n)) x[i] = v;
+}
+__global__ void scale_k(float* x, float a, std::size_t n) {
+  GRID_STRIDE(i, static_cast<long long>(n)) x[i] *= a;
+}
+__global__ void add_k(View s, View d, float beta, long long n) {
+  GRID_STRIDE(i, n) {
+    const float v = s.p[offset_of(s, i)];
+    float& o = d.p[offset_of(d, i)];
+    o = beta == 0.0f ? v : v + beta * o;
+  }
+}
+__global__ void relu_fwd_k(View x, View y, long long n) {
+  GRID_STRIDE(i, n) y.p[offset_of(y, i)] = fmaxf(x.p[offset_of(x, i)], 0.0f);
+}
+__global__ void relu_bwd_k(View y, View dy, View dx, float beta, long long n) {
+  GRID_STRIDE(i, n) {
+    const float v = y.p[offset_of(y, i)] > 0.0f ? dy.p[offset_of(dy, i)] : 0.0f;
+    float& o = dx.p[offset_of(dx, i)];
+    o = beta == 0.0f ? v : v + beta * o;
+  }
+}
+
+// ---- batch norm -----------------------------------------------------------------------------------
+template <class T>
+__device__ T block_sum(T v) {
+  __shared__ T buf[kThreads];
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  const T r = buf[0];
+  __syncthreads();
+  return r;
+}
+
+// One block per channel; element k of the channel is (n, h, w) with k = (n * H + h) * W + w.
+__device__ __forceinline__ long long chan_off(const View& v, long long c, long long k) {
+  const long long w = k % v.w;
+  const long long t = k / v.w;
+  return off4(v, t / v.h, c, t % v.h, w);
+}
+
+__global__ void bn_train_k(View x, View y, const float* gamma, const float* beta, float* rmean, float* rvar,
+                           float* smean, float* sinvstd, double eps, double momentum, bool relu) {
+  const long long c = blockIdx.x, M = x.n * x.h * x.w;
+  double s = 0;
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) s += x.p[chan_off(x, c, k)];
+  const double mean = block_sum(s) / static_cast<double>(M);
+  double q = 0;
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) {
+    const double d = x.p[chan_off(x, c, k)] - mean;
+    q += d * d;
+  }
+  const double var = block_sum(q) / static_cast<double>(M);
+  const double invstd = 1.0 / sqrt(var + eps);
+  if (threadIdx.x == 0) {
+    smean[c] = static_cast<float>(mean);
+    sinvstd[c] = static_cast<float>(invstd);
+    const double unbiased = M > 1 ? var * M / (M - 1) : var;
+    rmean[c] = static_cast<float>((1 - momentum) * rmean[c] + momentum * mean);
+    rvar[c] = static_cast<float>((1 - momentum) * rvar[c] + momentum * unbiased);
+  }
+  const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mean * gamma[c] * invstd);
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) {
+    const float v = a * x.p[chan_off(x, c, k)] + b;
+    y.p[chan_off(y, c, k)] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void bn_infer_k(View x, View y, const float* gamma, const float* beta, const float* rmean, const float* rvar,
+                           double eps, bool relu, long long n) {
+  GRID_STRIDE(i, n) {
+    const long long c = (i / (x.h * x.w)) % x.c;
+    const double invstd = 1.0 / sqrt(static_cast<double>(rvar[c]) + eps);
+    const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - rmean[c] * gamma[c] * invstd);
+    const float v = a * x.p[offset_of(x, i)] + b;
+    y.p[offset_of(y, i)] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void bn_bwd_k(View x, View y, View dy, View dx, const float* gamma, const float* smean, const float* sinvstd,
+                         float* dgamma, float* dbeta, float beta_dx, bool relu) {
+  const long long c = blockIdx.x, M = x.n * x.h * x.w;
+  const float mean = smean[c], invstd = sinvstd[c];
+  double sg = 0, sgx = 0;
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) {
+    const float g = (!relu || y.p[chan_off(y, c, k)] > 0.0f) ? dy.p[chan_off(dy, c, k)] : 0.0f;
+    sg += g;
+    sgx += static_cast<double>(g) * (x.p[chan_off(x, c, k)] - mean) * invstd;
+  }
+  const double tg = block_sum(sg), tgx = block_sum(sgx);
+  if (threadIdx.x == 0) {
+    dgamma[c] = static_cast<float>(tgx);
+    dbeta[c] = static_cast<float>(tg);
+  }
+  const float k1 = gamma[c] * invstd, k2 = static_cast<float>(tg / M), k3 = static_cast<float>(tgx / M) * invstd;
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) {
+    const float g = (!relu || y.p[chan_off(y, c, k)] > 0.0f) ? dy.p[chan_off(dy, c, k)] : 0.0f;
+    const float v = k1 * (g - k2 - (x.p[chan_off(x, c, k)] - mean) * k3);
+    float& o = dx.p[chan_off(dx, c, k)];
+    o = beta_dx == 0.0f ? v : v + beta_dx * o;
+  }
+}
+
+// ---- pooling -------------------------------------------------------------------------------------
+__device__ void window(const PoolArgs& p, long long H, long long W, long long oh, long long ow, long long& h0,
+                       long long& h1, long long& w0, long long& w1, float& inv) {
+  const long long hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
+  const long long he = min(hs + p.kh, H + p.ph), we = min(ws + p.kw, W + p.pw);
+  const long long padded = (he - hs) * (we - ws);
+  h0 = max(hs, 0LL);
+  h1 = min(he, H);
+  w0 = max(ws, 0LL);
+  w1 = min(we, W);
+  const long long count = p.kind == 2 ? (h1 - h0) * (w1 - w0) : padded;
+  inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+}
+
+__global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, long long n) {
+  GRID_STRIDE(i, n) {
+    const long long ow = i % y.w, oh = (i / y.w) % y.h, c = (i / (y.w * y.h)) % y.c, b = i / (y.w * y.h * y.c);
+    long long h0, h1, w0, w1;
+    float inv;
+    window(p, x.h, x.w, oh, ow, h0, h1, w0, w1, inv);
+    if (p.kind == 0) {
+      float best = -INFINITY;
+      std::int32_t pos = static_cast<std::int32_t>(h0 * x.w + w0);
+      for (long long h = h0; h < h1; ++h)
+        for (long long w = w0; w < w1; ++w) {
+          const float v = x.p[off4(x, b, c, h, w)];
+          if (v > best || isnan(v)) {  // PyTorch's rule: the first max wins, NaN propagates
+            best = v;
+            pos = static_cast<std::int32_t>(h * x.w + w);
+          }
+        }
+      y.p[off4(y, b, c, oh, ow)] = best;
+      if (argmax) argmax[i] = pos;
+    } else {
+      float s = 0;
+      for (long long h = h0; h < h1; ++h)
+        for (long long w = w0; w < w1; ++w) s += x.p[off4(x, b, c, h, w)];
+      y.p[off4(y, b, c, oh, ow)] = s * inv;
+    }
+  }
+}
+
+__device__ __forceinline__ void covering(long long i, int k, int s, int pad, long long out, long long& o0,
+                                         long long& o1) {
+  const long long num = i + pad - k + 1;
+  o0 = num <= 0 ? 0 : (num + s - 1) / s;
+  o1 = min((i + pad) / s + 1, out);
+}
+
+// Gather: each input element sums the outputs whose windows cover it, so no two threads write one
+// element.
+__global__ void pool_bwd_k(View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n) {
+  GRID_STRIDE(i, n) {
+    const long long w = i % dx.w, h = (i / dx.w) % dx.h, c = (i / (dx.w * dx.h)) % dx.c, b = i / (dx.w * dx.h * dx.c);
+    long long oh0, oh1, ow0, ow1;
+    covering(h, p.kh, p.sh, p.ph, dy.h, oh0, oh1);
+    covering(w, p.kw, p.sw, p.pw, dy.w, ow0, ow1);
+    const auto pos = static_cast<std::int32_t>(h * dx.w + w);
+    float acc = 0;
+    for (long long oh = oh0; oh < oh1; ++oh)
+      for (long long ow = ow0; ow < ow1; ++ow) {
+        const float g = dy.p[off4(dy, b, c, oh, ow)];
+        if (p.kind == 0) {
+          if (argmax[((b * dy.c + c) * dy.h + oh) * dy.w + ow] == pos) acc += g;
+        } else {
+          long long h0, h1, w0, w1;
+          float inv;
+          window(p, dx.h, dx.w, oh, ow, h0, h1, w0, w1, inv);
+          acc += inv * g;
+        }
+      }
+    float& o = dx.p[off4(dx, b, c, h, w)];
+    o = beta == 0.0f ? acc : acc + beta * o;
+  }
+}
+
+// ---- fully connected helpers, dropout, loss, optimizers -------------------------------------------
+__global__ void add_bias_k(float* y, const float* b, long long N, long long M) {
+  GRID_STRIDE(i, N * M) y[i] += b[i % M];
+}
+__global__ void bias_grad_k(const float* dy, float* db, long long N, long long M) {
+  GRID_STRIDE(m, M) {
+    double s = 0;
+    for (long long r = 0; r < N; ++r) s += dy[r * M + m];
+    db[m] = static_cast<float>(s);
+  }
+}
+
+__device__ __forceinline__ std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+std::uint64_t splitmix64_host(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The same mask as the CPU backend: keep when the element's 24-bit uniform is >= p.
+__global__ void dropout_fwd_k(const float* x, float* y, std::uint8_t* mask, long long n, std::uint32_t threshold,
+                              float keep_scale, std::uint64_t key) {
+  GRID_STRIDE(i, n) {
+    const auto u = static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 40);
+    const std::uint8_t keep = u >= threshold;
+    mask[i] = keep;
+    y[i] = keep ? x[i] * keep_scale : 0.0f;
+  }
+}
+__global__ void dropout_bwd_k(const float* dy, float* dx, const std::uint8_t* mask, long long n, float keep_scale,
+                              float beta) {
+  GRID_STRIDE(i, n) {
+    const float v = mask[i] ? dy[i] * keep_scale : 0.0f;
+    dx[i] = beta == 0.0f ? v : v + beta * dx[i];
+  }
+}
+
+// One block per sample.
+__global__ void xent_rows_k(const float* z, const std::int32_t* labels, float* probs, float* row_loss, int* bad,
+                            long long M) {
+  const long long r = blockIdx.x;
+  const float* zr = z + r * M;
+  float* pr = probs + r * M;
+  __shared__ float red[kThreads];
+  float mx = -INFINITY;
+  for (long long j = threadIdx.x; j < M; j += blockDim.x) mx = fmaxf(mx, zr[j]);
+  red[threadIdx.x] = mx;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
+  mx = red[0];
+  __syncthreads();
+  double sum = 0;
+  for (long long j = threadIdx.x; j < M; j += blockDim.x) {
+    const float e = expf(zr[j] - mx);
+    pr[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (long long j = threadIdx.x; j < M; j += blockDim.x) pr[j] *= inv;
+  if (threadIdx.x == 0) {
+    const std::int32_t l = labels[r];
+    if (l < 0 || l >= M) {
+      atomicCAS(bad, 0, static_cast<int>(r) + 1);
+      row_loss[r] = 0;
+    } else {
+      row_loss[r] = static_cast<float>(log(sum) + mx - zr[l]);
+    }
+  }
+}
+__global__ void mean_k(const float* v, float* out, long long n) {
+  double s = 0;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
+}
+__global__ void xent_bwd_k(const std::int32_t* labels, float* d, const float* probs, float k, float beta, long long N,
+                           long long M) {
+  GRID_STRIDE(i, N * M) {
+    const long long r = i / M, j = i % M;
+    const float v = k * (probs[i] - (j == labels[r] ? 1.0f : 0.0f));
+    d[i] = beta == 0.0f ? v : v + beta * d[i];
+  }
+}
+
+__global__ void opt_k(OptArgs a, float* p, const float* g, float* s0, float* s1, long long n) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i] + a.wd * p[i];
+    if (a.kind == 0) {
+      p[i] -= a.lr * gi;
+    } else if (a.kind == 1) {  // PyTorch's SGD(momentum)
+      s0[i] = a.mu * s0[i] + gi;
+      p[i] -= a.lr * s0[i];
+    } else {  // TensorFlow's RMSProp
+      s0[i] = a.rho * s0[i] + (1.0f - a.rho) * gi * gi;
+      s1[i] = a.mu * s1[i] + a.lr * gi / sqrtf(s0[i] + a.eps);
+      p[i] -= s1[i];
+    }
+  }
+}
+
+long long numel(const View& v) { return v.n * v.c * v.h * v.w; }
+
+}  // namespace
 
 cudaError_t launch_fill(float* x, float v, std::size_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-  fill_kernel<<<blocks, 256, 0, s>>>(x, v, n);
+  fill_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(x, v, n);
+  return cudaGetLastError();
+}
+cudaError_t launch_scale(float* x, float a, std::size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  scale_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(x, a, n);
+  return cudaGetLastError();
+}
+cudaError_t launch_add(View src, View dst, float beta, cudaStream_t s) {
+  add_k<<<grid_for(numel(dst)), kThreads, 0, s>>>(src, dst, beta, numel(dst));
+  return cudaGetLastError();
+}
+cudaError_t launch_relu_forward(View x, View y, cudaStream_t s) {
+  relu_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, numel(y));
+  return cudaGetLastError();
+}
+cudaError_t launch_relu_backward(View y, View dy, View dx, float beta, cudaStream_t s) {
+  relu_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(y, dy, dx, beta, numel(dx));
+  return cudaGetLastError();
+}
+cudaError_t launch_bn_forward_training(View x, View y, const float* gamma, const float* beta, float* running_mean,
+                                       float* running_var, float* save_mean, float* save_invstd, double eps,
+                                       double momentum, bool relu, cudaStream_t s) {
+  bn_train_k<<<static_cast<unsigned>(x.c), kThreads, 0, s>>>(x, y, gamma, beta, running_mean, running_var, save_mean,
+                                                               save_invstd, eps, momentum, relu);
+  return cudaGetLastError();
+}
+cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, const float* beta, const float* rmean,
+                                        const float* rvar, double eps, bool relu, cudaStream_t s) {
+  bn_infer_k<<<grid_for(numel(x)), kThreads, 0, s>>>(x, y, gamma, beta, rmean, rvar, eps, relu, numel(x));
+  return cudaGetLastError();
+}
+cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* gamma, const float* save_mean,
+                               const float* save_invstd, float* dgamma, float* dbeta, float beta_dx, bool relu,
+                               cudaStream_t s) {
+  bn_bwd_k<<<static_cast<unsigned>(x.c), kThreads, 0, s>>>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta,
+                                                             beta_dx, relu);
+  return cudaGetLastError();
+}
+cudaError_t launch_pool_forward(View x, View y, PoolArgs p, std::int32_t* argmax, cudaStream_t s) {
+  pool_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, p, argmax, numel(y));
+  return cudaGetLastError();
+}
+cudaError_t launch_pool_backward(View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
+                                 cudaStream_t s) {
+  pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(dy, dx, p, beta, argmax, numel(dx));
+  return cudaGetLastError();
+}
+cudaError_t launch_add_bias(float* y, const float* b, long long N, long long M, cudaStream_t s) {
+  add_bias_k<<<grid_for(N * M), kThreads, 0, s>>>(y, b, N, M);
+  return cudaGetLastError();
+}
+cudaError_t launch_bias_grad(const float* dy, float* db, long long N, long long M, cudaStream_t s) {
+  bias_grad_k<<<grid_for(M), kThreads, 0, s>>>(dy, db, N, M);
+  return cudaGetLastError();
+}
+cudaError_t launch_dropout_forward(const float* x, float* y, std::uint8_t* mask, long long n, double p,
+                                   std::uint64_t seed, std::uint64_t step, cudaStream_t s) {
+  const std::uint64_t key = splitmix64_host(seed ^ splitmix64_host(step));
+  const auto threshold = static_cast<std::uint32_t>(p * 16777216.0);
+  dropout_fwd_k<<<grid_for(n), kThreads, 0, s>>>(x, y, mask, n, threshold, static_cast<float>(1.0 / (1.0 - p)), key);
+  return cudaGetLastError();
+}
+cudaError_t launch_dropout_backward(const float* dy, float* dx, const std::uint8_t* mask, long long n, double p,
+                                    float beta, cudaStream_t s) {
+  dropout_bwd_k<<<grid_for(n), kThreads, 0, s>>>(dy, dx, mask, n, static_cast<float>(1.0 / (1.0 - p)), beta);
+  return cudaGetLastError();
+}
+cudaError_t launch_softmax_xent_forward(const float* logits, const std::int32_t* labels, float* loss, float* probs,
+                                        float* row_loss, int* bad_label, long long N, long long M, cudaStream_t s) {
+  xent_rows_k<<<static_cast<unsigned>(N), kThreads, 0, s>>>(logits, labels, probs, row_loss, bad_label, M);
+  mean_k<<<1, kThreads, 0, s>>>(row_loss, loss, N);
+  return cudaGetLastError();
+}
+cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, float* dlogits, const float* probs, float scale,
+                                         float beta, long long N, long long M, cudaStream_t s) {
+  xent_bwd_k<<<grid_for(N * M), kThreads, 0, s>>>(labels, dlogits, probs, scale / static_cast<float>(N), beta, N, M);
+  return cudaGetLastError();
+}
+cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads, float* s0, float* s1, std::size_t n,
+                                    cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  opt_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(a, params, grads, s0, s1, static_cast<long long>(n));
   return cudaGetLastError();
 }
 
