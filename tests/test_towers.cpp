@@ -1,5 +1,7 @@
 // The tower core on CPU towers: N towers against one, the variable-update modes against each other,
 // the gradient average, and the buckets.
+#include <fmt/format.h>
+
 #include "stepbench/towers.hpp"
 #include "test_util.hpp"
 
@@ -60,6 +62,53 @@ TEST(Towers, TwoReplicatedTowersOnTheSameBatchMatchOneTowerBitForBit) {
     Towers fresh(tiny(1, VariableUpdate::replicated));
     return params(fresh, 0);
   }());
+}
+
+// The towers issue's equivalence: N towers with batch B each end one step with the parameters of a
+// single tower that computes the gradient on each of the N slices separately, averages them and
+// applies one update (BN statistics are per tower, so this is the right single-tower reference).
+TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
+  for (int n : {2, 3}) {
+    for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
+      SCOPED_TRACE(fmt::format("{} towers, {}", n, to_string(mode)));
+      auto o = tiny(n, mode, 16384);
+      o.model_options.dropout = 0;
+      Towers t(o);
+      t.set_synthetic_batch(77);  // a different slice per tower
+      // the reference: one tower, fed each tower's slice in turn
+      auto o1 = tiny(1, mode);
+      o1.model_options.dropout = 0;
+      Towers ref(o1);
+      const std::size_t P = ref.graph(0).param_arena_floats();
+      std::vector<double> avg(P, 0.0);
+      for (int i = 0; i < n; ++i) {
+        const Tensor in = t.graph(i).input_tensor();
+        std::vector<float> img(static_cast<std::size_t>(in.desc.numel()));
+        std::vector<std::int32_t> lab(4);
+        t.backend(i).copy(t.stream(i), img.data(), in.data, in.desc.bytes());
+        t.backend(i).copy(t.stream(i), lab.data(), t.graph(i).labels(), 16);
+        ref.graph(0).backend().copy(ref.stream(0), ref.graph(0).input_tensor().data, img.data(), in.desc.bytes());
+        ref.graph(0).set_labels(lab.data());
+        ref.forward_train();
+        ref.backward();
+        ref.synchronize();
+        const auto g = grads(ref, 0);
+        for (std::size_t j = 0; j < P; ++j) avg[j] += g[j] / n;
+      }
+      std::vector<float> avgf(avg.begin(), avg.end());
+      ref.backend(0).copy(ref.stream(0), ref.graph(0).grad_arena(), avgf.data(), P * sizeof(float));
+      ref.update();
+      ref.synchronize();
+      t.step();
+      t.synchronize();
+      const auto want = params(ref, 0);
+      for (int i = 0; i < n; ++i) {
+        const auto got = params(t, i);
+        EXPECT_CLOSE(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
+                     1e-6);
+      }
+    }
+  }
 }
 
 TEST(Towers, GradSyncAveragesEveryTowersGradients) {
