@@ -10,6 +10,7 @@
 #include <functional>
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -112,6 +113,23 @@ int check(const Common& c, const std::string& weights, const std::string& input,
 }
 
 
+// Parses a subcommand's flags (argv[2:]). Returns the exit code to return at once (0 after --help,
+// 2 after a usage error, printed with the subcommand's name), or nullopt to go on.
+std::optional<int> parse_subcommand(CLI::App& app, int argc, char** argv, const char* name) {
+  try {
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 2; --i) args.emplace_back(argv[i]);  // CLI11 takes them reversed
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "stepbench {}: {}\nRun 'stepbench {} --help' for its flags.\n", name, e.what(), name);
+    return 2;
+  }
+  return std::nullopt;
+}
+
 int check_main(int argc, char** argv) {
   CLI::App app{"stepbench check: run given weights and input; write logits, and in train mode the loss and every "
                "parameter gradient, to a safetensors file",
@@ -128,17 +146,7 @@ int check_main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"eval", "train"}));
   app.add_option("--output", output, "safetensors file to write")->required();
   app.add_flag("--dropout", dropout, "apply dropout in train mode (off by default, for comparisons)");
-  try {
-    std::vector<std::string> args;
-    for (int i = argc - 1; i >= 2; --i) args.emplace_back(argv[i]);
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "stepbench check: {}\nRun 'stepbench check --help' for its flags.\n", e.what());
-    return 2;
-  }
+  if (auto rc = parse_subcommand(app, argc, argv, "check")) return *rc;
   return check(cc, weights, input, labels, mode, output, dropout);
 }
 
@@ -155,17 +163,7 @@ int make_dataset_main(int argc, char** argv) {
   app.add_option("--classes", classes, "class subfolders")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--size", size, "WxH of every image")->capture_default_str();
   app.add_option("--seed", seed, "content seed")->capture_default_str();
-  try {
-    std::vector<std::string> args;
-    for (int i = argc - 1; i >= 2; --i) args.emplace_back(argv[i]);
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "stepbench make-dataset: {}\nRun 'stepbench make-dataset --help' for its flags.\n", e.what());
-    return 2;
-  }
+  if (auto rc = parse_subcommand(app, argc, argv, "make-dataset")) return *rc;
   int w = 0, h = 0;
   char x = 0;
   std::istringstream in(size);
