@@ -66,12 +66,6 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
   }
 };
 
-struct Phase {
-  std::string name;
-  double flops_per_image = 0;  // for TFLOP/s
-  bool images = true;          // images/s makes sense
-};
-
 std::string prefix_of(const Options& o, std::int64_t batch) {
   return fmt::format("{}/{}/{}/gpus:{}/batch:{}", o.model, o.precision, o.format, o.gpus, batch);
 }

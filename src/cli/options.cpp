@@ -163,6 +163,5 @@ void resolve(Options& o) {
   if (o.model == "tiny" && o.image_size == 299 && !o.given("--image-size")) o.image_size = 64;
 }
 
-std::int64_t per_tower_batch(const Options& o) { return o.batch_size; }
 
 }  // namespace stepbench::cli

@@ -55,7 +55,4 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o);
 // the CPU when the size flags were not given. Throws UsageError with what to change.
 void resolve(Options& o);
 
-// The per-tower batch after resolve().
-std::int64_t per_tower_batch(const Options& o);
-
 }  // namespace stepbench::cli
