@@ -208,7 +208,7 @@ class Feeder {
     t_.flip();
   }
   std::string describe() const {
-    if (fixed_) return "synthetic-host (one pinned host batch, copied every step on a copy stream)";
+    if (fixed_) return "synthetic-host (one host batch, copied every step on a copy stream)";
     return fmt::format("{} ({} JPEG files, {} classes; {} decoding thread{}, prefetch {})", o_.data, files_, classes_,
                        o_.data_threads, o_.data_threads == 1 ? "" : "s", o_.prefetch);
   }
@@ -301,7 +301,7 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                            o.batch_size, images, o.variable_update);
   std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", o.repetitions,
                            o.warmup);
-  std::cout << fmt::format("{:<18} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}\n", "phase", "median ms", "images/s",
+  std::cout << fmt::format("{:<24} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}\n", "phase", "median ms", "images/s",
                            "host ms", "gap ms", "cv %", "% of step",
                            peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"));
   std::vector<std::string> warnings;
@@ -322,7 +322,7 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                       ? fmt::format(" {:>11} {:>14}", "-", "-")
                       : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
     }
-    std::cout << fmt::format("{:<18} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}{}\n", ph, m,
+    std::cout << fmt::format("{:<24} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}{}\n", ph, m,
                              per_image ? fmt::format("{:.1f}", 1000.0 * images / m) : "-", med(*r, "host_ms"),
                              med(*r, "gap_ms"), cv,
                              std::isnan(step_ms) ? "-" : fmt::format("{:.1f}", 100.0 * m / step_ms), peer_cols);
