@@ -2,6 +2,7 @@
 // the gradient average, and the buckets.
 #include <fmt/format.h>
 
+#include "stepbench/process_group.hpp"
 #include "stepbench/towers.hpp"
 #include "test_util.hpp"
 
@@ -200,6 +201,32 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
     own.synchronize();
     EXPECT_EQ(staged.loss(0), own.loss(0));
     EXPECT_NE(loss_a, own.loss(0));
+  }
+}
+
+// Under `mpirun -np 2` (ctest: mpi.two_processes): one tower per process, synchronised by MPI, ends
+// a step bit for bit where two towers in one process do.
+TEST(Mpi, TwoProcessesEqualTwoTowersInOneProcess) {
+  const auto& pg = process_group();
+  if (pg.size != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest runs it as mpi.two_processes)";
+  for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    Towers dist(tiny(1, mode, 8192));
+    auto lo = tiny(2, mode, 8192);
+    lo.use_process_group = false;
+    Towers local(lo);
+    EXPECT_EQ(dist.global_size(), 2);
+    EXPECT_EQ(dist.sync_bytes(), local.sync_bytes());
+    dist.set_synthetic_batch(77);  // process r gets the batch of tower r
+    local.set_synthetic_batch(77);
+    for (int k = 0; k < 2; ++k) {
+      dist.step();
+      local.step();
+    }
+    dist.synchronize();
+    local.synchronize();
+    EXPECT_EQ(params(dist, 0), params(local, pg.rank));
+    EXPECT_EQ(params(local, 0), params(local, 1));
   }
 }
 

@@ -38,6 +38,8 @@ struct TowerOptions {
   VariableUpdate variable_update = VariableUpdate::replicated;
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size
   std::uint64_t seed = 1;
+  // Under mpirun: these towers are one process's share, and the sync spans every process.
+  bool use_process_group = true;
 };
 
 // Moves gradient and parameter buckets between towers. Implementations: host memory (the cpu
@@ -61,7 +63,10 @@ class Towers {
   Towers(const Towers&) = delete;
   Towers& operator=(const Towers&) = delete;
 
-  int size() const { return static_cast<int>(towers_.size()); }
+  int size() const { return static_cast<int>(towers_.size()); }  // towers in this process
+  int global_size() const { return size() * processes_; }       // towers in every process
+  int rank() const { return rank_; }
+  int processes() const { return processes_; }
   const TowerOptions& options() const { return opt_; }
   Backend& backend(int i) const;
   Graph& graph(int i) const;
@@ -107,6 +112,7 @@ class Towers {
   std::unique_ptr<Collective> coll_;
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
+  int rank_ = 0, processes_ = 1;
   struct Staging;  // declared after towers_: destroyed before the backends it allocated from
   std::vector<std::unique_ptr<Staging>> staging_;
 };

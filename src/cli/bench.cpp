@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "stepbench/error.hpp"
 #include "stepbench/data.hpp"
+#include "stepbench/process_group.hpp"
 #include "stepbench/towers.hpp"
 
 namespace stepbench::cli {
@@ -141,6 +143,8 @@ void add_context(const Options& o, const Towers& t) {
   benchmark::AddCustomContext("precision", o.precision);
   benchmark::AddCustomContext("layout", o.format);
   benchmark::AddCustomContext("gpus", std::to_string(o.gpus));
+  benchmark::AddCustomContext("processes", std::to_string(t.processes()));
+  benchmark::AddCustomContext("towers_per_process", std::to_string(t.size()));
   benchmark::AddCustomContext("batch_size_per_gpu", std::to_string(o.batch_size));
   benchmark::AddCustomContext("global_batch_size", std::to_string(o.batch_size * o.gpus));
   benchmark::AddCustomContext("variable_update", o.variable_update);
@@ -346,7 +350,7 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                              med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"));
   } else if (t.sync_bytes() == 0) {
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
-                             t.size() < 2 ? "one tower" : "independent towers");
+                             t.global_size() < 2 ? "one tower" : "independent towers");
   }
   if (feeder.active()) {
     std::cout << "input: " << feeder.describe() << "\n";
@@ -400,12 +404,16 @@ int run_benchmarks(Options& o, const char* argv0) {
   to.optimizer.weight_decay = static_cast<float>(o.weight_decay);
   to.variable_update = parse_variable_update(o.variable_update);
   to.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
+  // Under mpirun every process builds --gpus towers; names, images/s and the summary count them all.
+  const ProcessGroup& pg = process_group();
+  const bool root = pg.rank == 0;
+  o.gpus *= pg.size;
   const std::string prefix = prefix_of(o, o.batch_size);
 
   // Google Benchmark's flags first, so a bad one fails before minutes of set-up.
   std::vector<std::string> gb_args = {argv0};
   for (const auto& a : o.benchmark_args) gb_args.push_back(a);
-  if (!o.json.empty()) {
+  if (!o.json.empty() && root) {
     gb_args.push_back("--benchmark_out=" + o.json);
     gb_args.push_back("--benchmark_out_format=json");
   }
@@ -417,9 +425,12 @@ int run_benchmarks(Options& o, const char* argv0) {
 
   std::vector<std::string> phases = o.phases.empty() ? all_phases() : o.phases;
   if (o.data == "synthetic") phases.erase(std::remove(phases.begin(), phases.end(), "input_pipeline"), phases.end());
-  std::cerr << fmt::format("stepbench: {} x {} on {}, batch {} per tower, {}x{} {} {}{}\n", o.gpus, o.model,
-                           o.backend, o.batch_size, o.image_size, o.image_size, o.precision, o.format,
-                           o.reduced ? fmt::format(" [{}]", o.reduced_note) : "");
+  if (root)
+    std::cerr << fmt::format("stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", o.gpus, o.model,
+                             o.backend,
+                             pg.size > 1 ? fmt::format(" ({} processes x {} towers, MPI)", pg.size, to.towers) : "",
+                             o.batch_size, o.image_size, o.image_size, o.precision, o.format,
+                             o.reduced ? fmt::format(" [{}]", o.reduced_note) : "");
   Towers towers(to);
   towers.set_synthetic_batch(42);
   const Graph& g0 = towers.graph(0);
@@ -430,6 +441,7 @@ int run_benchmarks(Options& o, const char* argv0) {
   Feeder feeder(o, towers);
   const bool data_step = feeder.active() && std::find(phases.begin(), phases.end(), "step") != phases.end();
   if (o.list) {
+    if (!root) return 0;
     for (const auto& p : phases)
       if (p != "grad_sync" || towers.sync_bytes() > 0) std::cout << prefix << "/" << p << "\n";
     if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
@@ -489,7 +501,7 @@ int run_benchmarks(Options& o, const char* argv0) {
         rt.stop();
         const int last = step ? 4 : fb ? 2 : 1;
         const double d = rt.device_ms(0, last);
-        st.SetIterationTime(d / 1e3);
+        st.SetIterationTime(allreduce_max(d) / 1e3);  // every process agrees: the slowest
         dev += d;
         host += rt.host_ms();
         if (fb || step) {
@@ -542,7 +554,7 @@ int run_benchmarks(Options& o, const char* argv0) {
         feeder.feed();
         towers.synchronize();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        st.SetIterationTime(ms / 1e3);
+        st.SetIterationTime(allreduce_max(ms) / 1e3);
         host += ms;
       }
       st.counters["host_ms"] = avg(host);
@@ -563,7 +575,7 @@ int run_benchmarks(Options& o, const char* argv0) {
         feeder.feed();  // on a GPU the copy overlaps the step just launched; the host waits for the batch
         rt.stop();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        st.SetIterationTime(ms / 1e3);
+        st.SetIterationTime(allreduce_max(ms) / 1e3);
         host += ms;
         dev += rt.device_ms(0, 1);
       }
@@ -599,7 +611,7 @@ int run_benchmarks(Options& o, const char* argv0) {
             run();
             be.record(*e1, s);
             be.synchronize(s);
-            st.SetIterationTime(be.elapsed_ms(*e0, *e1) / 1e3);
+            st.SetIterationTime(allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
           }
           st.counters["MACs"] = macs;
           st.counters["GFLOP/s"] = rate(2.0 * macs / 1e9);
@@ -612,8 +624,17 @@ int run_benchmarks(Options& o, const char* argv0) {
   // Colour only on a terminal: logs and CI output stay plain text.
   SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
                                                   : benchmark::ConsoleReporter::OO_Tabular);
+  std::ofstream devnull("/dev/null");
+  if (!root) {  // one report, from process 0 (every process times the same, slowest-rank figures)
+    reporter.SetOutputStream(&devnull);
+    reporter.SetErrorStream(&devnull);
+  }
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  const auto peer = run_peer(o);
+  if (!root) {
+    benchmark::Shutdown();
+    return reporter.errors.empty() ? 0 : 1;
+  }
+  const auto peer = pg.size > 1 ? std::map<std::string, double>{} : run_peer(o);
   print_summary(o, towers, reporter, prefix, peer, feeder);
   if (!peer.empty())
     std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout and warm-up, timed on the host with "

@@ -17,6 +17,7 @@
 #include "stepbench/backend.hpp"
 #include "stepbench/data.hpp"
 #include "stepbench/error.hpp"
+#include "stepbench/process_group.hpp"
 #include "stepbench/io.hpp"
 #include "stepbench/models.hpp"
 #include "stepbench/trainer.hpp"
@@ -185,12 +186,16 @@ int main(int argc, char** argv) {
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
     cli::resolve(o);
-    return cli::run_benchmarks(o, argv[0]);
+    const int rc = cli::run_benchmarks(o, argv[0]);
+    process_group_finalize();
+    return rc;
   } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
     fmt::print(stderr, "stepbench: {}\n", e.what());
+    process_group_abort(2);  // under mpirun: end the other processes instead of leaving them waiting
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "stepbench: error: {}\n", e.what());
+    process_group_abort(1);
     return 1;
   }
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "stepbench/error.hpp"
+#include "stepbench/process_group.hpp"
 #include "stepbench/trainer.hpp"
 
 namespace stepbench {
@@ -33,29 +34,43 @@ TensorDesc flat(std::size_t count) {
   return TensorDesc::dense(Shape{1, static_cast<std::int64_t>(count), 1, 1}, DType::f32, Layout::nchw);
 }
 
-// Towers whose memory the host can address (the cpu backend): sums on tower 0's backend.
+// Towers whose memory the host can address (the cpu backend): sums on tower 0's backend, then, under
+// mpirun, across the processes with MPI on tower 0's buffer.
 class HostCollective final : public Collective {
  public:
-  explicit HostCollective(Backend& be) : be_(be) {}
-  std::string name() const override { return "host memory"; }
+  HostCollective(Backend& be, int local, int processes) : be_(be), local_(local), procs_(processes) {}
+  std::string name() const override {
+    return procs_ > 1 ? fmt::format("MPI over {} processes + host memory", procs_) : "host memory";
+  }
   void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
-    reduce_average(bufs, off, count);
-    broadcast(bufs, off, count);
+    local_sum(bufs, off, count);
+    if (procs_ > 1) allreduce_sum(bufs[0] + off, count);
+    be_.scale(be_.default_stream(), bufs[0] + off, 1.0f / static_cast<float>(local_ * procs_), count);
+    local_copy(bufs, off, count);
   }
   void reduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
-    if (bufs.size() < 2) return;
-    auto& s = be_.default_stream();
-    const Tensor dst{bufs[0] + off, flat(count)};
-    for (std::size_t i = 1; i < bufs.size(); ++i) be_.add(s, Tensor{bufs[i] + off, flat(count)}, dst, 1.0f);
-    be_.scale(s, bufs[0] + off, 1.0f / static_cast<float>(bufs.size()), count);
+    local_sum(bufs, off, count);
+    if (procs_ > 1) reduce_sum_to_root(bufs[0] + off, count);  // the average is only meaningful on process 0
+    be_.scale(be_.default_stream(), bufs[0] + off, 1.0f / static_cast<float>(local_ * procs_), count);
   }
   void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
-    auto& s = be_.default_stream();
-    for (std::size_t i = 1; i < bufs.size(); ++i) be_.copy(s, bufs[i] + off, bufs[0] + off, count * sizeof(float));
+    if (procs_ > 1) broadcast_from_root(bufs[0] + off, count);
+    local_copy(bufs, off, count);
   }
 
  private:
+  void local_sum(const std::vector<float*>& bufs, std::size_t off, std::size_t count) {
+    auto& s = be_.default_stream();
+    const Tensor dst{bufs[0] + off, flat(count)};
+    for (std::size_t i = 1; i < bufs.size(); ++i) be_.add(s, Tensor{bufs[i] + off, flat(count)}, dst, 1.0f);
+    be_.synchronize(s);
+  }
+  void local_copy(const std::vector<float*>& bufs, std::size_t off, std::size_t count) {
+    auto& s = be_.default_stream();
+    for (std::size_t i = 1; i < bufs.size(); ++i) be_.copy(s, bufs[i] + off, bufs[0] + off, count * sizeof(float));
+  }
   Backend& be_;
+  int local_, procs_;
 };
 
 }  // namespace
@@ -68,6 +83,10 @@ struct Towers::Tower {
 
 Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (o.towers < 1) throw UsageError(fmt::format("--gpus {} must be at least 1", o.towers));
+  if (o.use_process_group) {
+    rank_ = process_group().rank;
+    processes_ = process_group().size;
+  }
   if (o.backend == "cuda") {
     const int visible = cuda_device_count();
     if (o.towers > visible)
@@ -78,7 +97,8 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     auto t = std::make_unique<Tower>();
     t->be = make_backend(o.backend, i);
     if (o.tf32) t->be->set_tensor_math(true);
-    t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype, o.seed + 977 * i});
+    const int global = rank_ * o.towers + i;  // each replica draws its own dropout masks
+    t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype, o.seed + 977 * global});
     info_ = build_model(*t->g, o.model, o.model_options);
     t->g->plan();
     init_parameters(*t->g, o.seed);  // every replica starts from the same variables
@@ -87,15 +107,10 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     params_.push_back(t->g->param_arena());
     towers_.push_back(std::move(t));
   }
-  if (o.backend == "cpu") {
-    coll_ = std::make_unique<HostCollective>(*towers_[0]->be);
-  } else {
-    // NCCL between GPUs is the towers issue's; until then only one GPU tower.
-    if (o.towers > 1)
-      throw UnsupportedError(fmt::format(
-          "--gpus {}: gradient sync between GPUs (NCCL) is not implemented yet; use --gpus 1", o.towers));
-    coll_ = std::make_unique<HostCollective>(*towers_[0]->be);
-  }
+  if (o.backend != "cpu" && (o.towers > 1 || processes_ > 1))  // NCCL is not written yet
+    throw UnsupportedError(fmt::format("gradient sync between GPUs (NCCL) is not implemented yet: use one GPU "
+                                       "(--gpus 1, no mpirun), or CPU towers (--backend cpu)"));
+  coll_ = std::make_unique<HostCollective>(*towers_[0]->be, o.towers, processes_);
   // Buckets over the gradient arena, each at most bucket_bytes, split at parameter boundaries when
   // a parameter fits (a parameter larger than a bucket gets a bucket of its own).
   const std::size_t per = std::max<std::size_t>(opt_.bucket_bytes / sizeof(float), 1);
@@ -181,7 +196,7 @@ void Towers::set_synthetic_batch(std::uint64_t seed) {
   for (int i = 0; i < size(); ++i) {
     Graph& g = graph(i);
     const Shape s = g.input_tensor().shape();
-    std::mt19937_64 rng(seed + 7919 * static_cast<std::uint64_t>(i));
+    std::mt19937_64 rng(seed + 7919 * static_cast<std::uint64_t>(rank_ * size() + i));  // per global tower
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> img(static_cast<std::size_t>(s.numel()));
     for (auto& v : img) v = nd(rng);
@@ -203,7 +218,7 @@ void Towers::backward() {
   for (auto& t : towers_) t->tr->backward(t->be->default_stream());
 }
 void Towers::grad_sync() {
-  if (size() < 2) return;
+  if (global_size() < 2) return;
   switch (opt_.variable_update) {
     case VariableUpdate::replicated:
       for (auto [off, n] : buckets_) coll_->allreduce_average(grads_, off, n);
@@ -215,8 +230,10 @@ void Towers::grad_sync() {
   }
 }
 void Towers::update() {
-  if (opt_.variable_update == VariableUpdate::parameter_server && size() > 1) {
-    towers_[0]->tr->update(towers_[0]->be->default_stream());
+  if (opt_.variable_update == VariableUpdate::parameter_server && global_size() > 1) {
+    // the server is tower 0 of process 0: it alone applies the update, then everyone gets the result
+    if (rank_ == 0) towers_[0]->tr->update(towers_[0]->be->default_stream());
+    towers_[0]->be->synchronize(towers_[0]->be->default_stream());
     for (auto [off, n] : buckets_) coll_->broadcast(params_, off, n);
     return;
   }
@@ -233,13 +250,13 @@ void Towers::synchronize() {
 }
 
 std::size_t Towers::sync_bytes() const {
-  if (size() < 2 || opt_.variable_update == VariableUpdate::independent) return 0;
+  if (global_size() < 2 || opt_.variable_update == VariableUpdate::independent) return 0;
   return towers_[0]->g->param_arena_floats() * sizeof(float);
 }
 
 double Towers::bus_factor() const {
   if (sync_bytes() == 0) return 0.0;
-  const double n = size();
+  const double n = global_size();
   return opt_.variable_update == VariableUpdate::replicated ? 2.0 * (n - 1) / n : 1.0;
 }
 

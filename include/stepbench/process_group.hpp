@@ -1,0 +1,28 @@
+// The process group: one process per GPU (or per group of CPU towers) when launched by mpirun, as
+// nccl-tests and Horovod run. Outside mpirun it is rank 0 of 1 and MPI is never initialised.
+#pragma once
+#include <cstddef>
+
+namespace stepbench {
+
+struct ProcessGroup {
+  int rank = 0;
+  int size = 1;
+};
+
+// Initialises MPI on first use when launched by mpirun (Open MPI's or a PMI launcher's
+// environment) and stepbench was built with MPI; otherwise rank 0 of 1.
+const ProcessGroup& process_group();
+// MPI_Finalize if MPI was initialised; call once at exit.
+void process_group_finalize();
+// Ends every process of the group (MPI_Abort) so that one failing rank does not leave the others
+// waiting in a collective; a no-op for a single process.
+void process_group_abort(int code);
+
+// Collectives over the process group on host memory; identities for a single process.
+double allreduce_max(double v);
+void allreduce_sum(float* data, std::size_t count);
+void reduce_sum_to_root(float* data, std::size_t count);
+void broadcast_from_root(float* data, std::size_t count);
+
+}  // namespace stepbench
