@@ -93,6 +93,9 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
       throw UsageError(fmt::format("--gpus {} but only {} GPU{} visible; use --gpus {} or fewer", o.towers, visible,
                                    visible == 1 ? " is" : "s are", visible));
   }
+  if (o.backend != "cpu" && (o.towers > 1 || processes_ > 1))  // NCCL is not written yet
+    throw UnsupportedError(fmt::format("gradient sync between GPUs (NCCL) is not implemented yet: use one GPU "
+                                       "(--gpus 1, no mpirun), or CPU towers (--backend cpu)"));
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Tower>();
     t->be = make_backend(o.backend, i);
@@ -107,9 +110,6 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     params_.push_back(t->g->param_arena());
     towers_.push_back(std::move(t));
   }
-  if (o.backend != "cpu" && (o.towers > 1 || processes_ > 1))  // NCCL is not written yet
-    throw UnsupportedError(fmt::format("gradient sync between GPUs (NCCL) is not implemented yet: use one GPU "
-                                       "(--gpus 1, no mpirun), or CPU towers (--backend cpu)"));
   coll_ = std::make_unique<HostCollective>(*towers_[0]->be, o.towers, processes_);
   // Buckets over the gradient arena, each at most bucket_bytes, split at parameter boundaries when
   // a parameter fits (a parameter larger than a bucket gets a bucket of its own).
