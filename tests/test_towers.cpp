@@ -2,6 +2,8 @@
 // the gradient average, and the buckets.
 #include <fmt/format.h>
 
+#include <set>
+
 #include "stepbench/process_group.hpp"
 #include "stepbench/towers.hpp"
 #include "test_util.hpp"
@@ -162,7 +164,50 @@ TEST(Towers, IndependentTowersDriftApartAndMoveNothing) {
   EXPECT_NE(params(t, 0), params(t, 1));
 }
 
+TEST(Towers, OverlappedSyncGivesTheSameVariablesAsSyncAfterBackward) {
+  for (int n : {2, 3})
+    for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
+      SCOPED_TRACE(fmt::format("{} towers, {}", n, to_string(mode)));
+      auto on = tiny(n, mode, 4096), off = on;
+      on.first_bucket_bytes = off.first_bucket_bytes = 1024;
+      off.overlap = false;
+      Towers a(on), b(off);
+      ASSERT_GT(a.bucket_count(), 4u);
+      a.set_synthetic_batch(5);
+      b.set_synthetic_batch(5);
+      for (int k = 0; k < 3; ++k) {
+        a.step();
+        b.step();
+      }
+      a.synchronize();
+      b.synchronize();
+      EXPECT_GT(a.overlapped_buckets(), 0u);  // some buckets did start during backward
+      EXPECT_EQ(b.overlapped_buckets(), 0u);
+      for (int i = 0; i < n; ++i) EXPECT_EQ(params(a, i), params(b, i));
+    }
+}
+
 TEST(Towers, BucketsTileTheGradientArenaAtParameterBoundaries) {
+  {
+    auto o = tiny(2, VariableUpdate::replicated, 8192);
+    o.first_bucket_bytes = 2048;
+    Towers t(o);
+    const auto& b = t.buckets();
+    ASSERT_GT(b.size(), 2u);
+    std::set<std::size_t> starts;  // every bucket starts at a parameter
+    for (const auto& e : t.graph(0).params())
+      if (e.trainable) starts.insert(e.offset);
+    std::size_t next = 0;
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      EXPECT_EQ(b[k].first, next) << "bucket " << k;  // contiguous, front to back, exactly once
+      EXPECT_TRUE(starts.count(b[k].first)) << "bucket " << k;
+      const std::size_t cap = (k == 0 ? 2048 : 8192) / sizeof(float);
+      // over the cap only when a single parameter is larger than it
+      if (b[k].second > cap) EXPECT_EQ(starts.lower_bound(b[k].first + 1), starts.lower_bound(b[k].first + b[k].second));
+      next = b[k].first + b[k].second;
+    }
+    EXPECT_EQ(next, t.graph(0).param_arena_floats());
+  }
   Towers t(tiny(2, VariableUpdate::replicated, 8192));
   EXPECT_EQ(t.sync_bytes(), t.graph(0).param_arena_floats() * sizeof(float));
   EXPECT_DOUBLE_EQ(t.bus_factor(), 1.0);  // allreduce over 2: 2(n-1)/n

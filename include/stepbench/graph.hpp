@@ -7,6 +7,7 @@
 // backward. BatchNorm running statistics live in a separate state arena.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,7 +86,10 @@ class Graph {
   // running statistics, no dropout, training-only layers skipped; loss layers still compute when
   // their logits are computed.
   void forward(Stream& s, bool training);
-  void backward(Stream& s);  // after forward(s, true)
+  // After forward(s, true). on_ready(n), when given, is called as backward goes whenever the first n
+  // floats of the gradient arena have their final values launched on `s` (the arena is in reverse
+  // execution order, so they fill front to back): what gradient buckets wait for.
+  void backward(Stream& s, const std::function<void(std::size_t)>& on_ready = {});
   std::uint64_t step_counter() const;  // advances dropout masks; incremented by every training forward
 
   // ---- data ----

@@ -8,6 +8,7 @@ namespace stepbench {
 struct ProcessGroup {
   int rank = 0;
   int size = 1;
+  bool threads_ok = true;  // MPI may be called from a communication thread (MPI_THREAD_SERIALIZED)
 };
 
 // Initialises MPI on first use when launched by mpirun (Open MPI's or a PMI launcher's

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ struct TowerOptions {
   OptimizerConfig optimizer;
   VariableUpdate variable_update = VariableUpdate::replicated;
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, as DDP: the first ready starts sooner
+  // In step(): start each bucket's sync on a communication thread as soon as backward has produced it,
+  // overlapping the rest of backward (false: sync after backward, for comparison).
+  bool overlap = true;
   std::uint64_t seed = 1;
   // Under mpirun: these towers are one process's share, and the sync spans every process.
   bool use_process_group = true;
@@ -80,7 +85,9 @@ class Towers {
   // The phases. Each launches the work on every tower's stream and returns without waiting.
   void forward_inference();
   void forward_train();
-  void backward();
+  // start_sync: hand every gradient bucket to the communication thread as soon as backward has
+  // produced it (with overlap on and something to sync); grad_sync() then waits for the rest.
+  void backward(bool start_sync = false);
   void grad_sync();
   void update();
   void step();  // forward_train, backward, grad_sync, update
@@ -90,6 +97,9 @@ class Towers {
   // the collective the mode uses (allreduce 2(n-1)/n, reduce 1), 0 when nothing moves.
   std::size_t sync_bytes() const;
   std::size_t bucket_count() const { return buckets_.size(); }
+  const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }  // (offset, floats)
+  // How many buckets the last grad_sync() found already started during backward.
+  std::size_t overlapped_buckets() const { return overlapped_; }
   double bus_factor() const;
 
   float loss(int tower) const;
@@ -113,6 +123,11 @@ class Towers {
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
   int rank_ = 0, processes_ = 1;
+  void sync_bucket(std::size_t k);
+  struct CommThread;
+  std::unique_ptr<CommThread> comm_;
+  std::size_t launched_ = 0;  // buckets handed to the communication thread this step
+  std::size_t overlapped_ = 0;
   struct Staging;  // declared after towers_: destroyed before the backends it allocated from
   std::vector<std::unique_ptr<Staging>> staging_;
 };

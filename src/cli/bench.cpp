@@ -152,6 +152,7 @@ void add_context(const Options& o, const Towers& t) {
   benchmark::AddCustomContext("warmup_steps", std::to_string(o.warmup));
   benchmark::AddCustomContext("gradient_bytes", std::to_string(t.graph(0).param_arena_floats() * sizeof(float)));
   benchmark::AddCustomContext("sync_buckets", std::to_string(t.bucket_count()));
+  benchmark::AddCustomContext("sync_overlap", o.no_overlap ? "off" : "on");
   benchmark::AddCustomContext("collective", t.collective().name());
   benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
   benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
@@ -345,9 +346,10 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
                              f, b, b / f);
   }
   if (const auto* gs = find("grad_sync")) {
-    std::cout << fmt::format("grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s\n",
+    std::cout << fmt::format("grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s; "
+                             "in the step, overlap with backward {}\n",
                              t.sync_bytes() / 1e6, t.bucket_count(), t.collective().name(), o.variable_update,
-                             med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"));
+                             med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"), o.no_overlap ? "off" : "on");
   } else if (t.sync_bytes() == 0) {
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
                              t.global_size() < 2 ? "one tower" : "independent towers");
@@ -404,6 +406,7 @@ int run_benchmarks(Options& o, const char* argv0) {
   to.optimizer.weight_decay = static_cast<float>(o.weight_decay);
   to.variable_update = parse_variable_update(o.variable_update);
   to.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
+  to.overlap = !o.no_overlap;
   // Under mpirun every process builds --gpus towers; names, images/s and the summary count them all.
   const ProcessGroup& pg = process_group();
   const bool root = pg.rank == 0;
@@ -488,7 +491,7 @@ int run_benchmarks(Options& o, const char* argv0) {
         } else if (step) {
           towers.forward_train();
           rt.mark(1);
-          towers.backward();
+          towers.backward(/*start_sync=*/true);  // buckets sync as backward produces them (unless --no-overlap)
           rt.mark(2);
           towers.grad_sync();
           rt.mark(3);

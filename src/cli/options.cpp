@@ -65,6 +65,8 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--bucket-mb", o.bucket_mb, "gradient sync bucket size in MiB")->capture_default_str()
       ->check(CLI::Range(0.001, 65536.0));
+  app.add_flag("--no-overlap", o.no_overlap,
+               "in the step, sync the gradients after backward instead of bucket by bucket during it");
   app.add_option("--data", o.data,
                  "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
                  "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")

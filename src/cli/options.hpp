@@ -26,6 +26,7 @@ struct Options {
   int warmup = 10;
   int repetitions = 5;
   double bucket_mb = 25.0;
+  bool no_overlap = false;
   std::vector<std::string> phases;  // empty: all
   std::string data = "synthetic";    // synthetic, synthetic-host, or a JPEG folder
   int data_threads = 2;

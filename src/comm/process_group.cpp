@@ -38,7 +38,10 @@ const ProcessGroup& process_group() {
 #ifdef STEPBENCH_HAVE_MPI
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) MPI_Init(nullptr, nullptr);
+    int provided = MPI_THREAD_SERIALIZED;
+    if (!inited) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    else MPI_Query_thread(&provided);
+    pg.threads_ok = provided >= MPI_THREAD_SERIALIZED;
     g_mpi = true;
     std::atexit(process_group_finalize);  // also for programs that never call it (the tests)
     MPI_Comm_rank(MPI_COMM_WORLD, &pg.rank);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -32,6 +33,8 @@ struct Layer {
   ValueId out = -1;
   bool training_only = false;
   std::vector<float> in_beta;  // per input: 0 overwrites its gradient, 1 accumulates
+  std::vector<std::size_t> trainable;  // indices of the parameters whose gradients this layer writes
+  std::size_t ready_after = 0;         // gradient-arena prefix (floats) final once this layer's backward ran
   virtual void plan(Graph::Impl&) = 0;
   virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
   virtual void backward(Graph::Impl&, Stream&) = 0;
@@ -269,6 +272,7 @@ ValueId Graph::conv_bn_relu(const std::string& name, ValueId x, std::int64_t cou
   l->w = g.add_param(w);
   l->gamma = g.add_param({name + ".bn.weight", {cout}, 0, 0, true, false, FilterFormat::oihw, ParamInit::ones});
   l->beta = g.add_param({name + ".bn.bias", {cout}});
+  l->trainable = {l->w, l->gamma, l->beta};
   l->rmean = g.add_param({name + ".bn.running_mean", {cout}, 0, 0, false});
   l->rvar = g.add_param({name + ".bn.running_var", {cout}, 0, 0, false, false, FilterFormat::oihw, ParamInit::ones});
   l->in = {x};
@@ -345,6 +349,7 @@ ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, floa
   b.init = ParamInit::linear_bias;
   b.fan_in = xs.c;
   l->b = g.add_param(b);
+  l->trainable = {l->w, l->b};
   l->in = {x};
   l->out = g.new_value({xs.n, out, 1, 1}, static_cast<int>(g.layers.size()));
   auto id = l->out;
@@ -476,6 +481,14 @@ void Graph::plan() {
   be.memset_zero(be.default_stream(), g.labels.get(), g.labels.bytes());
   g.losses = Buffer(be, sizeof(float) * static_cast<std::size_t>(std::max(g.num_losses, 1)));
   be.memset_zero(be.default_stream(), g.losses.get(), g.losses.bytes());
+  // Walking backward, the gradients of every layer from the last down to this one are final: with
+  // the arena in reverse execution order they are a prefix of it.
+  std::size_t ready = 0;
+  for (auto it = g.layers.rbegin(); it != g.layers.rend(); ++it) {
+    for (std::size_t p : (*it)->trainable)
+      ready = std::max(ready, std::min(g.params[p].offset + align_floats(g.params[p].count), g.param_floats));
+    (*it)->ready_after = ready;
+  }
   g.planned = true;
 }
 
@@ -492,12 +505,16 @@ void Graph::forward(Stream& s, bool training) {
   if (training) ++g.step;
 }
 
-void Graph::backward(Stream& s) {
+void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready) {
   auto& g = *impl_;
   SB_CHECK(g.planned, "backward before plan()");
   for (auto& v : g.values)
     if (v.grad_zero_first && v.root < 0 && v.needs_grad) g.be.memset_zero(s, v.g.data, v.g.desc.bytes());
-  for (auto it = g.layers.rbegin(); it != g.layers.rend(); ++it) (*it)->backward(g, s);
+  std::size_t told = 0;
+  for (auto it = g.layers.rbegin(); it != g.layers.rend(); ++it) {
+    (*it)->backward(g, s);
+    if (on_ready && (*it)->ready_after > told) on_ready(told = (*it)->ready_after);
+  }
 }
 
 std::uint64_t Graph::step_counter() const { return impl_->step; }

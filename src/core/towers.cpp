@@ -3,7 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "stepbench/error.hpp"
 #include "stepbench/process_group.hpp"
@@ -75,6 +80,61 @@ class HostCollective final : public Collective {
 
 }  // namespace
 
+// Runs bucket syncs in order on its own thread; wait() returns when all handed over are done.
+struct Towers::CommThread {
+  explicit CommThread(std::function<void(std::size_t)> work) : work_(std::move(work)), th_([this] { loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  void push(std::size_t k) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      q_.push_back(k);
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return q_.empty() && !busy_; });
+    if (err_) std::rethrow_exception(std::exchange(err_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // stop
+      const std::size_t k = q_.front();
+      q_.pop_front();
+      busy_ = true;
+      l.unlock();
+      try {
+        work_(k);
+      } catch (...) {
+        l.lock();
+        err_ = std::current_exception();
+        l.unlock();
+      }
+      l.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  std::function<void(std::size_t)> work_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::size_t> q_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr err_;
+  std::thread th_;  // last: starts after the members it uses
+};
+
 struct Towers::Tower {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Graph> g;
@@ -121,13 +181,16 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   std::sort(bounds.begin(), bounds.end());
   bounds.push_back(total);
   std::size_t start = 0;
+  const std::size_t first = std::max<std::size_t>(std::min(opt_.first_bucket_bytes, opt_.bucket_bytes) / sizeof(float), 1);
   for (std::size_t k = 1; k < bounds.size(); ++k) {
-    if (bounds[k] - start > per && bounds[k - 1] > start) {
+    if (bounds[k] - start > (buckets_.empty() ? first : per) && bounds[k - 1] > start) {
       buckets_.emplace_back(start, bounds[k - 1] - start);
       start = bounds[k - 1];
     }
   }
   if (total > start) buckets_.emplace_back(start, total - start);
+  if (opt_.overlap && sync_bytes() > 0 && (processes_ == 1 || process_group().threads_ok))
+    comm_ = std::make_unique<CommThread>([this](std::size_t k) { sync_bucket(k); });
 }
 
 struct Towers::Staging {
@@ -214,20 +277,35 @@ void Towers::forward_inference() {
 void Towers::forward_train() {
   for (auto& t : towers_) t->tr->forward(t->be->default_stream());
 }
-void Towers::backward() {
-  for (auto& t : towers_) t->tr->backward(t->be->default_stream());
+void Towers::backward(bool start_sync) {
+  if (!start_sync || !comm_) {
+    for (auto& t : towers_) t->tr->backward(t->be->default_stream());
+    return;
+  }
+  // A bucket is ready when every tower has produced it. The towers of one process run one after
+  // another, so that is when the last one's backward passes it.
+  for (std::size_t i = 0; i + 1 < towers_.size(); ++i) towers_[i]->tr->backward(towers_[i]->be->default_stream());
+  Tower& last = *towers_.back();
+  last.g->backward(last.be->default_stream(), [this](std::size_t ready) {
+    while (launched_ < buckets_.size() && buckets_[launched_].first + buckets_[launched_].second <= ready)
+      comm_->push(launched_++);
+  });
+}
+void Towers::sync_bucket(std::size_t k) {
+  const auto [off, n] = buckets_[k];
+  if (opt_.variable_update == VariableUpdate::replicated) coll_->allreduce_average(grads_, off, n);
+  else if (opt_.variable_update == VariableUpdate::parameter_server) coll_->reduce_average(grads_, off, n);
 }
 void Towers::grad_sync() {
-  if (global_size() < 2) return;
-  switch (opt_.variable_update) {
-    case VariableUpdate::replicated:
-      for (auto [off, n] : buckets_) coll_->allreduce_average(grads_, off, n);
-      break;
-    case VariableUpdate::parameter_server:
-      for (auto [off, n] : buckets_) coll_->reduce_average(grads_, off, n);
-      break;
-    case VariableUpdate::independent: break;
+  if (sync_bytes() == 0) return;
+  overlapped_ = launched_;
+  if (launched_ > 0) {  // backward(true) started some: hand over the rest, wait for all
+    while (launched_ < buckets_.size()) comm_->push(launched_++);
+    comm_->wait();
+    launched_ = 0;
+    return;
   }
+  for (std::size_t k = 0; k < buckets_.size(); ++k) sync_bucket(k);
 }
 void Towers::update() {
   if (opt_.variable_update == VariableUpdate::parameter_server && global_size() > 1) {
@@ -241,7 +319,7 @@ void Towers::update() {
 }
 void Towers::step() {
   forward_train();
-  backward();
+  backward(true);
   grad_sync();
   update();
 }
