@@ -264,17 +264,16 @@ std::map<std::string, double> run_peer(const Options& o) {
     return out;
   }
   try {
-    const auto j = nlohmann::json::parse(text.substr(text.rfind('{')));
+    // the peer prints one JSON object on its last line
+    const auto nl = text.find_last_of('\n', text.size() >= 2 ? text.size() - 2 : 0);
+    const auto j = nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
     for (const auto& [k, v] : j.items())
-      if (v.is_number()) out[k] = v.get<double>();
-    if (j.contains("torch")) out["_torch_version_marker"] = 0;
+      if (v.is_number() && k != "threads") out[k] = v.get<double>();
     std::cerr << "stepbench: peer: PyTorch " << j.value("torch", std::string("?")) << ", "
               << j.value("threads", 0) << " threads\n";
   } catch (const std::exception& e) {
     std::cerr << "stepbench: the peer's output was not JSON (" << e.what() << ")\n";
   }
-  out.erase("threads");
-  out.erase("_torch_version_marker");
   return out;
 }
 

@@ -166,6 +166,21 @@ class Json(unittest.TestCase):
         self.assertIn("grad_sync:", out)
 
 
+class Peer(unittest.TestCase):
+    def test_pytorch_peer_adds_medians_and_ratios(self):
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
+            self.skipTest("python3-torch and python3-torchvision are not installed")
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                           "--warmup", "1", "--repetitions", "1", "--phases", "forward,step", "--peer", "pytorch",
+                           *FAST)
+        self.assertEqual(rc, 0, f"{out}\n{err}")
+        self.assertIn("PyTorch ms", out)
+        self.assertIn("stepbench/PT", out)
+        row = next(l for l in out.splitlines() if l.startswith("step "))
+        self.assertGreater(float(row.split()[-2]), 0)  # PyTorch's median step time
+        self.assertGreater(float(row.split()[-1]), 0)  # the ratio
+
+
 class Data(unittest.TestCase):
     def test_make_dataset_and_its_bad_values(self):
         with tempfile.TemporaryDirectory() as d:
