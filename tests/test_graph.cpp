@@ -81,17 +81,11 @@ void write(Backend& be, float* p, const std::vector<double>& v) {
 // loss is too rough for finite differences: the numeric slope moves by 10% between h = 1e-2, 1e-3
 // and 3e-4 as ReLU masks and pooling choices flip, so that network is checked layer by layer
 // against the oracle instead: UnitGradientsMatchTheOracleInPlaceWithBlockE.)
-void check_gradients(const test::Config& cfg, bool with_block_e);
-
-TEST_P(GraphTest, GradientsMatchFiniteDifferences) { check_gradients(GetParam(), false); }
-
-
-void check_gradients(const test::Config& cfg, bool with_block_e) {
-  std::string sb_why_;
-  auto be = test::try_backend(cfg, sb_why_);
-  if (!be) GTEST_SKIP() << sb_why_;
+TEST_P(GraphTest, GradientsMatchFiniteDifferences) {
+  const test::Config& cfg = GetParam();
+  SB_BACKEND_OR_SKIP(be, cfg);
   if (cfg.dtype != DType::f32) GTEST_SKIP() << "finite differences need fp32";
-  SmallNet net(*be, cfg.layout, cfg.dtype, with_block_e);
+  SmallNet net(*be, cfg.layout, cfg.dtype);
   auto& s = be->default_stream();
   net.loss();
   net.g->backward(s);

@@ -75,7 +75,6 @@ class JpegPipeline {
 
  private:
   void worker(int id);
-  bool decode_into(std::size_t file, float* dst, std::uint64_t rng_state, std::string& why) const;
 
   JpegFolder folder_;
   PipelineOptions o_;

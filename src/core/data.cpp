@@ -258,8 +258,8 @@ void JpegPipeline::worker(int) {
         const std::uint64_t k = ticket + static_cast<std::uint64_t>(i) + probe * 7919u;
         const std::size_t file = order_[k % n];
         std::string why;
-        if (decode_into(file, b->images.data() + static_cast<std::size_t>(i) * image_floats,
-                        o_.seed * 0x2545f4914f6cdd1dull + k, why)) {
+        if (decode_crop_normalise(folder_.files[file], b->images.data() + static_cast<std::size_t>(i) * image_floats,
+                                  o_, o_.seed * 0x2545f4914f6cdd1dull + k, why)) {
           b->labels[static_cast<std::size_t>(i)] = folder_.labels[file];
           decoded_.fetch_add(1);
           failed_in_a_row_.store(0);
@@ -285,10 +285,6 @@ void JpegPipeline::worker(int) {
     }
     ready_cv_.notify_one();
   }
-}
-
-bool JpegPipeline::decode_into(std::size_t file, float* dst, std::uint64_t rng_state, std::string& why) const {
-  return decode_crop_normalise(folder_.files[file], dst, o_, rng_state, why);
 }
 
 std::unique_ptr<HostBatch> JpegPipeline::next() {
