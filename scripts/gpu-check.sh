@@ -21,8 +21,21 @@ fi
 SB="$BUILD_DIR/bin/stepbench"
 
 echo "== GPU tests"
-"$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1
+"$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1
 tests_rc=$?
+
+# NCCL between GPUs: in one process, then one process per GPU under mpirun (unique id over MPI)
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+if [ "${gpus:-0}" -ge 2 ]; then
+  echo "== gradient sync over $gpus GPUs (NCCL)"
+  "$SB" --backend cuda --model inception_v3 --gpus "$gpus" --batch-size 64 --phases step,grad_sync --warmup 5 \
+    --repetitions 3 --json "$OUT_DIR/towers-$gpus.json" | tail -20 || tests_rc=1
+  if command -v mpirun >/dev/null; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "$gpus" "$SB" --backend cuda \
+      --model inception_v3 --gpus 1 --batch-size 64 --phases step,grad_sync --warmup 5 --repetitions 3 | tail -20 ||
+      tests_rc=1
+  fi
+fi
 
 echo "== benchmarks"
 for prec in fp32 tf32 bf16; do

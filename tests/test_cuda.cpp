@@ -3,13 +3,21 @@
 // against the oracle); here: whole training steps on the GPU against the CPU backend.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "stepbench/backend.hpp"
+#include "stepbench/data.hpp"
 #include "stepbench/error.hpp"
 #include "stepbench/io.hpp"
 #include "stepbench/models.hpp"
+#include "stepbench/towers.hpp"
 #include "test_util.hpp"
 
 namespace stepbench {
@@ -110,6 +118,126 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaStep,
                            return i.param.model + "_" + std::string(to_string(i.param.layout)) +
                                   (i.param.tf32 ? "_tf32" : "_fp32");
                          });
+
+// ---- input pipelines on the GPU ------------------------------------------------------------------------
+// JPEG batches come in pinned memory from the cuda backend, and a step fed through the staging
+// double buffer on the GPU matches the same staged batch on the CPU.
+TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("stepbench_cudadata_{}", ::getpid());
+  make_jpeg_dataset(dir.string(), 16, 2, 80, 60);
+  TowerOptions o;
+  o.model = "tiny";
+  o.batch_per_tower = 4;
+  o.model_options.image_size = 32;
+  o.model_options.num_classes = 10;
+  o.model_options.dropout = 0;
+  o.use_process_group = false;
+  auto og = o;
+  og.backend = "cuda";
+  Towers g(og), c(o);
+  PipelineOptions po;
+  po.batch = 4;
+  po.image_size = 32;
+  po.pin = &g.backend(0);
+  JpegPipeline p(scan_jpeg_folder(dir.string()), po);
+  auto b = p.next();
+  EXPECT_TRUE(b->pinned());
+  float loss[2];
+  int k = 0;
+  for (Towers* t : {&g, &c}) {
+    t->enable_staging();
+    t->stage(0, b->images.data(), b->labels.data());
+    t->flip();
+    t->forward_train();
+    t->synchronize();
+    loss[k++] = t->loss(0);
+  }
+  p.recycle(std::move(b));
+  std::filesystem::remove_all(dir);
+  EXPECT_NEAR(loss[0], loss[1], 1e-4 * std::abs(loss[1]));
+}
+
+// ---- NCCL and GPU towers ----------------------------------------------------------------------------
+// With one GPU the NCCL path still runs, with one rank: every collective leaves the buffer as it was.
+TEST(Nccl, OneRankCollectivesRunOnTheCommunicationStream) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto be = make_backend("cuda");
+  auto cs = be->create_stream();
+  auto coll = make_nccl_collective({be.get()}, {cs.get()}, 0, 1);
+  EXPECT_TRUE(coll->asynchronous());
+  EXPECT_NE(coll->name().find("NCCL"), std::string::npos);
+  std::vector<float> h(1000);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  Buffer d(*be, h.size() * sizeof(float));
+  be->copy(*cs, d.get(), h.data(), d.bytes());
+  const std::vector<float*> bufs = {d.as<float>()};
+  coll->allreduce_average(bufs, 10, 500);
+  coll->reduce_average(bufs, 0, 1000);
+  coll->broadcast(bufs, 100, 900);
+  std::vector<float> back(h.size());
+  be->copy(*cs, back.data(), d.get(), d.bytes());
+  be->synchronize(*cs);
+  coll->check();
+  EXPECT_EQ(back, h);
+}
+
+TowerOptions gpu_towers(const std::string& backend, int n, VariableUpdate mode, bool on_host) {
+  TowerOptions o;
+  o.backend = backend;
+  o.towers = n;
+  o.batch_per_tower = 4;
+  o.model = "tiny";
+  o.model_options.image_size = 32;
+  o.model_options.num_classes = 10;
+  o.model_options.dropout = 0;
+  o.variable_update = mode;
+  o.ps_on_host = on_host;
+  o.bucket_bytes = 16384;  // many buckets: several NCCL launches during backward
+  o.use_process_group = false;
+  return o;
+}
+
+std::vector<double> tower_params(const Towers& t, int i) {
+  std::vector<float> v(t.graph(i).param_arena_floats());
+  t.backend(i).copy(t.stream(i), v.data(), t.graph(i).param_arena(), v.size() * sizeof(float));
+  t.backend(i).synchronize(t.stream(i));
+  return {v.begin(), v.end()};
+}
+
+// N GPU towers synchronised by NCCL (or through the host) end two steps where N CPU towers do.
+TEST(Nccl, GpuTowersEqualCpuTowers) {
+  const int gpus = cuda_device_count();
+  if (gpus < 1) GTEST_SKIP() << cuda_unavailable_reason();
+  struct Case {
+    VariableUpdate mode;
+    bool on_host;
+  };
+  for (int n : {1, 2, 3}) {
+    for (Case c : {Case{VariableUpdate::replicated, false}, Case{VariableUpdate::parameter_server, false},
+                   Case{VariableUpdate::parameter_server, true}}) {
+      if (n > gpus) continue;
+      if (n == 1 && !c.on_host) continue;  // nothing to sync
+      SCOPED_TRACE(fmt::format("{} GPUs, {}{}", n, to_string(c.mode), c.on_host ? " on the host" : ""));
+      Towers g(gpu_towers("cuda", n, c.mode, c.on_host)), h(gpu_towers("cpu", n, c.mode, c.on_host));
+      EXPECT_EQ(g.sync_bytes(), h.sync_bytes());
+      g.set_synthetic_batch(3);
+      h.set_synthetic_batch(3);
+      for (int k = 0; k < 2; ++k) {
+        g.step();
+        h.step();
+      }
+      g.synchronize();
+      h.synchronize();
+      EXPECT_GT(g.overlapped_buckets(), 0u);
+      const auto want = tower_params(h, 0);
+      for (int i = 0; i < n; ++i) EXPECT_CLOSE(tower_params(g, i), want, 1e-4);
+    }
+  }
+  if (gpus < 2) GTEST_SKIP() << "NCCL between towers needs 2 or more GPUs; " << gpus << " visible (1 rank ran)";
+}
 
 }  // namespace
 }  // namespace stepbench

@@ -125,6 +125,7 @@ TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
   for (int k = 0; k < 8; ++k) {  // 40 images: more than three epochs of 15 files
     auto b = p.next();
     ASSERT_EQ(b->labels.size(), 5u);
+    EXPECT_FALSE(b->pinned());  // no backend given: plain memory
     for (auto l : b->labels) EXPECT_TRUE(l == 0 || l == 1);
     for (float v : b->images) ASSERT_TRUE(std::isfinite(v));
     p.recycle(std::move(b));

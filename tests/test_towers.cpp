@@ -2,6 +2,7 @@
 // the gradient average, and the buckets.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <set>
 
 #include "stepbench/process_group.hpp"
@@ -70,11 +71,22 @@ TEST(Towers, TwoReplicatedTowersOnTheSameBatchMatchOneTowerBitForBit) {
 // The towers issue's equivalence: N towers with batch B each end one step with the parameters of a
 // single tower that computes the gradient on each of the N slices separately, averages them and
 // applies one update (BN statistics are per tower, so this is the right single-tower reference).
+struct Mode {
+  VariableUpdate update;
+  bool on_host;  // --ps-device cpu
+  std::string name() const { return fmt::format("{}{}", to_string(update), on_host ? " on the host" : ""); }
+};
+const Mode kSyncModes[] = {{VariableUpdate::replicated, false},
+                           {VariableUpdate::parameter_server, false},
+                           {VariableUpdate::parameter_server, true}};
+
 TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
   for (int n : {2, 3}) {
-    for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
-      SCOPED_TRACE(fmt::format("{} towers, {}", n, to_string(mode)));
+    for (const Mode& m : kSyncModes) {
+      const auto mode = m.update;
+      SCOPED_TRACE(fmt::format("{} towers, {}", n, m.name()));
       auto o = tiny(n, mode, 16384);
+      o.ps_on_host = m.on_host;
       o.model_options.dropout = 0;
       Towers t(o);
       t.set_synthetic_batch(77);  // a different slice per tower
@@ -112,6 +124,81 @@ TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
       }
     }
   }
+}
+
+// Without batch norm the towers' slices make one batch: N towers of batch B end a step where one
+// tower of batch N x B does (the mean loss over N x B is the mean of the slices' mean losses).
+TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
+  for (int n : {2, 3}) {
+    for (const Mode& m : kSyncModes) {
+      SCOPED_TRACE(fmt::format("{} towers, {}", n, m.name()));
+      auto o = tiny(n, m.update, 256);
+      o.model = "pool_fc";
+      o.ps_on_host = m.on_host;
+      o.optimizer.lr = 0.5f;  // a step that moves the variables well past the tolerance
+      Towers t(o);
+      auto o1 = o;
+      o1.towers = 1;
+      o1.batch_per_tower = o.batch_per_tower * n;
+      Towers whole(o1);
+      t.set_synthetic_batch(31);
+      // the whole batch is the towers' slices one after another (NCHW, so slices are contiguous)
+      std::vector<float> img;
+      std::vector<std::int32_t> lab;
+      for (int i = 0; i < n; ++i) {
+        const Tensor in = t.graph(i).input_tensor();
+        std::vector<float> part(static_cast<std::size_t>(in.desc.numel()));
+        std::vector<std::int32_t> l(static_cast<std::size_t>(o.batch_per_tower));
+        t.backend(i).copy(t.stream(i), part.data(), in.data, in.desc.bytes());
+        t.backend(i).copy(t.stream(i), l.data(), t.graph(i).labels(), l.size() * sizeof(std::int32_t));
+        img.insert(img.end(), part.begin(), part.end());
+        lab.insert(lab.end(), l.begin(), l.end());
+      }
+      whole.graph(0).set_input_nchw(img.data());
+      whole.graph(0).set_labels(lab.data());
+      const auto before = params(whole, 0);
+      for (int k = 0; k < 2; ++k) {
+        t.step();
+        whole.step();
+      }
+      t.synchronize();
+      whole.synchronize();
+      const auto want = params(whole, 0);
+      ASSERT_NE(want, before);
+      double moved = 0;
+      for (std::size_t j = 0; j < want.size(); ++j) moved = std::max(moved, std::abs(double(want[j]) - before[j]));
+      ASSERT_GT(moved, 1e-2);
+      for (int i = 0; i < n; ++i) {
+        const auto got = params(t, i);
+        EXPECT_CLOSE(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
+                     1e-5);
+      }
+    }
+  }
+}
+
+TEST(Towers, ParameterServerOnTheHostEqualsParameterServerOnTowerZero) {
+  for (int n : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("{} towers", n));
+    auto dev = tiny(n, VariableUpdate::parameter_server, 4096), host = dev;
+    host.ps_on_host = true;
+    Towers a(dev), b(host);
+    EXPECT_EQ(b.sync_bytes(), b.graph(0).param_arena_floats() * sizeof(float));  // even one tower's go to the host
+    EXPECT_NE(b.sync_name().find("host memory (parameter server on the CPU)"), std::string::npos) << b.sync_name();
+    a.set_synthetic_batch(5);
+    b.set_synthetic_batch(5);
+    for (int k = 0; k < 3; ++k) {
+      a.step();
+      b.step();
+    }
+    a.synchronize();
+    b.synchronize();
+    EXPECT_GT(b.overlapped_buckets(), 0u);  // the host copies and sums started during backward
+    for (int i = 0; i < n; ++i) EXPECT_EQ(params(b, i), params(a, i)) << "tower " << i;
+  }
+  auto bad = tiny(2, VariableUpdate::replicated);
+  bad.ps_on_host = true;
+  EXPECT_THROW(Towers{bad}, UsageError);
 }
 
 TEST(Towers, GradSyncAveragesEveryTowersGradients) {
@@ -254,10 +341,13 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
 TEST(Mpi, TwoProcessesEqualTwoTowersInOneProcess) {
   const auto& pg = process_group();
   if (pg.size != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest runs it as mpi.two_processes)";
-  for (auto mode : {VariableUpdate::replicated, VariableUpdate::parameter_server}) {
-    SCOPED_TRACE(std::string(to_string(mode)));
-    Towers dist(tiny(1, mode, 8192));
-    auto lo = tiny(2, mode, 8192);
+  for (const Mode& m : kSyncModes) {
+    SCOPED_TRACE(m.name());
+    auto dio = tiny(1, m.update, 8192);
+    dio.ps_on_host = m.on_host;
+    Towers dist(dio);
+    auto lo = tiny(2, m.update, 8192);
+    lo.ps_on_host = m.on_host;
     lo.use_process_group = false;
     Towers local(lo);
     EXPECT_EQ(dist.global_size(), 2);

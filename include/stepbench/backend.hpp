@@ -21,6 +21,9 @@ enum class DeviceKind { cpu, cuda };
 class Stream {
  public:
   virtual ~Stream() = default;
+  // The library's own handle (cudaStream_t on the cuda backend), for collectives that enqueue on it
+  // (NCCL); nullptr on the cpu backend.
+  virtual void* native_handle() { return nullptr; }
 };
 class Event {
  public:
@@ -159,15 +162,22 @@ class Backend {
   // Throws UnsupportedError with the reason when this backend cannot run `t` here.
   virtual void require(DType t) const = 0;
   virtual FilterFormat filter_format(Layout l) const = 0;
+  // The CUDA device ordinal; -1 on the cpu backend.
+  virtual int device() const { return -1; }
   // Allow TF32 tensor-op math for fp32 convolutions and GEMMs (--precision tf32); a no-op where it
   // means nothing. Call before making ops.
   virtual void set_tensor_math(bool allow_tf32) { (void)allow_tf32; }
+  // The most scratch memory one convolution's algorithm may use (--workspace-mb): cudnnFind* only
+  // considers algorithms that fit. A no-op where it means nothing. Call before making ops.
+  virtual void set_workspace_limit(std::size_t bytes) { (void)bytes; }
 
   // memory
   virtual void* allocate(std::size_t bytes) = 0;  // device memory (host memory on the CPU backend)
   virtual void deallocate(void* p) = 0;
   virtual void* allocate_host(std::size_t bytes) = 0;  // pinned where that means something
   virtual void deallocate_host(void* p) = 0;
+  // Whether `p` is page-locked host memory the device can DMA from (false on the cpu backend).
+  virtual bool is_pinned(const void* p) const { (void)p; return false; }
   // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
   virtual std::size_t memory_available() const = 0;
 
@@ -178,6 +188,9 @@ class Backend {
   virtual void record(Event& e, Stream& s) = 0;
   virtual void wait(Stream& s, Event& e) = 0;  // s waits for e
   virtual void synchronize(Stream& s) = 0;
+  // Whether everything launched on `s` has finished, without waiting (polling loops that must be
+  // able to give up: a hung collective). Always true on the cpu backend.
+  virtual bool query(Stream& s) { (void)s; return true; }
   virtual double elapsed_ms(Event& start, Event& stop) = 0;
 
   // copies (host<->device and device<->device) and simple fills, ordered on `s`
@@ -231,6 +244,36 @@ class Buffer {
   ~Buffer() { reset(); }
   void reset() {
     if (p_) be_->deallocate(p_);
+    p_ = nullptr; bytes_ = 0;
+  }
+  void* get() const { return p_; }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* be_ = nullptr;
+  std::size_t bytes_ = 0;
+  void* p_ = nullptr;
+};
+
+// RAII owner of a host allocation from a backend (pinned on the cuda backend, so copies to the
+// device are asynchronous and run at full speed).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? be.allocate_host(bytes) : nullptr) {}
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
+      o.p_ = nullptr; o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~HostBuffer() { reset(); }
+  void reset() {
+    if (p_) be_->deallocate_host(p_);
     p_ = nullptr; bytes_ = 0;
   }
   void* get() const { return p_; }

@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,12 +47,23 @@ struct PipelineOptions {
   float ratio_min = 3.0f / 4.0f, ratio_max = 4.0f / 3.0f;
   float mean[3] = {0.485f, 0.456f, 0.406f};
   float stddev[3] = {0.229f, 0.224f, 0.225f};
+  // The backend whose allocate_host provides the batches (pinned on the cuda backend, so staging
+  // copies are asynchronous DMA); null: plain host memory. It must outlive the pipeline.
+  Backend* pin = nullptr;
 };
 
-// A batch on the host: images as float32 in the pipeline's layout, and int32 labels.
-struct HostBatch {
-  std::vector<float> images;
-  std::vector<std::int32_t> labels;
+// A batch on the host: images as float32 in the pipeline's layout, and int32 labels, in one
+// allocation from pin->allocate_host, or plain memory without a backend.
+class HostBatch {
+ public:
+  HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin = nullptr);
+  std::span<float> images;
+  std::span<std::int32_t> labels;
+  bool pinned() const { return pinned_; }
+
+ private:
+  std::unique_ptr<void, std::function<void(void*)>> mem_;
+  bool pinned_ = false;
 };
 
 // Decodes batches of a JpegFolder on background threads. Files are visited in a seeded random

@@ -17,6 +17,12 @@ struct UnsupportedError : UsageError {
   using UsageError::UsageError;
 };
 
+// A gradient sync failed or did not complete within --sync-timeout-s (a peer process died or stalled,
+// or the communicator reported an error). The run cannot go on; the binary ends every process.
+struct SyncError : Error {
+  using Error::Error;
+};
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& what);
 
 }  // namespace stepbench

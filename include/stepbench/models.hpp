@@ -26,7 +26,10 @@ ModelInfo build_inception_v3(Graph& g, const ModelOptions& o);
 // A tiny CNN for fast tests: conv-BN-ReLU units, one Inception-style block with fan-out and concat,
 // a pool and an FC. image_size >= 16.
 ModelInfo build_tiny(Graph& g, const ModelOptions& o);
-// By name: "inception_v3" or "tiny"; UsageError otherwise.
+// No batch norm: pools and two fully connected layers (for the towers' test that N towers of batch B
+// equal one tower of batch N x B, which BN's per-tower statistics rule out for the others).
+ModelInfo build_pool_fc(Graph& g, const ModelOptions& o);
+// By name: "inception_v3", "tiny" or "pool_fc"; UsageError otherwise.
 ModelInfo build_model(Graph& g, const std::string& name, const ModelOptions& o);
 
 }  // namespace stepbench

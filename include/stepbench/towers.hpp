@@ -3,8 +3,9 @@
 // in tf_cnn_benchmarks' variable-update modes:
 //   replicated        every tower's gradients are all-reduced (averaged), every tower updates its
 //                     own copy of the variables (identical results);
-//   parameter_server  gradients are reduced (averaged) onto the server (tower 0), which updates
-//                     the variables and broadcasts them back to every tower;
+//   parameter_server  gradients are reduced (averaged) onto the server (tower 0 of process 0, or
+//                     host memory with ps_on_host), which updates the variables and broadcasts
+//                     them back to every tower;
 //   independent       no synchronisation: each tower trains on its own.
 // Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
 // execution order, so the first bucket is the first one backward finishes).
@@ -45,14 +46,29 @@ struct TowerOptions {
   std::uint64_t seed = 1;
   // Under mpirun: these towers are one process's share, and the sync spans every process.
   bool use_process_group = true;
+  // parameter_server only: the variables live and are updated in host memory (--ps-device cpu, as
+  // tf_cnn_benchmarks' --local_parameter_device=cpu); gradients are copied there and summed on the
+  // CPU, and the new variables are copied back to every tower.
+  bool ps_on_host = false;
+  // A gradient sync that has not completed after this many seconds ends the run with SyncError
+  // (--sync-timeout-s); 0 waits forever.
+  double sync_timeout_s = 600.0;
+  std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
 };
 
-// Moves gradient and parameter buckets between towers. Implementations: host memory (the cpu
-// backend's towers); NCCL for GPUs.
+// Moves gradient and parameter buckets between towers. Implementations: host memory plus MPI (the
+// cpu backend's towers), which runs to completion on the calling thread; NCCL (GPU towers), which
+// enqueues on communication streams and returns.
 class Collective {
  public:
   virtual ~Collective() = default;
   virtual std::string name() const = 0;
+  // true: the calls enqueue on the streams the collective was made with and return at once.
+  virtual bool asynchronous() const { return false; }
+  // Asynchronous ones: throws SyncError (after abort()) when the communicator reported an error.
+  virtual void check() {}
+  // Ends the communicator so that work waiting on it returns (a hung collective).
+  virtual void abort() {}
   // Average `count` floats at offset `off` of every tower's buffer; result on every tower.
   virtual void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
   // Average onto tower 0 only.
@@ -60,6 +76,14 @@ class Collective {
   // Copy tower 0's range to every other tower.
   virtual void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
 };
+
+// NCCL over the towers' GPUs, one rank per tower, its collectives enqueued on `streams` (one per
+// tower, made by that tower's backend). Under mpirun the towers of every process form one
+// communicator: process 0 makes the unique id and broadcasts it over MPI, as nccl-tests does.
+// In one process the communicators come from ncclCommInitAll. Throws UnsupportedError when
+// stepbench was built without CUDA.
+std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>& towers,
+                                                 const std::vector<Stream*>& streams, int rank, int processes);
 
 class Towers {
  public:
@@ -77,7 +101,8 @@ class Towers {
   Graph& graph(int i) const;
   Stream& stream(int i) const;
   const ModelInfo& model_info() const { return info_; }
-  const Collective& collective() const { return *coll_; }
+  // What moves the gradients: "none", "host memory", "NCCL ...", "MPI ...".
+  std::string sync_name() const;
 
   // Synthetic data: a fixed random batch and labels on every tower (different per tower).
   void set_synthetic_batch(std::uint64_t seed);
@@ -91,7 +116,9 @@ class Towers {
   void grad_sync();
   void update();
   void step();  // forward_train, backward, grad_sync, update
-  void synchronize();
+  // Waits for every tower. With NCCL it polls, and throws SyncError when the communicator reports
+  // an error or the work has not finished within sync_timeout_s (it aborts the communicator first).
+  void synchronize() const;
 
   // Gradient synchronisation: what one grad_sync moves, and nccl-tests' bus-bandwidth factor for
   // the collective the mode uses (allreduce 2(n-1)/n, reduce 1), 0 when nothing moves.
@@ -119,11 +146,17 @@ class Towers {
   TowerOptions opt_;
   ModelInfo info_;
   std::vector<std::unique_ptr<Tower>> towers_;
-  std::unique_ptr<Collective> coll_;
+  std::unique_ptr<Collective> coll_;  // null when nothing is synchronised between GPUs
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
   int rank_ = 0, processes_ = 1;
-  void sync_bucket(std::size_t k);
+  struct HostServer;
+  std::unique_ptr<HostServer> server_;  // ps_on_host
+  double stall_s_ = 0;                  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
+  bool async() const { return coll_ && coll_->asynchronous() && !server_; }
+  void mark_ready(int tower);           // every bucket's ready event not yet recorded, at the stream's end
+  void launch(std::size_t k);           // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void sync_bucket(std::size_t k);      // synchronous: host memory, MPI, or the host server
   struct CommThread;
   std::unique_ptr<CommThread> comm_;
   std::size_t launched_ = 0;  // buckets handed to the communication thread this step

@@ -5,24 +5,38 @@
 
 namespace stepbench {
 
+// The optimizer's state over a flat parameter arena (momentum buffer; RMSProp's mean square and
+// momentum) in one backend's memory, and the update that uses it.
+class OptimizerState {
+ public:
+  OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t count);
+  void update(Stream& s, float* params, const float* grads);
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  Backend& be_;
+  OptimizerConfig cfg_;
+  std::size_t count_;
+  Buffer s0_, s1_;
+};
+
 class Trainer {
  public:
   Trainer(Graph& g, OptimizerConfig cfg);
   void forward(Stream& s) { g_.forward(s, true); }
   void backward(Stream& s) { g_.backward(s); }
-  void update(Stream& s);
+  void update(Stream& s) { opt_.update(s, g_.param_arena(), g_.grad_arena()); }
   void step(Stream& s) {
     forward(s);
     backward(s);
     update(s);
   }
-  const OptimizerConfig& config() const { return cfg_; }
+  const OptimizerConfig& config() const { return opt_.config(); }
   Graph& graph() { return g_; }
 
  private:
   Graph& g_;
-  OptimizerConfig cfg_;
-  Buffer s0_, s1_;  // optimizer state over the arena
+  OptimizerState opt_;
 };
 
 }  // namespace stepbench

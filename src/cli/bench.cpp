@@ -153,7 +153,9 @@ void add_context(const Options& o, const Towers& t) {
   benchmark::AddCustomContext("gradient_bytes", std::to_string(t.graph(0).param_arena_floats() * sizeof(float)));
   benchmark::AddCustomContext("sync_buckets", std::to_string(t.bucket_count()));
   benchmark::AddCustomContext("sync_overlap", o.no_overlap ? "off" : "on");
-  benchmark::AddCustomContext("collective", t.collective().name());
+  benchmark::AddCustomContext("collective", t.sync_name());
+  benchmark::AddCustomContext("ps_device", o.ps_device);
+  benchmark::AddCustomContext("sync_timeout_s", fmt::format("{:g}", o.sync_timeout_s));
   benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
   benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
   benchmark::AddCustomContext("data", o.data);
@@ -172,14 +174,14 @@ class Feeder {
     t.enable_staging();
     const Shape s = t.graph(0).input_tensor().shape();
     if (o.data == "synthetic-host") {
-      fixed_ = std::make_unique<HostBatch>();
-      fixed_->images.resize(static_cast<std::size_t>(s.numel()));
+      // one batch per tower, in pinned memory where the backend pins
+      fixed_ = std::make_unique<HostBatch>(static_cast<std::size_t>(s.numel()), static_cast<std::size_t>(s.n),
+                                           &t.backend(0));
       std::uint64_t x = 12345;
       for (auto& v : fixed_->images) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         v = static_cast<float>(static_cast<double>(x >> 40) / (1ull << 24) * 2.0 - 1.0);
       }
-      fixed_->labels.resize(static_cast<std::size_t>(s.n));
       for (std::size_t i = 0; i < fixed_->labels.size(); ++i) fixed_->labels[i] = static_cast<std::int32_t>(i % 1000);
       return;
     }
@@ -195,6 +197,7 @@ class Feeder {
     po.layout = t.options().layout;
     po.threads = o.data_threads;
     po.prefetch = o.prefetch;
+    po.pin = &t.backend(0);  // pinned batches: the staging copies are asynchronous DMA on a GPU
     pipe_ = std::make_unique<JpegPipeline>(std::move(folder), po);
   }
   bool active() const { return fixed_ || pipe_; }
@@ -347,7 +350,7 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
   if (const auto* gs = find("grad_sync")) {
     std::cout << fmt::format("grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s; "
                              "in the step, overlap with backward {}\n",
-                             t.sync_bytes() / 1e6, t.bucket_count(), t.collective().name(), o.variable_update,
+                             t.sync_bytes() / 1e6, t.bucket_count(), t.sync_name(), o.variable_update,
                              med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"), o.no_overlap ? "off" : "on");
   } else if (t.sync_bytes() == 0) {
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
@@ -406,6 +409,9 @@ int run_benchmarks(Options& o, const char* argv0) {
   to.variable_update = parse_variable_update(o.variable_update);
   to.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
   to.overlap = !o.no_overlap;
+  to.ps_on_host = o.ps_device == "cpu";
+  to.sync_timeout_s = o.sync_timeout_s;
+  to.workspace_bytes = static_cast<std::size_t>(o.workspace_mb) << 20;
   // Under mpirun every process builds --gpus towers; names, images/s and the summary count them all.
   const ProcessGroup& pg = process_group();
   const bool root = pg.rank == 0;

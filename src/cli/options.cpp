@@ -67,6 +67,18 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->check(CLI::Range(0.001, 65536.0));
   app.add_flag("--no-overlap", o.no_overlap,
                "in the step, sync the gradients after backward instead of bucket by bucket during it");
+  app.add_option("--ps-device", o.ps_device,
+                 "parameter_server: where the variables live and the update runs: device (tower 0, GPU 0) or cpu "
+                 "(host memory, as tf_cnn_benchmarks' --local_parameter_device=cpu)")
+      ->capture_default_str()->check(CLI::IsMember({"device", "cpu"}));
+  app.add_option("--sync-timeout-s", o.sync_timeout_s,
+                 "a gradient sync not done after this many seconds (a failed or stalled peer) ends the run with a "
+                 "message; 0 waits forever")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e9));
+  app.add_option("--workspace-mb", o.workspace_mb,
+                 "cuda: the most scratch memory one convolution's cuDNN algorithm may use; the fastest algorithm "
+                 "within it is picked")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--data", o.data,
                  "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
                  "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")
@@ -137,6 +149,10 @@ void resolve(Options& o) {
                                    (o.global_batch_size / o.gpus + 1) * o.gpus));
     o.batch_size = o.global_batch_size / o.gpus;
   }
+  if (o.ps_device == "cpu" && o.variable_update != "parameter_server")
+    throw UsageError(fmt::format("--ps-device cpu applies to --variable-update parameter_server only (not {}); drop "
+                                 "it or add --variable-update parameter_server",
+                                 o.variable_update));
   if (o.precision == "tf32" && o.backend != "cuda")
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
   // The CPU is ~100x slower than a GPU: unless told otherwise, run a reduced configuration that

@@ -27,6 +27,9 @@ struct Options {
   int repetitions = 5;
   double bucket_mb = 25.0;
   bool no_overlap = false;
+  std::string ps_device = "device";  // parameter_server: device (tower 0) or cpu (host memory)
+  double sync_timeout_s = 600.0;
+  int workspace_mb = 512;
   std::vector<std::string> phases;  // empty: all
   std::string data = "synthetic";    // synthetic, synthetic-host, or a JPEG folder
   int data_threads = 2;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -206,6 +207,21 @@ bool decode_crop_normalise(const std::string& path, float* dst, const PipelineOp
 }
 
 // ---- the pipeline ---------------------------------------------------------------------------------
+HostBatch::HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin) {
+  const std::size_t img_bytes = (image_floats * sizeof(float) + 63) / 64 * 64;  // labels 64-byte aligned
+  const std::size_t bytes = img_bytes + batch * sizeof(std::int32_t);
+  if (pin) {
+    mem_ = {pin->allocate_host(bytes), [pin](void* p) { pin->deallocate_host(p); }};
+    pinned_ = pin->is_pinned(mem_.get());
+  } else {
+    mem_ = {std::aligned_alloc(64, (bytes + 63) / 64 * 64), [](void* p) { std::free(p); }};
+    if (!mem_) throw Error(fmt::format("out of host memory for a {:.1f} MiB input batch", bytes / 1048576.0));
+  }
+  auto* base = static_cast<char*>(mem_.get());
+  images = {reinterpret_cast<float*>(base), image_floats};
+  labels = {reinterpret_cast<std::int32_t*>(base + img_bytes), batch};
+}
+
 JpegPipeline::JpegPipeline(JpegFolder folder, PipelineOptions o) : folder_(std::move(folder)), o_(o) {
   if (o_.threads < 1) throw UsageError(fmt::format("--data-threads {} must be at least 1", o_.threads));
   if (o_.prefetch < 1) throw UsageError(fmt::format("--prefetch {} must be at least 1", o_.prefetch));
@@ -216,10 +232,8 @@ JpegPipeline::JpegPipeline(JpegFolder folder, PipelineOptions o) : folder_(std::
   const std::size_t image_floats = static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
   // Batches in flight: every thread filling one, plus `prefetch` ready ones.
   for (int i = 0; i < o_.threads + o_.prefetch; ++i) {
-    auto b = std::make_unique<HostBatch>();
-    b->images.resize(image_floats * static_cast<std::size_t>(o_.batch));
-    b->labels.resize(static_cast<std::size_t>(o_.batch));
-    free_.push_back(std::move(b));
+    free_.push_back(std::make_unique<HostBatch>(image_floats * static_cast<std::size_t>(o_.batch),
+                                                static_cast<std::size_t>(o_.batch), o_.pin));
   }
   for (int i = 0; i < o_.threads; ++i) threads_.emplace_back([this, i] { worker(i); });
 }

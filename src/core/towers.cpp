@@ -4,7 +4,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -143,27 +146,52 @@ struct Towers::Tower {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Graph> g;
   std::unique_ptr<Trainer> tr;
+  std::unique_ptr<Stream> comm;               // the gradient sync's stream
+  std::vector<std::unique_ptr<Event>> ready;  // per bucket: backward has produced it (compute stream)
+  std::unique_ptr<Event> computed, synced;    // compute -> comm and comm -> compute ordering
+  std::size_t recorded = 0;                   // ready events recorded this step
+};
+
+// The parameter server in host memory (ps_on_host): the variables, their summed gradients and the
+// optimizer state, updated by the cpu backend; pinned where the towers' backend pins.
+struct Towers::HostServer {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  HostBuffer params, grads;
+  std::vector<HostBuffer> tmp;  // per tower but the first: one bucket of its gradients
+  std::unique_ptr<OptimizerState> opt;
 };
 
 Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (o.towers < 1) throw UsageError(fmt::format("--gpus {} must be at least 1", o.towers));
+  int local_rank = 0, local_size = 1;
   if (o.use_process_group) {
-    rank_ = process_group().rank;
-    processes_ = process_group().size;
+    const ProcessGroup& pg = process_group();
+    rank_ = pg.rank;
+    processes_ = pg.size;
+    local_rank = pg.local_rank;
+    local_size = pg.local_size;
   }
   if (o.backend == "cuda") {
     const int visible = cuda_device_count();
-    if (o.towers > visible)
-      throw UsageError(fmt::format("--gpus {} but only {} GPU{} visible; use --gpus {} or fewer", o.towers, visible,
-                                   visible == 1 ? " is" : "s are", visible));
+    if (o.towers * local_size > visible)
+      throw UsageError(
+          local_size > 1
+              ? fmt::format("{} processes on this node with --gpus {} each need {} GPUs, but {} {} visible; use "
+                            "--gpus {} or fewer processes per node",
+                            local_size, o.towers, o.towers * local_size, visible, visible == 1 ? "is" : "are",
+                            std::max(visible / local_size, 1))
+              : fmt::format("--gpus {} but only {} GPU{} visible; use --gpus {} or fewer", o.towers, visible,
+                            visible == 1 ? " is" : "s are", visible));
   }
-  if (o.backend != "cpu" && (o.towers > 1 || processes_ > 1))  // NCCL is not written yet
-    throw UnsupportedError(fmt::format("gradient sync between GPUs (NCCL) is not implemented yet: use one GPU "
-                                       "(--gpus 1, no mpirun), or CPU towers (--backend cpu)"));
+  if (o.ps_on_host && o.variable_update != VariableUpdate::parameter_server)
+    throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
+  if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
+  if (o.use_process_group) set_sync_timeout(o.sync_timeout_s);
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Tower>();
-    t->be = make_backend(o.backend, i);
+    t->be = make_backend(o.backend, local_rank * o.towers + i);  // the GPUs of this node, split by process
     if (o.tf32) t->be->set_tensor_math(true);
+    t->be->set_workspace_limit(o.workspace_bytes);
     const int global = rank_ * o.towers + i;  // each replica draws its own dropout masks
     t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype, o.seed + 977 * global});
     info_ = build_model(*t->g, o.model, o.model_options);
@@ -174,7 +202,6 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     params_.push_back(t->g->param_arena());
     towers_.push_back(std::move(t));
   }
-  coll_ = std::make_unique<HostCollective>(*towers_[0]->be, o.towers, processes_);
   // Buckets over the gradient arena, each at most bucket_bytes, split at parameter boundaries when
   // a parameter fits (a parameter larger than a bucket gets a bucket of its own).
   const std::size_t per = std::max<std::size_t>(opt_.bucket_bytes / sizeof(float), 1);
@@ -193,7 +220,39 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     }
   }
   if (total > start) buckets_.emplace_back(start, total - start);
-  if (opt_.overlap && sync_bytes() > 0 && (processes_ == 1 || process_group().threads_ok))
+  std::size_t largest = 0;
+  for (auto [off, n] : buckets_) largest = std::max(largest, n);
+
+  std::vector<Backend*> bes;
+  std::vector<Stream*> comm_streams;
+  for (auto& t : towers_) {
+    t->comm = t->be->create_stream();
+    for (std::size_t k = 0; k < buckets_.size(); ++k) t->ready.push_back(t->be->create_event());
+    t->computed = t->be->create_event();
+    t->synced = t->be->create_event();
+    bes.push_back(t->be.get());
+    comm_streams.push_back(t->comm.get());
+  }
+  if (o.ps_on_host) {
+    server_ = std::make_unique<HostServer>();
+    Backend& be0 = *towers_[0]->be;
+    server_->params = HostBuffer(be0, total * sizeof(float));
+    server_->grads = HostBuffer(be0, total * sizeof(float));
+    for (int i = 1; i < o.towers; ++i) server_->tmp.emplace_back(be0, largest * sizeof(float));
+    be0.copy(be0.default_stream(), server_->params.get(), params_[0], total * sizeof(float));
+    be0.synchronize(be0.default_stream());
+    server_->opt = std::make_unique<OptimizerState>(*server_->cpu, o.optimizer, total);
+  } else if (o.backend == "cpu") {
+    coll_ = std::make_unique<HostCollective>(*towers_[0]->be, o.towers, processes_);
+  } else if (sync_bytes() > 0) {
+    coll_ = make_nccl_collective(bes, comm_streams, rank_, processes_);
+  }
+  if (const char* f = std::getenv("STEPBENCH_FAULT_SYNC_STALL")) {  // "<rank>:<seconds>", tests only
+    int r = -1;
+    double sec = 0;
+    if (std::sscanf(f, "%d:%lf", &r, &sec) == 2 && r == rank_) stall_s_ = sec;
+  }
+  if (opt_.overlap && sync_bytes() > 0 && !async() && (processes_ == 1 || process_group().threads_ok))
     comm_ = std::make_unique<CommThread>([this](std::size_t k) { sync_bucket(k); });
 }
 
@@ -281,41 +340,123 @@ void Towers::forward_inference() {
 void Towers::forward_train() {
   for (auto& t : towers_) t->tr->forward(t->be->default_stream());
 }
+void Towers::mark_ready(int i) {
+  Tower& t = *towers_[static_cast<std::size_t>(i)];
+  for (; t.recorded < buckets_.size(); ++t.recorded) t.be->record(*t.ready[t.recorded], t.be->default_stream());
+}
+
+void Towers::launch(std::size_t k) {
+  SB_CHECK(k == launched_, "buckets launch in order");
+  ++launched_;
+  if (!async()) {
+    comm_->push(k);
+    return;
+  }
+  for (auto& t : towers_) t->be->wait(*t->comm, *t->ready[k]);  // the comm stream waits for backward
+  const auto [off, n] = buckets_[k];
+  if (opt_.variable_update == VariableUpdate::replicated) coll_->allreduce_average(grads_, off, n);
+  else coll_->reduce_average(grads_, off, n);
+}
+
 void Towers::backward(bool start_sync) {
-  if (!start_sync || !comm_) {
+  if (!start_sync || sync_bytes() == 0 || !(async() || comm_)) {
     for (auto& t : towers_) t->tr->backward(t->be->default_stream());
     return;
   }
-  // A bucket is ready when every tower has produced it. The towers of one process run one after
-  // another, so that is when the last one's backward passes it.
-  for (std::size_t i = 0; i + 1 < towers_.size(); ++i) towers_[i]->tr->backward(towers_[i]->be->default_stream());
-  Tower& last = *towers_.back();
-  last.g->backward(last.be->default_stream(), [this](std::size_t ready) {
-    while (launched_ < buckets_.size() && buckets_[launched_].first + buckets_[launched_].second <= ready)
-      comm_->push(launched_++);
-  });
+  // A bucket is ready when every tower has produced it. The towers of one process are launched one
+  // after another, so that is when the last one's backward passes it; each tower records an event
+  // on its stream there, for the communication stream (NCCL) or thread (host) to wait on.
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    Tower& t = *towers_[i];
+    const bool last = i + 1 == towers_.size();
+    t.g->backward(t.be->default_stream(), [&, last](std::size_t ready) {
+      while (t.recorded < buckets_.size() && buckets_[t.recorded].first + buckets_[t.recorded].second <= ready) {
+        t.be->record(*t.ready[t.recorded], t.be->default_stream());
+        if (last) launch(t.recorded);
+        ++t.recorded;
+      }
+    });
+    if (!last) mark_ready(static_cast<int>(i));  // its backward is all launched
+  }
 }
+
 void Towers::sync_bucket(std::size_t k) {
+  if (stall_s_ > 0 && k == 0) {  // fault injection: this process stalls before its first sync
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::exchange(stall_s_, 0.0)));
+  }
   const auto [off, n] = buckets_[k];
+  if (server_) {
+    // Every tower's bucket to host memory on its communication stream (after backward produced
+    // it), summed on the CPU, then across processes onto process 0; averaged.
+    float* sum = server_->grads.as<float>() + off;
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      Tower& t = *towers_[i];
+      t.be->wait(*t.comm, *t.ready[k]);
+      t.be->copy(*t.comm, i == 0 ? sum : server_->tmp[i - 1].as<float>(), grads_[i] + off, n * sizeof(float));
+    }
+    Backend& cpu = *server_->cpu;
+    auto& cs = cpu.default_stream();
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      towers_[i]->be->synchronize(*towers_[i]->comm);
+      if (i > 0) cpu.add(cs, Tensor{server_->tmp[i - 1].get(), flat(n)}, Tensor{sum, flat(n)}, 1.0f);
+    }
+    if (processes_ > 1) reduce_sum_to_root(sum, n);
+    cpu.scale(cs, sum, 1.0f / static_cast<float>(global_size()), n);
+    return;
+  }
   if (opt_.variable_update == VariableUpdate::replicated) coll_->allreduce_average(grads_, off, n);
   else if (opt_.variable_update == VariableUpdate::parameter_server) coll_->reduce_average(grads_, off, n);
 }
+
 void Towers::grad_sync() {
   if (sync_bytes() == 0) return;
   overlapped_ = launched_;
-  if (launched_ > 0) {  // backward(true) started some: hand over the rest, wait for all
-    while (launched_ < buckets_.size()) comm_->push(launched_++);
+  for (int i = 0; i < size(); ++i) mark_ready(i);  // backward is all launched by now
+  if (async()) {
+    while (launched_ < buckets_.size()) launch(launched_);
+    for (auto& t : towers_) {  // the next phase on each tower waits for its share of the sync
+      t->be->record(*t->synced, *t->comm);
+      t->be->wait(t->be->default_stream(), *t->synced);
+    }
+  } else if (launched_ > 0) {  // backward(true) started some: hand over the rest, wait for all
+    while (launched_ < buckets_.size()) launch(launched_);
     comm_->wait();
-    launched_ = 0;
+  } else {
+    for (std::size_t k = 0; k < buckets_.size(); ++k) sync_bucket(k);
+  }
+  launched_ = 0;
+  for (auto& t : towers_) t->recorded = 0;
+}
+
+void Towers::update() {
+  const std::size_t total = towers_[0]->g->param_arena_floats();
+  if (server_) {
+    // The server updates the variables in host memory (process 0), every process gets them, and
+    // every tower copies them in on its stream, before its next forward.
+    float* p = server_->params.as<float>();
+    if (rank_ == 0) server_->opt->update(server_->cpu->default_stream(), p, server_->grads.as<float>());
+    if (processes_ > 1) broadcast_from_root(p, total);
+    for (std::size_t i = 0; i < towers_.size(); ++i)
+      towers_[i]->be->copy(towers_[i]->be->default_stream(), params_[i], p, total * sizeof(float));
     return;
   }
-  for (std::size_t k = 0; k < buckets_.size(); ++k) sync_bucket(k);
-}
-void Towers::update() {
   if (opt_.variable_update == VariableUpdate::parameter_server && global_size() > 1) {
     // the server is tower 0 of process 0: it alone applies the update, then everyone gets the result
-    if (rank_ == 0) towers_[0]->tr->update(towers_[0]->be->default_stream());
-    towers_[0]->be->synchronize(towers_[0]->be->default_stream());
+    Tower& t0 = *towers_[0];
+    if (rank_ == 0) t0.tr->update(t0.be->default_stream());
+    if (async()) {
+      for (auto& t : towers_) {
+        t->be->record(*t->computed, t->be->default_stream());
+        t->be->wait(*t->comm, *t->computed);
+      }
+      coll_->broadcast(params_, 0, total);
+      for (auto& t : towers_) {
+        t->be->record(*t->synced, *t->comm);
+        t->be->wait(t->be->default_stream(), *t->synced);
+      }
+      return;
+    }
+    t0.be->synchronize(t0.be->default_stream());
     for (auto [off, n] : buckets_) coll_->broadcast(params_, off, n);
     return;
   }
@@ -327,12 +468,41 @@ void Towers::step() {
   grad_sync();
   update();
 }
-void Towers::synchronize() {
-  for (auto& t : towers_) t->be->synchronize(t->be->default_stream());
+void Towers::synchronize() const {
+  if (!coll_ || !coll_->asynchronous()) {
+    for (auto& t : towers_) t->be->synchronize(t->be->default_stream());
+    return;
+  }
+  // Poll, as nccl-tests does: a hung collective must end the run, not block it in the driver.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& t : towers_) {
+    while (!t->be->query(t->be->default_stream())) {
+      coll_->check();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (opt_.sync_timeout_s > 0 && waited > opt_.sync_timeout_s) {
+        coll_->abort();
+        throw SyncError(fmt::format(
+            "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: a peer "
+            "failed or stalled. If the step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+            coll_->name(), opt_.sync_timeout_s, rank_, processes_));
+      }
+      std::this_thread::yield();
+    }
+  }
+  coll_->check();
+}
+
+std::string Towers::sync_name() const {
+  if (sync_bytes() == 0) return "none";
+  if (server_)
+    return processes_ > 1 ? fmt::format("host memory (parameter server on the CPU) + MPI over {} processes", processes_)
+                          : "host memory (parameter server on the CPU)";
+  return coll_->name();
 }
 
 std::size_t Towers::sync_bytes() const {
-  if (global_size() < 2 || opt_.variable_update == VariableUpdate::independent) return 0;
+  if (opt_.variable_update == VariableUpdate::independent) return 0;
+  if (global_size() < 2 && !opt_.ps_on_host) return 0;  // one tower with its variables: nothing moves
   return towers_[0]->g->param_arena_floats() * sizeof(float);
 }
 
@@ -361,7 +531,7 @@ void RegionTimer::mark(int point) {
 }
 void RegionTimer::stop() {
   mark(static_cast<int>(ev_[0].size()) - 1);
-  for (int i = 0; i < t_.size(); ++i) t_.backend(i).synchronize(t_.stream(i));
+  t_.synchronize();
   h1_ = std::chrono::steady_clock::now();
 }
 double RegionTimer::device_ms(int from, int to) const {
@@ -376,3 +546,11 @@ double RegionTimer::device_ms(int from, int to) const {
 double RegionTimer::host_ms() const { return std::chrono::duration<double, std::milli>(h1_ - h0_).count(); }
 
 }  // namespace stepbench
+
+#ifndef STEPBENCH_HAVE_CUDA
+namespace stepbench {
+std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>&, const std::vector<Stream*>&, int, int) {
+  throw UnsupportedError("NCCL needs the cuda backend: stepbench was built without CUDA (configure with -DSTEPBENCH_CUDA=ON)");
+}
+}  // namespace stepbench
+#endif

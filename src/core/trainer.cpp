@@ -1,15 +1,10 @@
 #include "stepbench/trainer.hpp"
 
-#include <vector>
-
 #include "stepbench/error.hpp"
 
 namespace stepbench {
 
-Trainer::Trainer(Graph& g, OptimizerConfig cfg) : g_(g), cfg_(cfg) {
-  SB_CHECK(g.planned(), "plan the graph before making a trainer");
-  Backend& be = g.backend();
-  const std::size_t n = g.param_arena_floats();
+OptimizerState::OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t n) : be_(be), cfg_(cfg), count_(n) {
   auto& s = be.default_stream();
   if (cfg.kind != OptimizerKind::sgd) {
     s0_ = Buffer(be, n * sizeof(float));
@@ -23,9 +18,18 @@ Trainer::Trainer(Graph& g, OptimizerConfig cfg) : g_(g), cfg_(cfg) {
   be.synchronize(s);
 }
 
-void Trainer::update(Stream& s) {
-  g_.backend().optimizer_update(s, cfg_, g_.param_arena(), g_.grad_arena(), s0_.as<float>(), s1_.as<float>(),
-                                g_.param_arena_floats());
+void OptimizerState::update(Stream& s, float* params, const float* grads) {
+  be_.optimizer_update(s, cfg_, params, grads, s0_.as<float>(), s1_.as<float>(), count_);
 }
+
+namespace {
+Graph& planned(Graph& g) {
+  SB_CHECK(g.planned(), "plan the graph before making a trainer");
+  return g;
+}
+}  // namespace
+
+Trainer::Trainer(Graph& g, OptimizerConfig cfg)
+    : g_(planned(g)), opt_(g.backend(), cfg, g.param_arena_floats()) {}
 
 }  // namespace stepbench

@@ -62,6 +62,7 @@ struct CudaStream final : Stream {
     SB_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
   ~CudaStream() override { cudaStreamDestroy(s); }
+  void* native_handle() override { return s; }
 };
 struct CudaEvent final : Event {
   cudaEvent_t e = nullptr;
@@ -143,7 +144,7 @@ decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t b
       return p[i].algo;
     }
   throw Error(fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
-                          "(STEPBENCH_WORKSPACE_MB)",
+                          "(--workspace-mb)",
                           what, budget >> 20));
 }
 
@@ -407,7 +408,6 @@ class CudaBackend final : public Backend {
     SB_CUDNN(cudnnCreate(&cudnn_));
     SB_CUBLAS(cublasCreate(&cublas_));
     SB_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-    if (const char* mb = std::getenv("STEPBENCH_WORKSPACE_MB")) budget_ = std::strtoull(mb, nullptr, 10) << 20;
   }
   ~CudaBackend() override {
     cublasDestroy(cublas_);
@@ -444,6 +444,8 @@ class CudaBackend final : public Backend {
     SB_CUBLAS(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   }
   FilterFormat filter_format(Layout l) const override { return l == Layout::nhwc ? FilterFormat::ohwi : FilterFormat::oihw; }
+  int device() const override { return dev_; }
+  void set_workspace_limit(std::size_t bytes) override { budget_ = bytes; }
 
   void* allocate(std::size_t bytes) override {
     SB_CUDA(cudaSetDevice(dev_));
@@ -467,6 +469,14 @@ class CudaBackend final : public Backend {
     return p;
   }
   void deallocate_host(void* p) override { cudaFreeHost(p); }
+  bool is_pinned(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  }
   std::size_t memory_available() const override {
     cudaSetDevice(dev_);
     std::size_t free = 0, total = 0;
@@ -480,6 +490,12 @@ class CudaBackend final : public Backend {
   void record(Event& e, Stream& s) override { SB_CUDA(cudaEventRecord(static_cast<CudaEvent&>(e).e, S(s))); }
   void wait(Stream& s, Event& e) override { SB_CUDA(cudaStreamWaitEvent(S(s), static_cast<CudaEvent&>(e).e, 0)); }
   void synchronize(Stream& s) override { SB_CUDA(cudaStreamSynchronize(S(s))); }
+  bool query(Stream& s) override {
+    const cudaError_t e = cudaStreamQuery(S(s));
+    if (e == cudaErrorNotReady) return false;
+    SB_CUDA(e);
+    return true;
+  }
   double elapsed_ms(Event& a, Event& b) override {
     float ms = 0;
     SB_CUDA(cudaEventElapsedTime(&ms, static_cast<CudaEvent&>(a).e, static_cast<CudaEvent&>(b).e));
@@ -547,7 +563,7 @@ class CudaBackend final : public Backend {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   bool tf32_ = false;
-  std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget; STEPBENCH_WORKSPACE_MB overrides
+  std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
 };
 
 }  // namespace

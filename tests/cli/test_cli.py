@@ -3,7 +3,7 @@
 the flag and what to change), every preset in configs/, and the JSON (every phase with its counters).
 
   tests/cli/test_cli.py --stepbench build/bin/stepbench --configs configs [unittest args, e.g. -k Flags]"""
-import argparse, glob, json, os, subprocess, sys, tempfile, unittest
+import argparse, glob, json, os, shutil, subprocess, sys, tempfile, time, unittest
 
 STEPBENCH = None
 CONFIGS = None
@@ -61,6 +61,10 @@ class Flags(unittest.TestCase):
         self.bad(["--backend", "cpu", "--image-size", "150"], "--image-size 150", "aux")
         self.bad(["--backend", "cpu", "--image-size", "40", "--aux-logits", "off"], "--image-size 40")
         self.bad(["--backend", "cpu", "--batch-size", "100000"], "batch size 100000", "GiB", "--batch-size")
+        self.bad(["--backend", "cpu", "--ps-device", "cpu"], "--ps-device cpu", "parameter_server")
+        self.bad(["--ps-device", "gpu0"], "--ps-device", "device", "cpu")
+        self.bad(["--sync-timeout-s", "-1"], "--sync-timeout-s")
+        self.bad(["--workspace-mb", "-5"], "--workspace-mb")
 
     def test_cuda_without_a_gpu_is_a_clear_error(self):
         rc, out, err = run("--backend", "cuda", "--list")
@@ -227,6 +231,36 @@ class Data(unittest.TestCase):
         self.assertEqual(rc, 0, f"{out}\n{err}")
         self.assertIn("step:data=synthetic-host", out)
         self.assertIn("verdict:", out)
+
+
+MPIRUN = ["mpirun", "--oversubscribe", "-np", "2"]
+MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+TINY = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+        "--repetitions", "1", *FAST]
+
+
+@unittest.skipUnless(shutil.which("mpirun"), "mpirun not found (Debian: openmpi-bin)")
+class Mpi(unittest.TestCase):
+    def mpirun(self, *args, env=None, timeout=120):
+        t0 = time.monotonic()
+        p = subprocess.run([*MPIRUN, STEPBENCH, *args], capture_output=True, text=True, timeout=timeout,
+                           env={**MPI_ENV, **(env or {})})
+        return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+
+    def test_a_stalled_process_ends_the_run_with_a_message_not_a_hang(self):
+        # process 1 sleeps 90 s before its first gradient sync; process 0 gives up after 2 s
+        rc, out, secs = self.mpirun(*TINY, "--phases", "step", "--sync-timeout-s", "2",
+                                    env={"STEPBENCH_FAULT_SYNC_STALL": "1:90"})
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("did not complete within 2 s on process 0 of 2", out)
+        self.assertIn("--sync-timeout-s", out)
+        self.assertLess(secs, 60, f"took {secs:.0f} s: the other process was not ended\n{out}")
+
+    def test_parameter_server_on_the_host_across_processes(self):
+        rc, out, _ = self.mpirun(*TINY, "--phases", "step,grad_sync", "--variable-update", "parameter_server",
+                                 "--ps-device", "cpu")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("host memory (parameter server on the CPU) + MPI over 2 processes", out)
 
 
 if __name__ == "__main__":
