@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with a GPU: build there (or use a build carried there), run the GPU tests, then a
 # short benchmark of Inception-v3 (forward, forward_backward, step at batch 32 and 128, fp32 / tf32
-# / bf16, NCHW and NHWC) and print one table. Configurations the cuda backend does not support yet
+# / bf16, NCHW and NHWC, plus the step replayed as a CUDA Graph) and print one table. Configurations the cuda backend does not support yet
 # are listed with the reason instead of a figure.
 #   scripts/gpu-check.sh                 build into build-gpu/ (or reuse it), test, benchmark
 #   STEPBENCH_BUILD_DIR=build scripts/gpu-check.sh    use an existing build
@@ -43,7 +43,7 @@ for prec in fp32 tf32 bf16; do
     for b in 32 128; do
       name="inception_v3-$prec-$fmt-b$b"
       if ! "$SB" --backend cuda --model inception_v3 --batch-size "$b" --precision "$prec" --format "$fmt" \
-          --phases forward,forward_backward,step --warmup 5 --repetitions 3 --json "$OUT_DIR/$name.json" \
+          --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 3 --json "$OUT_DIR/$name.json" \
           > "$OUT_DIR/$name.txt" 2> "$OUT_DIR/$name.err"; then
         python3 -c 'import json, sys; t = open(sys.argv[1]).read().strip().splitlines(); json.dump({"error": t[-1] if t else "failed"}, open(sys.argv[2], "w"))' \
           "$OUT_DIR/$name.err" "$OUT_DIR/$name.json"
@@ -68,7 +68,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "inception_v3-*.json"))):
         phase = b["run_name"].split("/repeats")[0].split("/")[-1]
         med.setdefault(phase, []).append(b["real_time"])
     rows.append((cfg, {k: statistics.median(v) for k, v in med.items()}, d["context"].get("device", "")))
-print(f"{'precision':<9} {'layout':<6} {'batch':>5} {'forward ms':>11} {'fwd+bwd ms':>11} {'step ms':>9} {'images/s':>9}")
+print(f"{'precision':<9} {'layout':<6} {'batch':>5} {'forward ms':>11} {'fwd+bwd ms':>11} {'step ms':>9} {'images/s':>9} {'graph step ms':>13}")
 for cfg, m, extra in rows:
     prec, fmt, b = cfg[1], cfg[2], int(cfg[3][1:])
     if m is None:
@@ -76,6 +76,6 @@ for cfg, m, extra in rows:
     else:
         st = m.get("step", float("nan"))
         print(f"{prec:<9} {fmt:<6} {b:>5} {m.get('forward', float('nan')):>11.2f} {m.get('forward_backward', float('nan')):>11.2f} "
-              f"{st:>9.2f} {1000 * b / st:>9.1f}")
+              f"{st:>9.2f} {1000 * b / st:>9.1f} {m.get('step:cuda_graph', float('nan')):>13.2f}")
 PY
 exit $tests_rc

@@ -159,6 +159,52 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
   EXPECT_NEAR(loss[0], loss[1], 1e-4 * std::abs(loss[1]));
 }
 
+// ---- CUDA Graphs -------------------------------------------------------------------------------------
+// A captured step replayed twice ends where two launched steps do; a captured forward gives the
+// launched forward's logits.
+TEST(CudaGraph, ReplayedStepsEqualLaunchedSteps) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  TowerOptions o;
+  o.backend = "cuda";
+  o.model = "tiny";
+  o.batch_per_tower = 8;
+  o.model_options.image_size = 32;
+  o.model_options.num_classes = 10;
+  o.model_options.dropout = 0;
+  o.use_process_group = false;
+  Towers a(o), b(o);
+  a.set_synthetic_batch(4);
+  b.set_synthetic_batch(4);
+  a.step();  // warm-up outside the capture, as the bench does
+  b.step();
+  a.synchronize();
+  b.capture(true);  // recording does not run the step
+  b.synchronize();
+  for (int k = 0; k < 2; ++k) {
+    a.step();
+    b.replay(true);
+  }
+  a.synchronize();
+  b.synchronize();
+  std::vector<float> pa(a.graph(0).param_arena_floats()), pb(pa.size());
+  a.backend(0).copy(a.stream(0), pa.data(), a.graph(0).param_arena(), pa.size() * sizeof(float));
+  b.backend(0).copy(b.stream(0), pb.data(), b.graph(0).param_arena(), pb.size() * sizeof(float));
+  a.synchronize();
+  b.synchronize();
+  EXPECT_CLOSE(std::vector<double>(pb.begin(), pb.end()), std::vector<double>(pa.begin(), pa.end()), 1e-5);
+  b.capture(false);
+  b.replay(false);
+  a.forward_inference();
+  b.synchronize();
+  a.synchronize();
+  EXPECT_CLOSE(as_vec(b.graph(0).read_output("logits")), as_vec(a.graph(0).read_output("logits")), 1e-5);
+  auto cpu = o;
+  cpu.backend = "cpu";
+  Towers c(cpu);
+  EXPECT_THROW(c.capture(true), UsageError);
+}
+
 // ---- NCCL and GPU towers ----------------------------------------------------------------------------
 // With one GPU the NCCL path still runs, with one rank: every collective leaves the buffer as it was.
 TEST(Nccl, OneRankCollectivesRunOnTheCommunicationStream) {

@@ -371,6 +371,8 @@ TEST(Towers, BadTowerCountsAreUsageErrors) {
   o.backend = "cuda";
   EXPECT_THROW(Towers{o}, UsageError);  // no GPU here, or fewer than asked: either way a usage error
   EXPECT_THROW(parse_variable_update("ring"), UsageError);
+  Towers cpu(tiny(1, VariableUpdate::replicated));
+  EXPECT_THROW(cpu.capture(true), UsageError);  // CUDA Graphs need the cuda backend
 }
 
 }  // namespace

@@ -30,6 +30,13 @@ class Event {
   virtual ~Event() = default;
 };
 
+// Work recorded once and replayed as one launch (a CUDA Graph).
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay(Stream& s) = 0;
+};
+
 // ---- op descriptors ------------------------------------------------------------------------------
 struct ConvParams {
   int kh = 1, kw = 1;
@@ -192,6 +199,12 @@ class Backend {
   // able to give up: a hung collective). Always true on the cpu backend.
   virtual bool query(Stream& s) { (void)s; return true; }
   virtual double elapsed_ms(Event& start, Event& stop) = 0;
+
+  // Capture (--cuda-graph): the work launched on `s`, and on streams that joined it through events,
+  // between begin_capture and end_capture is recorded instead of run. Nothing in between may
+  // allocate or synchronise. UnsupportedError where the backend cannot capture (the cpu backend).
+  virtual void begin_capture(Stream& s);
+  virtual std::unique_ptr<CapturedWork> end_capture(Stream& s);
 
   // copies (host<->device and device<->device) and simple fills, ordered on `s`
   virtual void copy(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;

@@ -116,6 +116,13 @@ class Towers {
   void grad_sync();
   void update();
   void step();  // forward_train, backward, grad_sync, update
+  // --cuda-graph: record one step (step = true) or one inference forward as a CUDA Graph, to replay
+  // as a single launch from then on. Needs the cuda backend, one tower per process (NCCL across
+  // processes is captured with it), the variables on the device and the graph's own input
+  // (synthetic data); UsageError naming what to change otherwise. Replays repeat the captured step's
+  // dropout masks (the step counter is a launch argument).
+  void capture(bool step);
+  void replay(bool step);
   // Waits for every tower. With NCCL it polls, and throws SyncError when the communicator reports
   // an error or the work has not finished within sync_timeout_s (it aborts the communicator first).
   void synchronize() const;
@@ -152,6 +159,7 @@ class Towers {
   int rank_ = 0, processes_ = 1;
   struct HostServer;
   std::unique_ptr<HostServer> server_;  // ps_on_host
+  std::unique_ptr<CapturedWork> graph_step_, graph_forward_;
   double stall_s_ = 0;                  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
   bool async() const { return coll_ && coll_->asynchronous() && !server_; }
   void mark_ready(int tower);           // every bucket's ready event not yet recorded, at the stream's end

@@ -155,6 +155,8 @@ void add_context(const Options& o, const Towers& t) {
   benchmark::AddCustomContext("sync_overlap", o.no_overlap ? "off" : "on");
   benchmark::AddCustomContext("collective", t.sync_name());
   benchmark::AddCustomContext("ps_device", o.ps_device);
+  benchmark::AddCustomContext("cuda_graph", o.cuda_graph ? "on" : "off");
+  benchmark::AddCustomContext("workspace_mb", std::to_string(o.workspace_mb));
   benchmark::AddCustomContext("sync_timeout_s", fmt::format("{:g}", o.sync_timeout_s));
   benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
   benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
@@ -314,6 +316,10 @@ void print_summary(const Options& o, const Towers& t, const SummaryReporter& rep
   std::vector<std::string> warnings;
   std::vector<std::string> rows = all_phases();
   if (feeder.active()) rows.push_back("step:data=" + feeder.name());
+  if (o.cuda_graph) {
+    rows.push_back("forward:cuda_graph");
+    rows.push_back("step:cuda_graph");
+  }
   for (const auto& ph : rows) {
     const auto* r = find(ph);
     if (!r || r->empty()) continue;
@@ -453,6 +459,9 @@ int run_benchmarks(Options& o, const char* argv0) {
     for (const auto& p : phases)
       if (p != "grad_sync" || towers.sync_bytes() > 0) std::cout << prefix << "/" << p << "\n";
     if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
+    if (o.cuda_graph)
+      for (const char* p : {"forward", "step"})
+        if (std::find(phases.begin(), phases.end(), p) != phases.end()) std::cout << prefix << "/" << p << ":cuda_graph\n";
     if (o.per_layer)
       for (const auto& c : distinct_convs(g0))
         for (const char* k : {"fwd", "bwd_data", "bwd_filter"}) std::cout << prefix << "/" << c.name() << "/" << k << "\n";
@@ -550,6 +559,35 @@ int run_benchmarks(Options& o, const char* argv0) {
         st.counters["params/s"] = rate(static_cast<double>(g0.num_parameters()) * towers.size());
       }
     });
+  }
+
+  // CUDA Graphs: the same step and forward, captured once after warm-up and replayed as one launch,
+  // so the difference to the rows above is the launch overhead the graph removes.
+  if (o.cuda_graph) {
+    for (const std::string ph : {"forward", "step"}) {
+      if (std::find(phases.begin(), phases.end(), ph) == phases.end()) continue;
+      const bool is_step = ph == "step";
+      towers.capture(is_step);
+      towers.replay(is_step);  // once untimed: the first launch uploads the graph
+      towers.synchronize();
+      reg(prefix + "/" + ph + ":cuda_graph", [&, is_step](benchmark::State& st) {
+        RegionTimer rt(towers, 2);
+        double host = 0, dev = 0;
+        for (auto _ : st) {
+          rt.start();
+          towers.replay(is_step);
+          rt.stop();
+          const double d = rt.device_ms(0, 1);
+          st.SetIterationTime(allreduce_max(d) / 1e3);
+          dev += d;
+          host += rt.host_ms();
+        }
+        st.counters["host_ms"] = avg(host);
+        st.counters["gap_ms"] = avg(host - dev);
+        st.counters["images/s"] = rate(images);
+        st.counters["TFLOP/s"] = rate(images * (is_step ? 3.0 * train_fwd_flops : fwd_flops) / 1e12);
+      });
+    }
   }
 
   // Input: the pipeline alone, then the step fed by it. Both are timed on the host clock: waiting

@@ -79,6 +79,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "cuda: the most scratch memory one convolution's cuDNN algorithm may use; the fastest algorithm "
                  "within it is picked")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "cuda: also capture the step and the forward as CUDA Graphs after warm-up and time their replays "
+               "(rows step:cuda_graph, forward:cuda_graph); one GPU per process, synthetic data");
   app.add_option("--data", o.data,
                  "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
                  "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")
@@ -153,6 +156,14 @@ void resolve(Options& o) {
     throw UsageError(fmt::format("--ps-device cpu applies to --variable-update parameter_server only (not {}); drop "
                                  "it or add --variable-update parameter_server",
                                  o.variable_update));
+  if (o.cuda_graph && o.backend != "cuda")
+    throw UsageError("--cuda-graph needs the cuda backend (CUDA Graphs); drop it on the cpu");
+  if (o.cuda_graph && o.gpus > 1)
+    throw UsageError(fmt::format("--cuda-graph captures one GPU per process: use --gpus 1 (and mpirun -np {} for {} "
+                                 "GPUs)",
+                                 o.gpus, o.gpus));
+  if (o.cuda_graph && o.data != "synthetic")
+    throw UsageError("--cuda-graph replays the synthetic batch on the device: use --data synthetic with it");
   if (o.precision == "tf32" && o.backend != "cuda")
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
   // The CPU is ~100x slower than a GPU: unless told otherwise, run a reduced configuration that

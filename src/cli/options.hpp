@@ -30,6 +30,7 @@ struct Options {
   std::string ps_device = "device";  // parameter_server: device (tower 0) or cpu (host memory)
   double sync_timeout_s = 600.0;
   int workspace_mb = 512;
+  bool cuda_graph = false;
   std::vector<std::string> phases;  // empty: all
   std::string data = "synthetic";    // synthetic, synthetic-host, or a JPEG folder
   int data_threads = 2;

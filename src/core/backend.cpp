@@ -53,6 +53,13 @@ OptimizerKind parse_optimizer(std::string_view s) {
   throw UsageError(fmt::format("unknown optimizer '{}': use momentum, sgd or rmsprop", s));
 }
 
+void Backend::begin_capture(Stream&) {
+  throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work; use --backend cuda", name()));
+}
+std::unique_ptr<CapturedWork> Backend::end_capture(Stream&) {
+  throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work", name()));
+}
+
 int cuda_device_count() {
 #ifdef STEPBENCH_HAVE_CUDA
   return cuda_device_count_impl();

@@ -468,6 +468,39 @@ void Towers::step() {
   grad_sync();
   update();
 }
+void Towers::capture(bool step) {
+  if (opt_.backend != "cuda") throw UsageError("--cuda-graph needs the cuda backend; drop it or use --backend cuda");
+  if (size() != 1)
+    throw UsageError(fmt::format("--cuda-graph captures one GPU's stream: use one GPU per process (--gpus 1, and "
+                                 "mpirun -np {} for {} GPUs)",
+                                 size(), size()));
+  if (server_)
+    throw UsageError("--cuda-graph cannot capture the host parameter server's CPU work; use --ps-device device");
+  if (!staging_.empty())
+    throw UsageError("--cuda-graph replays the synthetic batch on the device; use --data synthetic with it");
+  Tower& t = *towers_[0];
+  auto& s = t.be->default_stream();
+  synchronize();
+  t.be->begin_capture(s);
+  try {
+    if (step) this->step();
+    else forward_inference();
+  } catch (...) {
+    try {
+      t.be->end_capture(s);  // leave the stream usable; the first error is the one to report
+    } catch (...) {
+    }
+    throw;
+  }
+  (step ? graph_step_ : graph_forward_) = t.be->end_capture(s);
+}
+
+void Towers::replay(bool step) {
+  auto& g = step ? graph_step_ : graph_forward_;
+  SB_CHECK(g != nullptr, "capture() before replay()");
+  g->replay(stream(0));
+}
+
 void Towers::synchronize() const {
   if (!coll_ || !coll_->asynchronous()) {
     for (auto& t : towers_) t->be->synchronize(t->be->default_stream());

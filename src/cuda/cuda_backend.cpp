@@ -74,6 +74,24 @@ struct CudaEvent final : Event {
 };
 cudaStream_t S(Stream& s) { return static_cast<CudaStream&>(s).s; }
 
+struct CudaGraphWork final : CapturedWork {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int device;
+  CudaGraphWork(cudaGraph_t g, int dev) : graph(g), device(dev) {
+    SB_CUDA(cudaSetDevice(device));
+    SB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~CudaGraphWork() override {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  void replay(Stream& s) override {
+    SB_CUDA(cudaSetDevice(device));
+    SB_CUDA(cudaGraphLaunch(exec, S(s)));
+  }
+};
+
 void require_f32(const TensorDesc& d, const char* op) {
   if (d.dtype != DType::f32)
     throw UnsupportedError(fmt::format("{}: the cuda backend computes in fp32 (and TF32) so far; {} is not "
@@ -500,6 +518,30 @@ class CudaBackend final : public Backend {
     float ms = 0;
     SB_CUDA(cudaEventElapsedTime(&ms, static_cast<CudaEvent&>(a).e, static_cast<CudaEvent&>(b).e));
     return ms;
+  }
+
+  void begin_capture(Stream& s) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    // thread-local: the input pipeline's threads may make CUDA calls meanwhile
+    SB_CUDA(cudaStreamBeginCapture(S(s), cudaStreamCaptureModeThreadLocal));
+  }
+  std::unique_ptr<CapturedWork> end_capture(Stream& s) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(S(s), &g);
+    if (e != cudaSuccess || !g) {
+      cudaGetLastError();
+      if (g) cudaGraphDestroy(g);
+      throw Error(fmt::format("CUDA Graph capture failed ({}): something in the captured work allocated, "
+                              "synchronised or ran on an unjoined stream",
+                              cudaGetErrorString(e)));
+    }
+    try {
+      return std::make_unique<CudaGraphWork>(g, dev_);
+    } catch (...) {
+      cudaGraphDestroy(g);
+      throw;
+    }
   }
 
   void copy(Stream& s, void* dst, const void* src, std::size_t bytes) override {
