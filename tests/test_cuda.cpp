@@ -40,8 +40,9 @@ struct StepResult {
   TensorMap grads;
 };
 
-StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_t batch, std::int64_t image) {
-  Graph g(be, GraphConfig{batch, l, DType::f32, 3});
+StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_t batch, std::int64_t image,
+                    DType t = DType::f32) {
+  Graph g(be, GraphConfig{batch, l, t, 3});
   ModelOptions o;
   o.image_size = image;
   o.dropout = 0;
@@ -64,6 +65,9 @@ StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_
   r.logits_train = g.read_output("logits");
   r.loss = g.loss(s);
   r.grads = export_gradients(g);
+  if (const float scale = g.loss_scale(s); scale != 1.0f)  // fp16: the arena holds gradients x the loss scale
+    for (auto& [name, a] : r.grads)
+      for (std::int64_t i = 0; i < a.numel(); ++i) a.as<float>()[i] /= scale;
   return r;
 }
 
@@ -76,6 +80,7 @@ struct GpuCase {
   std::string model;
   Layout layout;
   bool tf32;
+  DType dtype = DType::f32;
 };
 class CudaStep : public testing::TestWithParam<GpuCase> {};
 
@@ -91,9 +96,15 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   auto cpu = make_cpu_backend();
   const bool inc = c.model == "inception_v3";
   const std::int64_t batch = inc ? 2 : 8, image = inc ? 299 : 32;
-  const auto a = one_step(*gpu, c.model, c.layout, batch, image);
-  const auto b = one_step(*cpu, c.model, c.layout, batch, image);
-  const double out_tol = c.tf32 ? 2e-2 : 1e-4, grad_tol = c.tf32 ? 5e-2 : 1e-3;
+  try {
+    gpu->require(c.dtype);
+  } catch (const UnsupportedError& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const auto a = one_step(*gpu, c.model, c.layout, batch, image, c.dtype);
+  const auto b = one_step(*cpu, c.model, c.layout, batch, image);  // the fp32 CPU step is the reference
+  const bool half = c.dtype != DType::f32;
+  const double out_tol = half ? 5e-2 : c.tf32 ? 2e-2 : 1e-4, grad_tol = half ? 1e-1 : c.tf32 ? 5e-2 : 1e-3;
   EXPECT_CLOSE(as_vec(a.logits_eval), as_vec(b.logits_eval), out_tol);
   EXPECT_CLOSE(as_vec(a.logits_train), as_vec(b.logits_train), out_tol);
   EXPECT_NEAR(a.loss, b.loss, out_tol * std::abs(b.loss));
@@ -106,17 +117,23 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
     EXPECT_LE(e, 0.5) << name;  // a wrong or missing gradient shows as ~1
   }
   std::sort(errs.begin(), errs.end());
-  if (inc) EXPECT_LE(errs[errs.size() / 2], c.tf32 ? 0.2 : 0.05) << "median gradient error";
+  if (inc) EXPECT_LE(errs[errs.size() / 2], half || c.tf32 ? 0.2 : 0.05) << "median gradient error";
 }
 INSTANTIATE_TEST_SUITE_P(Models, CudaStep,
                          testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},
                                          GpuCase{"tiny", Layout::nchw, true},
                                          GpuCase{"inception_v3", Layout::nchw, false},
                                          GpuCase{"inception_v3", Layout::nhwc, false},
-                                         GpuCase{"inception_v3", Layout::nhwc, true}),
+                                         GpuCase{"inception_v3", Layout::nhwc, true},
+                                         GpuCase{"tiny", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"tiny", Layout::nchw, false, DType::f16},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
                          [](const auto& i) {
                            return i.param.model + "_" + std::string(to_string(i.param.layout)) +
-                                  (i.param.tf32 ? "_tf32" : "_fp32");
+                                  (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
+                                   : i.param.tf32              ? "_tf32"
+                                                               : "_fp32");
                          });
 
 // ---- input pipelines on the GPU ------------------------------------------------------------------------

@@ -1,4 +1,6 @@
 // The models and the training step.
+#include <limits>
+
 #include "stepbench/io.hpp"
 #include "stepbench/models.hpp"
 #include "stepbench/trainer.hpp"
@@ -130,6 +132,64 @@ TEST(Training, SameSeedGivesBitIdenticalLosses) {
     const auto a = train_tiny(l, OptimizerKind::momentum, 10), b = train_tiny(l, OptimizerKind::momentum, 10);
     EXPECT_EQ(a.losses, b.losses);
   }
+}
+
+// Dynamic loss scaling (on by default for fp16) in fp32 on the CPU: the scale is a power of two, so
+// scaling the loss gradient and dividing it out again changes nothing, bit for bit; an overflow
+// skips the update and halves the scale.
+TEST(Training, LossScalingLeavesStepsUnchangedAndSkipsOverflows) {
+  auto be = make_cpu_backend();
+  auto run = [&](bool scaling, Graph*& out, std::unique_ptr<Graph>& keep, std::unique_ptr<Trainer>& tr) {
+    GraphConfig gc{8, Layout::nchw, DType::f32, 11};
+    gc.loss_scaling = scaling;
+    keep = std::make_unique<Graph>(*be, gc);
+    ModelOptions o;
+    o.image_size = 24;
+    o.num_classes = 4;
+    o.dropout = 0;
+    build_tiny(*keep, o);
+    keep->plan();
+    init_parameters(*keep, 21);
+    const auto img = test::random_vec(8 * 3 * 24 * 24, 5);
+    std::vector<float> f(img.begin(), img.end());
+    keep->set_input_nchw(f.data());
+    const std::int32_t labels[8] = {0, 1, 2, 3, 3, 2, 1, 0};
+    keep->set_labels(labels);
+    tr = std::make_unique<Trainer>(*keep, OptimizerConfig{});
+    out = keep.get();
+  };
+  Graph *plain = nullptr, *scaled = nullptr;
+  std::unique_ptr<Graph> k1, k2;
+  std::unique_ptr<Trainer> t1, t2;
+  run(false, plain, k1, t1);
+  run(true, scaled, k2, t2);
+  auto& s = be->default_stream();
+  EXPECT_EQ(plain->loss_scaler(), nullptr);
+  ASSERT_NE(scaled->loss_scaler(), nullptr);
+  EXPECT_EQ(scaled->loss_scale(s), LossScaler::kInitialScale);
+  auto arena = [](const Graph& g, const float* p) { return std::vector<float>(p, p + g.param_arena_floats()); };
+  for (int i = 0; i < 5; ++i) {
+    t1->step(s);
+    t2->forward(s);
+    t2->backward(s);
+    if (i == 0) {  // the gradients are the plain ones times the scale
+      const auto g1 = arena(*plain, plain->grad_arena()), g2 = arena(*scaled, scaled->grad_arena());
+      for (std::size_t j = 0; j < g1.size(); j += 97) ASSERT_EQ(g2[j], g1[j] * LossScaler::kInitialScale) << j;
+    }
+    t2->update(s);
+  }
+  EXPECT_EQ(arena(*scaled, scaled->param_arena()), arena(*plain, plain->param_arena()));
+  EXPECT_EQ(plain->loss(s), scaled->loss(s));
+  // an overflow in one gradient: the step is skipped and the scale halves
+  const auto before = arena(*scaled, scaled->param_arena());
+  t2->forward(s);
+  t2->backward(s);
+  scaled->grad_arena()[3] = std::numeric_limits<float>::infinity();
+  t2->update(s);
+  EXPECT_EQ(arena(*scaled, scaled->param_arena()), before);
+  EXPECT_EQ(scaled->loss_scale(s), LossScaler::kInitialScale / 2);
+  t2->step(s);  // and the next step goes through again
+  EXPECT_NE(arena(*scaled, scaled->param_arena()), before);
 }
 
 TEST(Weights, RoundTripAndErrorsNameTheTensor) {

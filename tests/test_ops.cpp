@@ -1,6 +1,8 @@
 // Every backend op, forward and backward, against the naive oracle; typed over backend x layout x
 // precision. Outputs and incoming gradients are channel slices of wider buffers, as they are when a
 // branch writes into its concat, so the strided paths are what is tested.
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "test_util.hpp"
@@ -51,7 +53,7 @@ TEST_P(Ops, Convolution) {
 
     DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
         DX(*be, cc.x, layout, dtype);
-    DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, cc.x.c, cc.p.kh, cc.p.kw)), DW(*be, w.size());
+    DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dtype), DW(*be, w.size(), dtype);
     X.upload(x);
     DY.upload(dy);
     auto op = be->make_conv(X.t().desc, Y.t().desc, cc.p);
@@ -214,7 +216,7 @@ TEST_P(Ops, LinearWithBias) {
   ref::linear_backward(N, K, M, x, w, dy, dx_ref, dw_ref, db_ref);
   DevTensor X(*be, {N, K, 1, 1}, layout, dtype), Y(*be, {N, M, 1, 1}, layout, dtype),
       DY(*be, {N, M, 1, 1}, layout, dtype), DX(*be, {N, K, 1, 1}, layout, dtype);
-  DevVec W(*be, w), B(*be, b), DW(*be, w.size()), DB(*be, b.size());
+  DevVec W(*be, w, dtype), B(*be, b, dtype), DW(*be, w.size(), dtype), DB(*be, b.size(), dtype);
   X.upload(x);
   DY.upload(dy);
   auto op = be->make_linear(X.t().desc, Y.t().desc);
@@ -282,8 +284,13 @@ TEST_P(Ops, SoftmaxCrossEntropy) {
   Buffer reserve(*be, op->reserve_bytes());
   op->forward(st, Z, lab.as<std::int32_t>(), loss, reserve.get());
   EXPECT_NEAR(loss.get_host()[0], loss_ref, 1e-5 * loss_ref);
-  op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get());
+  op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get(), nullptr);
   for (auto& v : dz_ref) v *= 0.4;
+  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(dtype));
+  // a loss scale in device memory multiplies the gradient (dynamic loss scaling)
+  DevVec ls(*be, std::vector<double>{8.0});
+  op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get(), ls);
+  for (auto& v : dz_ref) v *= 8.0;
   EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(dtype));
   if (be->kind() == DeviceKind::cpu) {
     labels[2] = 10;  // out of range: a clear error, not a wild read
@@ -306,7 +313,7 @@ TEST_P(Ops, OptimizerUpdates) {
     for (int step = 0; step < 3; ++step) {
       const auto g = random_vec(n, 23 + step);
       DevVec G(*be, g);
-      be->optimizer_update(be->default_stream(), cfg, P, G, S0, S1, n);
+      be->optimizer_update(be->default_stream(), cfg, P, G, S0, S1, n, nullptr);
       ref::optimizer_update(cfg, p, g, s0, s1);
     }
     EXPECT_CLOSE(P.get_host(), p, 1e-5);
@@ -314,7 +321,86 @@ TEST_P(Ops, OptimizerUpdates) {
   }
 }
 
+// Mixed precision and dynamic loss scaling: the cast to and from this configuration's type, the
+// overflow check, the scale's update and the optimizer that divides the scale out or skips.
+TEST_P(Ops, CastAndLossScaling) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto [_, layout, dtype] = GetParam();
+  auto& s = be->default_stream();
+  const auto v = random_vec(1000, 23, -300, 300);
+  std::vector<float> f(v.begin(), v.end());
+  Buffer a(*be, f.size() * 4), h(*be, f.size() * dtype_size(dtype)), b(*be, f.size() * 4);
+  be->copy(s, a.get(), f.data(), a.bytes());
+  be->cast(s, a.get(), DType::f32, h.get(), dtype, f.size());
+  be->cast(s, h.get(), dtype, b.get(), DType::f32, f.size());
+  std::vector<float> back(f.size()), want(f.size());
+  be->copy(s, back.data(), b.get(), b.bytes());
+  be->synchronize(s);
+  std::vector<char> narrow(h.bytes());
+  convert(f.data(), DType::f32, narrow.data(), dtype, f.size());  // the host rounding: nearest even
+  convert(narrow.data(), dtype, want.data(), DType::f32, f.size());
+  EXPECT_EQ(back, want);
+
+  DevVec scaler(*be, std::vector<double>{1024.0, 0.0, 0.0});
+  DevVec finite(*be, std::vector<double>{1.0, -2.0, 3e30});
+  be->check_finite(s, finite, 3, scaler);
+  be->update_loss_scale(s, scaler, 3);  // no overflow: one good step counted
+  EXPECT_EQ(scaler.get_host(), (std::vector<double>{1024.0, 0.0, 1.0}));
+  be->update_loss_scale(s, scaler, 3);
+  be->update_loss_scale(s, scaler, 3);  // the third good step doubles the scale
+  EXPECT_EQ(scaler.get_host(), (std::vector<double>{2048.0, 0.0, 0.0}));
+  // an overflow: the update is skipped, the scale halves, found_inf is cleared
+  std::vector<double> g = {2048.0, std::numeric_limits<double>::infinity(), 4096.0};
+  DevVec G(*be, g), P(*be, std::vector<double>{1.0, 1.0, 1.0});
+  be->check_finite(s, G, 3, scaler);
+  EXPECT_EQ(scaler.get_host()[1], 1.0);
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  be->optimizer_update(s, sgd, P, G, nullptr, nullptr, 3, scaler);
+  EXPECT_EQ(P.get_host(), (std::vector<double>{1.0, 1.0, 1.0}));
+  be->update_loss_scale(s, scaler, 3);
+  EXPECT_EQ(scaler.get_host(), (std::vector<double>{1024.0, 0.0, 0.0}));
+  // finite gradients: divided by the scale (1024) before the step
+  G.set({2048.0, -1024.0, 512.0});
+  be->check_finite(s, G, 3, scaler);
+  be->optimizer_update(s, sgd, P, G, nullptr, nullptr, 3, scaler);
+  EXPECT_EQ(P.get_host(), (std::vector<double>{0.0, 1.5, 0.75}));
+  std::vector<double> nan_g = {0.0, std::nan(""), 0.0};
+  G.set(nan_g);
+  be->check_finite(s, G, 3, scaler);
+  EXPECT_EQ(scaler.get_host()[1], 1.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, Ops, testing::ValuesIn(test::all_configs()), test::config_name);
+
+// Host conversions (what tests and host batches use), against known bit patterns and exhaustively.
+TEST(Tensor, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_f16(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);  // rounds past the largest half: infinity
+  EXPECT_EQ(float_to_f16(-std::ldexp(1.0f, -24)), 0x8001);  // the smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);   // a tie below it goes to even (zero)
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie: to even
+  EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie: to even (up)
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
+  EXPECT_EQ(f16_to_float(0x7c00), std::numeric_limits<float>::infinity());
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto u = static_cast<std::uint16_t>(h);
+    if (!((u & 0x7c00) == 0x7c00 && (u & 0x3ff))) ASSERT_EQ(float_to_f16(f16_to_float(u)), u) << std::hex << h;
+    if (!((u & 0x7f80) == 0x7f80 && (u & 0x7f))) ASSERT_EQ(float_to_bf16(bf16_to_float(u)), u) << std::hex << h;
+  }
+  // halfway between two neighbours rounds to the even one, everywhere in the normal range
+  for (std::uint16_t u = 0x0400; u < 0x7bff; u = static_cast<std::uint16_t>(u + 97)) {
+    const float mid = 0.5f * (f16_to_float(u) + f16_to_float(static_cast<std::uint16_t>(u + 1)));
+    EXPECT_EQ(float_to_f16(mid), (u & 1) ? u + 1 : u) << std::hex << u;
+  }
+}
 
 TEST(Backend, UnknownNamesAreUsageErrors) {
   EXPECT_THROW(make_backend("tpu"), UsageError);
@@ -333,6 +419,21 @@ TEST(Backend, CpuRejectsPrecisionsItCannotRunWithTheReason) {
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
   EXPECT_THROW(be->require(DType::f16), UnsupportedError);
+}
+
+TEST(Backend, CpuCastsEveryStorageType) {
+  auto be = make_cpu_backend();
+  const auto v = random_vec(70000, 29, -70000, 70000);  // more than one chunk, beyond fp16's range too
+  const std::vector<float> f(v.begin(), v.end());
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<std::uint16_t> dev(f.size()), host(f.size());
+    be->cast(be->default_stream(), f.data(), DType::f32, dev.data(), t, f.size());
+    convert(f.data(), DType::f32, host.data(), t, f.size());
+    EXPECT_EQ(dev, host) << to_string(t);
+    std::vector<float> back(f.size());
+    be->cast(be->default_stream(), dev.data(), t, back.data(), DType::f32, f.size());
+    EXPECT_LE(std::abs(back[0] - f[0]), 0.01 * std::abs(f[0]) + 1e-3) << to_string(t);
+  }
 }
 
 TEST(Tensor, ChannelSliceKeepsStridesAndShiftsBase) {

@@ -35,9 +35,11 @@ std::vector<double> filter_back(const Backend& be, Layout l, const std::vector<d
 std::vector<double> read_nchw(Backend& be, const Tensor& t) {
   const Shape& s = t.shape();
   const std::int64_t extent = t.desc.offset(s.n - 1, s.c - 1, s.h - 1, s.w - 1) + 1;
-  std::vector<float> host(static_cast<std::size_t>(extent));
-  be.copy(be.default_stream(), host.data(), t.data, host.size() * 4);
+  std::vector<char> stored(static_cast<std::size_t>(extent) * dtype_size(t.desc.dtype));
+  be.copy(be.default_stream(), stored.data(), t.data, stored.size());
   be.synchronize(be.default_stream());
+  std::vector<float> host(static_cast<std::size_t>(extent));
+  convert(stored.data(), t.desc.dtype, host.data(), DType::f32, host.size());
   std::vector<double> out(static_cast<std::size_t>(s.numel()));
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t c = 0; c < s.c; ++c)

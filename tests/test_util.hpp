@@ -33,7 +33,7 @@ inline std::vector<Config> all_configs() {
   std::vector<Config> v;
   for (const char* b : {"cpu", "cuda"})
     for (Layout l : {Layout::nchw, Layout::nhwc})
-      for (DType t : {DType::f32, DType::bf16}) v.push_back({b, l, t});
+      for (DType t : {DType::f32, DType::bf16, DType::f16}) v.push_back({b, l, t});
   return v;
 }
 
@@ -93,26 +93,24 @@ class DevTensor {
   const Tensor& t() const { return t_; }
   operator const Tensor&() const { return t_; }
   void upload(const std::vector<double>& nchw) {
-    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()), 0.0f);
-    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
-    be_.synchronize(be_.default_stream());
+    std::vector<float> host = raw();
     const Shape& s = t_.shape();
-    const std::int64_t base = (static_cast<char*>(t_.data) - static_cast<char*>(full_.data)) / 4;
+    const std::int64_t base = elements_before();
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t c = 0; c < s.c; ++c)
         for (std::int64_t h = 0; h < s.h; ++h)
           for (std::int64_t w = 0; w < s.w; ++w)
             host[static_cast<std::size_t>(base + t_.desc.offset(n, c, h, w))] =
                 static_cast<float>(nchw[ref::idx(s, n, c, h, w)]);
-    be_.copy(be_.default_stream(), full_.data, host.data(), full_.desc.bytes());
+    std::vector<char> stored(full_.desc.bytes());
+    convert(host.data(), DType::f32, stored.data(), full_.desc.dtype, host.size());
+    be_.copy(be_.default_stream(), full_.data, stored.data(), stored.size());
     be_.synchronize(be_.default_stream());
   }
   std::vector<double> download() const {
-    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()));
-    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
-    be_.synchronize(be_.default_stream());
+    const std::vector<float> host = raw();
     const Shape& s = t_.shape();
-    const std::int64_t base = (static_cast<char*>(t_.data) - static_cast<char*>(full_.data)) / 4;
+    const std::int64_t base = elements_before();
     std::vector<double> out(static_cast<std::size_t>(s.numel()));
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t c = 0; c < s.c; ++c)
@@ -123,46 +121,58 @@ class DevTensor {
   }
   // The whole buffer as floats (to check that a slice write left its neighbours alone).
   std::vector<float> raw() const {
-    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()));
-    be_.copy(be_.default_stream(), host.data(), full_.data, full_.desc.bytes());
+    std::vector<char> stored(full_.desc.bytes());
+    be_.copy(be_.default_stream(), stored.data(), full_.data, stored.size());
     be_.synchronize(be_.default_stream());
+    std::vector<float> host(static_cast<std::size_t>(full_.desc.numel()));
+    convert(stored.data(), full_.desc.dtype, host.data(), DType::f32, host.size());
     return host;
   }
 
  private:
+  std::int64_t elements_before() const {
+    return (static_cast<char*>(t_.data) - static_cast<char*>(full_.data)) /
+           static_cast<std::int64_t>(dtype_size(full_.desc.dtype));
+  }
   Backend& be_;
   Buffer buf_;
   Tensor full_, t_;
 };
 
-// A flat float buffer in backend memory.
+// A flat buffer in backend memory, fp32 unless told (weights of a 16-bit op are 16-bit).
 class DevVec {
  public:
-  DevVec(Backend& be, const std::vector<double>& v) : be_(be), n_(v.size()), buf_(be, std::max<std::size_t>(v.size(), 1) * 4) {
+  DevVec(Backend& be, const std::vector<double>& v, DType t = DType::f32)
+      : be_(be), n_(v.size()), t_(t), buf_(be, std::max<std::size_t>(v.size(), 1) * dtype_size(t)) {
     set(v);
   }
-  DevVec(Backend& be, std::size_t n) : DevVec(be, std::vector<double>(n, 0.0)) {}
+  DevVec(Backend& be, std::size_t n, DType t = DType::f32) : DevVec(be, std::vector<double>(n, 0.0), t) {}
   float* get() const { return buf_.as<float>(); }
   operator float*() const { return get(); }
   void set(const std::vector<double>& v) {
     std::vector<float> h(v.begin(), v.end());
-    be_.copy(be_.default_stream(), buf_.get(), h.data(), h.size() * 4);
+    std::vector<char> stored(h.size() * dtype_size(t_));
+    convert(h.data(), DType::f32, stored.data(), t_, h.size());
+    be_.copy(be_.default_stream(), buf_.get(), stored.data(), stored.size());
     be_.synchronize(be_.default_stream());
   }
   std::vector<double> get_host() const {
-    std::vector<float> h(n_);
-    be_.copy(be_.default_stream(), h.data(), buf_.get(), n_ * 4);
+    std::vector<char> stored(n_ * dtype_size(t_));
+    be_.copy(be_.default_stream(), stored.data(), buf_.get(), stored.size());
     be_.synchronize(be_.default_stream());
+    std::vector<float> h(n_);
+    convert(stored.data(), t_, h.data(), DType::f32, n_);
     return {h.begin(), h.end()};
   }
 
  private:
   Backend& be_;
   std::size_t n_;
+  DType t_;
   Buffer buf_;
 };
 
-// Any fp32 tensor in backend memory (dense or a strided slice) as dense NCHW doubles.
+// Any tensor (fp32, bf16, fp16) in backend memory (dense or a strided slice) as dense NCHW doubles.
 std::vector<double> read_nchw(Backend& be, const Tensor& t);
 
 // After forward(training) and backward: every conv-BN-ReLU unit of g, checked in place against the

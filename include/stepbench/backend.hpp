@@ -147,14 +147,23 @@ class DropoutOp {
 
 // Softmax cross-entropy, mean over the batch. logits: N x M. labels: N int32 in [0, M) in device
 // memory. forward writes the mean loss to *loss (device memory) and keeps the probabilities.
-// backward writes dlogits = scale * (softmax - onehot) / N.
+// backward writes dlogits = scale * (softmax - onehot) / N, times *loss_scale (device memory) when
+// that is given (dynamic loss scaling).
 class SoftmaxCrossEntropyOp {
  public:
   virtual ~SoftmaxCrossEntropyOp() = default;
   virtual std::size_t reserve_bytes() const = 0;
   virtual void forward(Stream&, const Tensor& logits, const std::int32_t* labels, float* loss, void* reserve) = 0;
   virtual void backward(Stream&, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
-                        const void* reserve) = 0;
+                        const void* reserve, const float* loss_scale) = 0;
+};
+
+// Dynamic loss scaling (fp16, as PyTorch's GradScaler), kept in device memory so that no step waits
+// for the host: [0] the scale, [1] found_inf (0 or 1), [2] good steps since the scale last changed.
+struct LossScaler {
+  static constexpr float kInitialScale = 65536.0f;  // 2^16
+  static constexpr int kGrowthInterval = 2000;      // steps without overflow before the scale doubles
+  static constexpr std::size_t kFloats = 3;
 };
 
 // ---- the backend ---------------------------------------------------------------------------------
@@ -226,9 +235,20 @@ class Backend {
   // x *= alpha over a flat float buffer (gradient averaging)
   virtual void scale(Stream& s, float* x, float alpha, std::size_t count) = 0;
   // One update over a whole flat parameter arena. state0/state1: optimizer state of the same size
-  // (momentum buffer; RMSProp's mean square and momentum), unused ones may be null.
+  // (momentum buffer; RMSProp's mean square and momentum), unused ones may be null. With a loss
+  // scaler (device memory, LossScaler's layout) the gradients are divided by its scale, and nothing
+  // changes when its found_inf is set.
   virtual void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads,
-                                float* state0, float* state1, std::size_t count) = 0;
+                                float* state0, float* state1, std::size_t count, const float* scaler) = 0;
+
+  // Mixed precision: `count` elements converted from `from` to `to` (f32, bf16, f16; round to
+  // nearest even), device memory.
+  virtual void cast(Stream& s, const void* src, DType from, void* dst, DType to, std::size_t count) = 0;
+  // Sets scaler[1] (found_inf) when any of x[0, count) is not finite; never clears it.
+  virtual void check_finite(Stream& s, const float* x, std::size_t count, float* scaler) = 0;
+  // After the update: found_inf halves the scale and restarts the count; otherwise a good step is
+  // counted and the scale doubles after `growth_interval` of them. Clears found_inf.
+  virtual void update_loss_scale(Stream& s, float* scaler, int growth_interval) = 0;
 };
 
 // "cpu", "cuda", or "auto" (cuda when a GPU is visible, else cpu). Throws UsageError for an unknown

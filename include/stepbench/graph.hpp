@@ -50,6 +50,9 @@ struct GraphConfig {
   Layout layout = Layout::nchw;
   DType dtype = DType::f32;
   std::uint64_t seed = 0;  // dropout masks
+  // Dynamic loss scaling (LossScaler): always on for f16, whose gradients underflow without it;
+  // may be turned on for the others (tests).
+  bool loss_scaling = false;
 };
 
 class Graph {
@@ -91,6 +94,10 @@ class Graph {
   // execution order, so they fill front to back): what gradient buckets wait for.
   void backward(Stream& s, const std::function<void(std::size_t)>& on_ready = {});
   std::uint64_t step_counter() const;  // advances dropout masks; incremented by every training forward
+  // The loss scaler (device memory, LossScaler's layout) when loss scaling is on, else nullptr;
+  // the gradient arena then holds gradients times its scale. loss_scale() reads the scale (syncs).
+  float* loss_scaler() const;
+  float loss_scale(Stream& s) const;
 
   // ---- data ----
   const GraphConfig& config() const;
@@ -118,6 +125,9 @@ class Graph {
   // ---- parameters ----
   const std::vector<ParamEntry>& params() const;  // trainable first-registered order, then state
   const ParamEntry& param(const std::string& name) const;
+  // Mixed precision (bf16, f16): the arenas stay fp32 (master weights, gradients, optimizer state);
+  // convolutions and fully connected layers compute on a 16-bit copy of the arena refreshed at every
+  // forward, and their weight gradients come back through a 16-bit arena, cast into the fp32 one.
   float* param_arena() const;  // trainable parameters
   float* grad_arena() const;   // their gradients, same layout
   float* state_arena() const;  // BN running statistics

@@ -14,6 +14,16 @@ std::size_t dtype_size(DType t);
 std::string_view to_string(DType t);
 std::string_view to_string(Layout l);
 DType parse_dtype(std::string_view s);    // throws UsageError naming the accepted values
+bool is_half(DType t);                    // bf16 or f16: 16-bit storage with fp32 master weights
+
+// Host conversions, round to nearest even (as CUDA's __float2bfloat16 / __float2half_rn): NaN stays
+// NaN, values beyond the format's range become infinity.
+std::uint16_t float_to_bf16(float f);
+float bf16_to_float(std::uint16_t h);
+std::uint16_t float_to_f16(float f);
+float f16_to_float(std::uint16_t h);
+// n elements from `src` of type `from` to `dst` of type `to` (any of f32, bf16, f16).
+void convert(const void* src, DType from, void* dst, DType to, std::size_t n);
 Layout parse_layout(std::string_view s);  // throws UsageError naming the accepted values
 
 // Logical 4-D shape; every activation in a CNN is N x C x H x W whatever its memory layout.

@@ -139,14 +139,16 @@ class Towers {
   float loss(int tower) const;
 
   // Host batches staged to the device, double-buffered: two device buffers per tower; stage()
-  // copies a host batch (images dense in the graph's layout, fp32; int32 labels) into the spare
+  // copies a host batch (images dense in the graph's layout, fp32, cast on the device for bf16 and
+  // fp16 models; int32 labels) into the spare
   // buffer on the tower's copy stream, once the step that last read that buffer is done, and returns
   // when the copy is (so the host batch can be reused); flip() makes the next step read the
   // buffers just staged. The copy for step k+1 thus overlaps the compute of step k.
   void enable_staging();
   void stage(int tower, const float* images, const std::int32_t* labels);
   void flip();
-  std::size_t input_bytes() const;
+  std::size_t input_bytes() const;   // the graph's input, in its precision
+  std::size_t input_floats() const;  // its elements: what stage() reads
 
  private:
   struct Tower;

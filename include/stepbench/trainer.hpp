@@ -10,7 +10,8 @@ namespace stepbench {
 class OptimizerState {
  public:
   OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t count);
-  void update(Stream& s, float* params, const float* grads);
+  // scaler: a LossScaler in the backend's memory, or nullptr
+  void update(Stream& s, float* params, const float* grads, const float* scaler = nullptr);
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
@@ -25,7 +26,9 @@ class Trainer {
   Trainer(Graph& g, OptimizerConfig cfg);
   void forward(Stream& s) { g_.forward(s, true); }
   void backward(Stream& s) { g_.backward(s); }
-  void update(Stream& s) { opt_.update(s, g_.param_arena(), g_.grad_arena()); }
+  // With loss scaling: checks the (synchronised) gradients for overflow, updates with the scale
+  // divided out (or skips the update), then adjusts the scale.
+  void update(Stream& s);
   void step(Stream& s) {
     forward(s);
     backward(s);

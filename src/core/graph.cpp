@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -66,6 +68,7 @@ struct Graph::Impl {
   bool planned = false;
   ValueId input = -1;
   Buffer param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
+  Buffer param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler
   std::size_t param_floats = 0, state_floats = 0;
   int num_losses = 0;
   std::vector<float> loss_weights;
@@ -96,6 +99,19 @@ struct Graph::Impl {
     return (e.trainable ? param_arena.as<float>() : state_arena.as<float>()) + e.offset;
   }
   float* pgrad(std::size_t i) const { return grad_arena.as<float>() + params[i].offset; }
+  bool mixed() const { return is_half(cfg.dtype); }
+  // What convolutions and fully connected layers read and write: the fp32 arenas, or the 16-bit ones.
+  void* wdata(std::size_t i) const {
+    return mixed() ? static_cast<void*>(param_half.as<char>() + 2 * params[i].offset) : pdata(i);
+  }
+  void* wgrad(std::size_t i) const {
+    return mixed() ? static_cast<void*>(grad_half.as<char>() + 2 * params[i].offset) : pgrad(i);
+  }
+  // After a layer wrote the 16-bit gradient of parameter i: into the fp32 gradient arena.
+  void widen_grad(Stream& s, std::size_t i) const {
+    if (mixed()) be.cast(s, wgrad(i), cfg.dtype, pgrad(i), DType::f32, params[i].count);
+  }
+  const float* loss_scale_ptr() const { return scaler.get() ? scaler.as<float>() : nullptr; }
   const Value& root_of(ValueId v) const { return values[v].root >= 0 ? values[values[v].root] : values[v]; }
   Layer& add_layer(std::unique_ptr<Layer> l) {
     if (planned) throw Error("graph: layers cannot be added after plan()");
@@ -127,7 +143,7 @@ struct ConvBnReluLayer final : Layer {
   }
   void forward(Graph::Impl& g, Stream& s, bool training) override {
     const Tensor zt{z.get(), zdesc};
-    conv->forward(s, g.values[in[0]].t, g.pdata(w), zt, g.workspace.get());
+    conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
     if (training)
       bn->forward_training(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
                            saved.as<float>(), saved.as<float>() + cout);
@@ -139,9 +155,10 @@ struct ConvBnReluLayer final : Layer {
     const Value& o = g.values[out];
     bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), saved.as<float>(), saved.as<float>() + cout, g.pgrad(gamma),
                  g.pgrad(beta), 0.0f);
-    conv->backward_filter(s, g.values[in[0]].t, dz, g.pgrad(w), g.workspace.get());
+    conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
+    g.widen_grad(s, w);
     if (g.values[in[0]].needs_grad)
-      conv->backward_data(s, dz, g.pdata(w), g.values[in[0]].g, in_beta[0], g.workspace.get());
+      conv->backward_data(s, dz, g.wdata(w), g.values[in[0]].g, in_beta[0], g.workspace.get());
   }
   std::int64_t macs() const override { return mac_count; }
   std::int64_t cin = 0, mac_count = 0;
@@ -203,12 +220,14 @@ struct LinearLayer final : Layer {
   std::int64_t k = 0, m = 0;
   void plan(Graph::Impl& g) override { op = g.be.make_linear(g.values[in[0]].t.desc, g.values[out].t.desc); }
   void forward(Graph::Impl& g, Stream& s, bool) override {
-    op->forward(s, g.values[in[0]].t, g.pdata(w), g.pdata(b), g.values[out].t, g.workspace.get());
+    op->forward(s, g.values[in[0]].t, g.wdata(w), g.wdata(b), g.values[out].t, g.workspace.get());
   }
   void backward(Graph::Impl& g, Stream& s) override {
     const Value &x = g.values[in[0]], &y = g.values[out];
-    op->backward_weights(s, x.t, y.g, g.pgrad(w), g.pgrad(b), g.workspace.get());
-    if (x.needs_grad) op->backward_data(s, y.g, g.pdata(w), x.g, in_beta[0], g.workspace.get());
+    op->backward_weights(s, x.t, y.g, g.wgrad(w), g.wgrad(b), g.workspace.get());
+    g.widen_grad(s, w);
+    g.widen_grad(s, b);
+    if (x.needs_grad) op->backward_data(s, y.g, g.wdata(w), x.g, in_beta[0], g.workspace.get());
   }
   std::int64_t macs() const override { return k * m * batch; }
   std::int64_t batch = 0;
@@ -230,7 +249,7 @@ struct LossLayer final : Layer {
     op->forward(s, g.values[in[0]].t, g.label_ptr(), g.losses.as<float>() + slot, reserve.get());
   }
   void backward(Graph::Impl& g, Stream& s) override {
-    op->backward(s, g.label_ptr(), g.values[in[0]].g, weight, in_beta[0], reserve.get());
+    op->backward(s, g.label_ptr(), g.values[in[0]].g, weight, in_beta[0], reserve.get(), g.loss_scale_ptr());
   }
   std::string name;
   LayerInfo info() const override { return base_info("cross_entropy", name); }
@@ -400,6 +419,7 @@ void Graph::plan() {
   // overcommitted memory would otherwise end in the OOM killer mid-step).
   {
     double need = 3.0 * static_cast<double>(g.param_floats) * sizeof(float);  // params, grads, optimizer state
+    if (g.mixed()) need += 2.0 * static_cast<double>(g.param_floats) * 2;      // the 16-bit copies
     for (const auto& v : g.values)
       if (v.root < 0) need += static_cast<double>(g.desc(v.shape).bytes()) * (v.needs_grad ? 2 : 1);
     for (const auto& l : g.layers)
@@ -419,6 +439,17 @@ void Graph::plan() {
   be.memset_zero(be.default_stream(), g.param_arena.get(), g.param_arena.bytes());
   be.memset_zero(be.default_stream(), g.grad_arena.get(), g.grad_arena.bytes());
   be.memset_zero(be.default_stream(), g.state_arena.get(), g.state_arena.bytes());
+  if (g.mixed()) {
+    g.param_half = Buffer(be, g.param_floats * 2);
+    g.grad_half = Buffer(be, g.param_floats * 2);
+    be.memset_zero(be.default_stream(), g.grad_half.get(), g.grad_half.bytes());
+  }
+  if (g.cfg.loss_scaling || g.cfg.dtype == DType::f16) {
+    g.scaler = Buffer(be, LossScaler::kFloats * sizeof(float));
+    const float init[LossScaler::kFloats] = {LossScaler::kInitialScale, 0.0f, 0.0f};
+    be.copy(be.default_stream(), g.scaler.get(), init, sizeof init);
+    be.synchronize(be.default_stream());
+  }
 
   // Activations and gradients: roots own buffers, concat parts are channel slices of their root.
   for (auto& v : g.values) {
@@ -498,6 +529,8 @@ bool Graph::planned() const { return impl_->planned; }
 void Graph::forward(Stream& s, bool training) {
   auto& g = *impl_;
   SB_CHECK(g.planned, "forward before plan()");
+  // the 16-bit weights from the fp32 master copy, as autocast re-casts them in every forward
+  if (g.mixed()) g.be.cast(s, g.param_arena.get(), DType::f32, g.param_half.get(), g.cfg.dtype, g.param_floats);
   for (auto& l : g.layers) {
     if (l->training_only && !training) continue;
     l->forward(g, s, training);
@@ -518,6 +551,14 @@ void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready
 }
 
 std::uint64_t Graph::step_counter() const { return impl_->step; }
+float* Graph::loss_scaler() const { return impl_->scaler.get() ? impl_->scaler.as<float>() : nullptr; }
+float Graph::loss_scale(Stream& s) const {
+  if (!loss_scaler()) return 1.0f;
+  float v[LossScaler::kFloats];
+  impl_->be.copy(s, v, loss_scaler(), sizeof v);
+  impl_->be.synchronize(s);
+  return v[0];
+}
 
 // ---- data ----------------------------------------------------------------------------------------
 Shape Graph::shape_of(ValueId v) const { return impl_->values.at(v).shape; }
@@ -533,6 +574,7 @@ void Graph::set_input_nchw(const float* nchw) {
     for (std::int64_t c = 0; c < s.c; ++c)
       for (std::int64_t h = 0; h < s.h; ++h)
         for (std::int64_t w = 0; w < s.w; ++w) host[static_cast<std::size_t>(t.desc.offset(n, c, h, w))] = nchw[k++];
+  if (t.desc.dtype != DType::f32) convert(host.data(), DType::f32, host.data(), t.desc.dtype, host.size());  // in place: narrower
   Backend& be = impl_->be;
   be.copy(be.default_stream(), t.data, host.data(), t.desc.bytes());
   be.synchronize(be.default_stream());
@@ -548,6 +590,11 @@ std::vector<float> Graph::read_output(const std::string& name) const {
   Backend& be = impl_->be;
   be.copy(be.default_stream(), host.data(), t.data, t.desc.bytes());
   be.synchronize(be.default_stream());
+  if (t.desc.dtype != DType::f32) {  // 16-bit values in the first half of the buffer: widen from the back
+    std::vector<std::uint16_t> narrow(host.size());
+    std::memcpy(narrow.data(), host.data(), t.desc.bytes());
+    convert(narrow.data(), t.desc.dtype, host.data(), DType::f32, host.size());
+  }
   return host;
 }
 std::int32_t* Graph::labels() const { return impl_->label_ptr(); }

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+#include <cmath>
+
 #include "stepbench/error.hpp"
 
 namespace stepbench {
@@ -35,6 +38,67 @@ DType parse_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
   if (s == "fp16" || s == "f16" || s == "float16") return DType::f16;
   throw UsageError(fmt::format("unknown precision '{}': use fp32, bf16 or fp16", s));
+}
+
+bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+std::uint16_t float_to_bf16(float f) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
+
+std::uint16_t float_to_f16(float f) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return static_cast<std::uint16_t>(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (x >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504: infinity
+  if (x < 0x38800000u) {  // below 2^-14: a subnormal half, or zero
+    if (x < 0x33000000u) return static_cast<std::uint16_t>(sign);
+    const std::uint32_t m = (x & 0x007fffffu) | 0x00800000u;
+    const int shift = 126 - static_cast<int>(x >> 23);
+    std::uint32_t r = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  std::uint32_t r = (x - 0x38000000u) >> 13;  // exponent rebiased from 127 to 15
+  const std::uint32_t rem = x & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // a carry into the exponent is right
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  if (e == 31) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
+  auto load = [&](std::size_t i) -> float {
+    switch (from) {
+      case DType::f32: return static_cast<const float*>(src)[i];
+      case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(src)[i]);
+      case DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(src)[i]);
+    }
+    return 0.0f;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = load(i);
+    switch (to) {
+      case DType::f32: static_cast<float*>(dst)[i] = v; break;
+      case DType::bf16: static_cast<std::uint16_t*>(dst)[i] = float_to_bf16(v); break;
+      case DType::f16: static_cast<std::uint16_t*>(dst)[i] = float_to_f16(v); break;
+    }
+  }
 }
 
 Layout parse_layout(std::string_view s) {

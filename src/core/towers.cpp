@@ -186,6 +186,10 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (o.ps_on_host && o.variable_update != VariableUpdate::parameter_server)
     throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
   if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
+  if (o.dtype == DType::f16 && o.variable_update == VariableUpdate::parameter_server)
+    throw UnsupportedError("--precision fp16 with parameter_server: the dynamic loss scale lives on each tower and "
+                           "only the server updates, so the towers' scales would drift apart (not implemented); use "
+                           "--variable-update replicated, or --precision bf16, which needs no loss scaling");
   if (o.use_process_group) set_sync_timeout(o.sync_timeout_s);
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Tower>();
@@ -258,6 +262,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
 
 struct Towers::Staging {
   Buffer images[2], labels[2];
+  Buffer narrow[2];  // bf16/fp16 models: the fp32 images cast on the copy stream, as tf_cnn_benchmarks does
   std::unique_ptr<Stream> copy;
   std::unique_ptr<Event> copied[2], consumed[2];
   bool consumed_recorded[2] = {false, false};
@@ -267,17 +272,16 @@ struct Towers::Staging {
 Towers::~Towers() = default;
 
 std::size_t Towers::input_bytes() const { return graph(0).input_tensor().desc.bytes(); }
+std::size_t Towers::input_floats() const { return static_cast<std::size_t>(graph(0).input_tensor().desc.numel()); }
 
 void Towers::enable_staging() {
   if (!staging_.empty()) return;
-  if (opt_.dtype != DType::f32)
-    throw UnsupportedError(fmt::format("host-staged input in {} is not implemented yet; use --data synthetic",
-                                       to_string(opt_.dtype)));
   for (int i = 0; i < size(); ++i) {
     Backend& be = backend(i);
     auto st = std::make_unique<Staging>();
     for (int k = 0; k < 2; ++k) {
-      st->images[k] = Buffer(be, input_bytes());
+      st->images[k] = Buffer(be, input_floats() * sizeof(float));
+      if (opt_.dtype != DType::f32) st->narrow[k] = Buffer(be, input_bytes());
       st->labels[k] = Buffer(be, sizeof(std::int32_t) * static_cast<std::size_t>(opt_.batch_per_tower));
       st->copied[k] = be.create_event();
       st->consumed[k] = be.create_event();
@@ -293,7 +297,9 @@ void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
   Backend& be = backend(tower);
   const int spare = st.cur == 0 ? 1 : 0;
   if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
-  be.copy(*st.copy, st.images[spare].get(), images, input_bytes());
+  be.copy(*st.copy, st.images[spare].get(), images, input_floats() * sizeof(float));
+  if (opt_.dtype != DType::f32)
+    be.cast(*st.copy, st.images[spare].get(), DType::f32, st.narrow[spare].get(), opt_.dtype, input_floats());
   be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
   be.record(*st.copied[spare], *st.copy);
   be.synchronize(*st.copy);  // the host batch may be reused once this returns
@@ -309,7 +315,8 @@ void Towers::flip() {
       st.consumed_recorded[st.cur] = true;
     }
     be.wait(stream(i), *st.copied[spare]);
-    graph(i).bind_input(st.images[spare].get(), st.labels[spare].as<std::int32_t>());
+    graph(i).bind_input(opt_.dtype != DType::f32 ? st.narrow[spare].get() : st.images[spare].get(),
+                        st.labels[spare].as<std::int32_t>());
     st.cur = spare;
   }
 }

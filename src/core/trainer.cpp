@@ -18,8 +18,16 @@ OptimizerState::OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t n) 
   be.synchronize(s);
 }
 
-void OptimizerState::update(Stream& s, float* params, const float* grads) {
-  be_.optimizer_update(s, cfg_, params, grads, s0_.as<float>(), s1_.as<float>(), count_);
+void OptimizerState::update(Stream& s, float* params, const float* grads, const float* scaler) {
+  be_.optimizer_update(s, cfg_, params, grads, s0_.as<float>(), s1_.as<float>(), count_, scaler);
+}
+
+void Trainer::update(Stream& s) {
+  Backend& be = g_.backend();
+  float* scaler = g_.loss_scaler();
+  if (scaler) be.check_finite(s, g_.grad_arena(), g_.param_arena_floats(), scaler);
+  opt_.update(s, g_.param_arena(), g_.grad_arena(), scaler);
+  if (scaler) be.update_loss_scale(s, scaler, LossScaler::kGrowthInterval);
 }
 
 namespace {

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -258,8 +260,9 @@ class CpuSoftmaxXent final : public SoftmaxCrossEntropyOp {
     cpu::softmax_xent_forward(logits, labels, loss, static_cast<float*>(reserve));
   }
   void backward(Stream&, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
-                const void* reserve) override {
-    cpu::softmax_xent_backward(labels, dlogits, scale, beta, static_cast<const float*>(reserve));
+                const void* reserve, const float* loss_scale) override {
+    cpu::softmax_xent_backward(labels, dlogits, loss_scale ? scale * *loss_scale : scale, beta,
+                               static_cast<const float*>(reserve));
   }
 
  private:
@@ -385,8 +388,34 @@ class CpuBackend final : public Backend {
   void add(Stream&, const Tensor& src, const Tensor& dst, float beta) override { cpu::add(src, dst, beta); }
   void scale(Stream&, float* x, float alpha, std::size_t count) override { cpu::scale(x, alpha, count); }
   void optimizer_update(Stream&, const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
-                        std::size_t count) override {
-    cpu::optimizer_update(cfg, params, grads, s0, s1, count);
+                        std::size_t count, const float* scaler) override {
+    if (scaler && scaler[1] != 0.0f) return;  // an overflow this step: skip it (the scale shrinks)
+    cpu::optimizer_update(cfg, params, grads, s0, s1, count, scaler ? 1.0f / scaler[0] : 1.0f);
+  }
+  void cast(Stream&, const void* src, DType from, void* dst, DType to, std::size_t count) override {
+    const auto n = static_cast<std::int64_t>(count);
+    const std::int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; i += chunk)
+      convert(static_cast<const char*>(src) + static_cast<std::size_t>(i) * dtype_size(from), from,
+              static_cast<char*>(dst) + static_cast<std::size_t>(i) * dtype_size(to), to,
+              static_cast<std::size_t>(std::min(chunk, n - i)));
+  }
+  void check_finite(Stream&, const float* x, std::size_t count, float* scaler) override {
+    bool bad = false;
+#pragma omp parallel for reduction(|| : bad) schedule(static)
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(count); ++i) bad = bad || !std::isfinite(x[i]);
+    if (bad) scaler[1] = 1.0f;
+  }
+  void update_loss_scale(Stream&, float* scaler, int growth_interval) override {
+    if (scaler[1] != 0.0f) {
+      scaler[0] *= 0.5f;
+      scaler[2] = 0.0f;
+    } else if (++scaler[2] >= static_cast<float>(growth_interval)) {
+      scaler[0] *= 2.0f;
+      scaler[2] = 0.0f;
+    }
+    scaler[1] = 0.0f;
   }
 
  private:

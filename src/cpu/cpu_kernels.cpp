@@ -433,18 +433,19 @@ void softmax_xent_backward(const std::int32_t* labels, const Tensor& dlogits, fl
 }
 
 void optimizer_update(const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
-                      std::size_t n) {
+                      std::size_t n, float inv_scale) {
+  const float is = inv_scale;
   const float lr = cfg.lr, wd = cfg.weight_decay, mu = cfg.momentum, rho = cfg.rms_decay, eps = cfg.epsilon;
   const auto N = static_cast<std::int64_t>(n);
   switch (cfg.kind) {
     case OptimizerKind::sgd:
 #pragma omp parallel for simd schedule(static)
-      for (std::int64_t i = 0; i < N; ++i) params[i] -= lr * (grads[i] + wd * params[i]);
+      for (std::int64_t i = 0; i < N; ++i) params[i] -= lr * (grads[i] * is + wd * params[i]);
       break;
     case OptimizerKind::momentum:  // PyTorch's SGD(momentum): buf = mu * buf + g; p -= lr * buf
 #pragma omp parallel for simd schedule(static)
       for (std::int64_t i = 0; i < N; ++i) {
-        const float g = grads[i] + wd * params[i];
+        const float g = grads[i] * is + wd * params[i];
         s0[i] = mu * s0[i] + g;
         params[i] -= lr * s0[i];
       }
@@ -452,7 +453,7 @@ void optimizer_update(const OptimizerConfig& cfg, float* params, const float* gr
     case OptimizerKind::rmsprop:  // TensorFlow's RMSProp, as the Inception recipe uses it
 #pragma omp parallel for simd schedule(static)
       for (std::int64_t i = 0; i < N; ++i) {
-        const float g = grads[i] + wd * params[i];
+        const float g = grads[i] * is + wd * params[i];
         s0[i] = rho * s0[i] + (1.0f - rho) * g * g;
         s1[i] = mu * s1[i] + lr * g / std::sqrt(s0[i] + eps);
         params[i] -= s1[i];

@@ -36,7 +36,7 @@ void softmax_xent_backward(const std::int32_t* labels, const Tensor& dlogits, fl
                            const float* probs);
 
 void optimizer_update(const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
-                      std::size_t n);
+                      std::size_t n, float inv_scale = 1.0f);  // grads * inv_scale: loss scaling
 void scale(float* x, float alpha, std::size_t n);
 void fill(float* x, float v, std::size_t n);
 

@@ -1,8 +1,9 @@
 // The CUDA backend: convolutions on cuDNN (cudnnFind* at planning time within a workspace budget),
 // the fully connected layer on cuBLAS, and stepbench's own kernels (src/cuda/kernels.cu) for batch
 // norm with fused ReLU, pooling, ReLU, accumulation, dropout, the loss and the optimizer update.
-// fp32 storage; TF32 tensor-op math on request (set_tensor_math). Every tensor may be a strided
-// view (a concat slice): cuDNN gets strided descriptors, the kernels take strides.
+// fp32, bf16 or fp16 storage (fp32 accumulation everywhere); TF32 tensor-op math on request
+// (set_tensor_math). Every tensor may be a strided view (a concat slice): cuDNN gets strided
+// descriptors, the kernels take strides.
 //
 // Written and compiled without a GPU (the session that wrote it had none): the op and model tests
 // run it against the oracle wherever a GPU is visible.
@@ -92,25 +93,25 @@ struct CudaGraphWork final : CapturedWork {
   }
 };
 
-void require_f32(const TensorDesc& d, const char* op) {
-  if (d.dtype != DType::f32)
-    throw UnsupportedError(fmt::format("{}: the cuda backend computes in fp32 (and TF32) so far; {} is not "
-                                       "implemented yet. Use --precision fp32 or tf32",
-                                       op, to_string(d.dtype)));
+int elem(DType t) { return t == DType::f32 ? cuda::kF32 : t == DType::bf16 ? cuda::kBF16 : cuda::kF16; }
+cudnnDataType_t cudnn_type(DType t) {
+  return t == DType::f32 ? CUDNN_DATA_FLOAT : t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
 }
+cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F; }
 
 View view(const Tensor& t) {
   const auto& d = t.desc;
-  return View{static_cast<float*>(t.data), d.shape.n, d.shape.c, d.shape.h, d.shape.w,
-              d.strides.n, d.strides.c, d.strides.h, d.strides.w};
+  return View{t.data, d.shape.n, d.shape.c, d.shape.h, d.shape.w, d.strides.n, d.strides.c, d.strides.h, d.strides.w,
+              elem(d.dtype)};
 }
+cuda::Flat flat(const void* p, DType t) { return cuda::Flat{const_cast<void*>(p), elem(t)}; }
 
 // ---- RAII descriptors -------------------------------------------------------------------------------
 struct TensorDescriptor {
   cudnnTensorDescriptor_t d = nullptr;
   explicit TensorDescriptor(const TensorDesc& t) {
     SB_CUDNN(cudnnCreateTensorDescriptor(&d));
-    SB_CUDNN(cudnnSetTensor4dDescriptorEx(d, CUDNN_DATA_FLOAT, static_cast<int>(t.shape.n), static_cast<int>(t.shape.c),
+    SB_CUDNN(cudnnSetTensor4dDescriptorEx(d, cudnn_type(t.dtype), static_cast<int>(t.shape.n), static_cast<int>(t.shape.c),
                                           static_cast<int>(t.shape.h), static_cast<int>(t.shape.w),
                                           static_cast<int>(t.strides.n), static_cast<int>(t.strides.c),
                                           static_cast<int>(t.strides.h), static_cast<int>(t.strides.w)));
@@ -121,9 +122,9 @@ struct TensorDescriptor {
 };
 struct FilterDescriptor {
   cudnnFilterDescriptor_t d = nullptr;
-  FilterDescriptor(std::int64_t k, std::int64_t c, int kh, int kw, Layout l) {
+  FilterDescriptor(std::int64_t k, std::int64_t c, int kh, int kw, Layout l, DType t) {
     SB_CUDNN(cudnnCreateFilterDescriptor(&d));
-    SB_CUDNN(cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, l == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+    SB_CUDNN(cudnnSetFilter4dDescriptor(d, cudnn_type(t), l == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                         static_cast<int>(k), static_cast<int>(c), kh, kw));
   }
   ~FilterDescriptor() { cudnnDestroyFilterDescriptor(d); }
@@ -132,12 +133,14 @@ struct FilterDescriptor {
 };
 struct ConvDescriptor {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDescriptor(const ConvParams& p, bool tf32) {
+  ConvDescriptor(const ConvParams& p, bool tf32, DType t) {
     SB_CUDNN(cudnnCreateConvolutionDescriptor(&d));
+    // fp32 accumulation for every storage type (bf16/fp16 data, fp32 compute: what autocast does)
     SB_CUDNN(cudnnSetConvolution2dDescriptor(d, p.pad_h, p.pad_w, p.stride_h, p.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
-    // FMA math keeps fp32 exact (no TF32 tensor cores); TENSOR_OP math allows TF32.
-    SB_CUDNN(cudnnSetConvolutionMathType(d, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    // FMA math keeps fp32 exact (no TF32 tensor cores); TENSOR_OP math allows TF32, and is what
+    // 16-bit data runs on.
+    SB_CUDNN(cudnnSetConvolutionMathType(d, tf32 || t != DType::f32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
   }
   ~ConvDescriptor() { cudnnDestroyConvolutionDescriptor(d); }
   ConvDescriptor(const ConvDescriptor&) = delete;
@@ -169,8 +172,7 @@ decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t b
 class CudnnConv final : public ConvOp {
  public:
   CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
-      : c_(c), xd_(x), yd_(y), wd_(y.shape.c, x.shape.c, p.kh, p.kw, x.layout), cd_(p, c.tf32) {
-    require_f32(x, "convolution");
+      : c_(c), xd_(x), yd_(y), wd_(y.shape.c, x.shape.c, p.kh, p.kw, x.layout, x.dtype), cd_(p, c.tf32, x.dtype) {
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     SB_CUDA(cudaSetDevice(c_.device));
     int n = 0;
@@ -230,8 +232,8 @@ class CudnnConv final : public ConvOp {
 class CublasLinear final : public LinearOp {
  public:
   CublasLinear(const Ctx& c, const TensorDesc& x, const TensorDesc& y)
-      : c_(c), N_(static_cast<int>(x.shape.n)), K_(static_cast<int>(x.shape.c)), M_(static_cast<int>(y.shape.c)) {
-    require_f32(x, "linear");
+      : c_(c), N_(static_cast<int>(x.shape.n)), K_(static_cast<int>(x.shape.c)), M_(static_cast<int>(y.shape.c)),
+        t_(x.dtype) {
     SB_CHECK(x.shape.h == 1 && x.shape.w == 1 && y.shape.h == 1 && y.shape.w == 1, "linear takes N x C x 1 x 1");
     SB_CHECK(x.is_dense() && y.is_dense(), "linear takes dense tensors");
   }
@@ -240,24 +242,21 @@ class CublasLinear final : public LinearOp {
   void forward(Stream& s, const Tensor& x, const void* w, const void* b, const Tensor& y, void*) override {
     const float a = 1, z = 0;
     set(s);
-    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, M_, N_, K_, &a, static_cast<const float*>(w), K_,
-                          static_cast<const float*>(x.data), K_, &z, static_cast<float*>(y.data), M_));
-    SB_CUDA(cuda::launch_add_bias(static_cast<float*>(y.data), static_cast<const float*>(b), N_, M_, S(s)));
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, M_, N_, K_, &a, w, K_, x.data, K_, &z, y.data, M_);
+    SB_CUDA(cuda::launch_add_bias(flat(y.data, t_), flat(b, t_), N_, M_, S(s)));
   }
   // dx^T (K x N) = W^T (K x M) * dy^T (M x N)
   void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void*) override {
     const float a = 1;
     set(s);
-    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, K_, N_, M_, &a, static_cast<const float*>(w), K_,
-                          static_cast<const float*>(dy.data), M_, &beta, static_cast<float*>(dx.data), K_));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, K_, N_, M_, &a, w, K_, dy.data, M_, &beta, dx.data, K_);
   }
   // dW^T (K x M) = x^T (K x N) * dy (N x M); db = column sums of dy
   void backward_weights(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* db, void*) override {
     const float a = 1, z = 0;
     set(s);
-    SB_CUBLAS(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_T, K_, M_, N_, &a, static_cast<const float*>(x.data), K_,
-                          static_cast<const float*>(dy.data), M_, &z, static_cast<float*>(dw), K_));
-    SB_CUDA(cuda::launch_bias_grad(static_cast<const float*>(dy.data), static_cast<float*>(db), N_, M_, S(s)));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, K_, M_, N_, &a, x.data, K_, dy.data, M_, &z, dw, K_);
+    SB_CUDA(cuda::launch_bias_grad(flat(dy.data, t_), flat(db, t_), N_, M_, S(s)));
   }
 
  private:
@@ -265,16 +264,23 @@ class CublasLinear final : public LinearOp {
     SB_CUDA(cudaSetDevice(c_.device));
     SB_CUBLAS(cublasSetStream(c_.cublas, S(s)));
   }
+  // Every storage type through cublasGemmEx with fp32 accumulation (the handle's math mode decides
+  // TF32 for fp32 data).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha, const void* A,
+            int lda, const void* B, int ldb, const float* beta, void* C, int ldc) {
+    const cudaDataType_t t = cuda_type(t_);
+    SB_CUBLAS(cublasGemmEx(c_.cublas, ta, tb, m, n, k, alpha, A, t, lda, B, t, ldb, beta, C, t, ldc,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
   Ctx c_;
   int N_, K_, M_;
+  DType t_;
 };
 
 // ---- batch norm, pooling, ReLU, dropout, loss (own kernels) -------------------------------------------
 class CudaBatchNorm final : public BatchNormOp {
  public:
-  CudaBatchNorm(const Ctx& c, const TensorDesc& x, const BatchNormParams& p) : c_(c), p_(p) {
-    require_f32(x, "batch norm");
-  }
+  CudaBatchNorm(const Ctx& c, const TensorDesc&, const BatchNormParams& p) : c_(c), p_(p) {}
   void forward_training(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
                         float* rv, float* sm, float* si) override {
     SB_CUDA(cudaSetDevice(c_.device));
@@ -301,7 +307,6 @@ class CudaBatchNorm final : public BatchNormOp {
 class CudaPool final : public PoolOp {
  public:
   CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p) : c_(c), y_(y) {
-    require_f32(x, "pooling");
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
     a_ = cuda::PoolArgs{p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                         p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
@@ -345,7 +350,6 @@ class CudaRelu final : public ReluOp {
 class CudaDropout final : public DropoutOp {
  public:
   CudaDropout(const Ctx& c, const TensorDesc& x, double p) : c_(c), n_(x.numel()), p_(p) {
-    require_f32(x, "dropout");
     if (!(p >= 0.0 && p < 1.0)) throw UsageError(fmt::format("dropout probability {} must be in [0, 1)", p));
     SB_CHECK(x.is_dense(), "dropout takes dense tensors");
   }
@@ -353,12 +357,12 @@ class CudaDropout final : public DropoutOp {
   void forward(Stream& s, const Tensor& x, const Tensor& y, void* reserve, std::uint64_t seed,
                std::uint64_t step) override {
     SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUDA(cuda::launch_dropout_forward(static_cast<const float*>(x.data), static_cast<float*>(y.data),
+    SB_CUDA(cuda::launch_dropout_forward(flat(x.data, x.desc.dtype), flat(y.data, y.desc.dtype),
                                          static_cast<std::uint8_t*>(reserve), n_, p_, seed, step, S(s)));
   }
   void backward(Stream& s, const Tensor& dy, const Tensor& dx, float beta, const void* reserve) override {
     SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUDA(cuda::launch_dropout_backward(static_cast<const float*>(dy.data), static_cast<float*>(dx.data),
+    SB_CUDA(cuda::launch_dropout_backward(flat(dy.data, dy.desc.dtype), flat(dx.data, dx.desc.dtype),
                                           static_cast<const std::uint8_t*>(reserve), n_, p_, beta, S(s)));
   }
 
@@ -373,7 +377,6 @@ class CudaDropout final : public DropoutOp {
 class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
  public:
   CudaSoftmaxXent(const Ctx& c, const TensorDesc& l) : c_(c), N_(l.shape.n), M_(l.shape.c) {
-    require_f32(l, "softmax cross-entropy");
     SB_CHECK(l.is_dense() && l.shape.h == 1 && l.shape.w == 1, "softmax cross-entropy takes dense N x M logits");
     SB_CUDA(cudaSetDevice(c_.device));
     SB_CUDA(cudaMallocHost(&host_flag_, sizeof(int)));
@@ -391,15 +394,16 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
     float* rows = probs + N_ * M_;
     int* flag = reinterpret_cast<int*>(rows + N_);
     SB_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), S(s)));
-    SB_CUDA(cuda::launch_softmax_xent_forward(static_cast<const float*>(logits.data), labels, loss, probs, rows, flag,
+    SB_CUDA(cuda::launch_softmax_xent_forward(flat(logits.data, logits.desc.dtype), labels, loss, probs, rows, flag,
                                               N_, M_, S(s)));
     SB_CUDA(cudaMemcpyAsync(host_flag_, flag, sizeof(int), cudaMemcpyDeviceToHost, S(s)));
   }
   void backward(Stream& s, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
-                const void* reserve) override {
+                const void* reserve, const float* loss_scale) override {
     SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUDA(cuda::launch_softmax_xent_backward(labels, static_cast<float*>(dlogits.data),
-                                               static_cast<const float*>(reserve), scale, beta, N_, M_, S(s)));
+    SB_CUDA(cuda::launch_softmax_xent_backward(labels, flat(dlogits.data, dlogits.desc.dtype),
+                                               static_cast<const float*>(reserve), scale, beta, loss_scale, N_, M_,
+                                               S(s)));
   }
 
  private:
@@ -451,10 +455,15 @@ class CudaBackend final : public Backend {
             {"tf32", tf32_ ? "on" : "off"}};
   }
   void require(DType t) const override {
-    if (t != DType::f32)
-      throw UnsupportedError(fmt::format("precision {} is not implemented by the cuda backend yet (fp32 storage only, "
-                                         "TF32 math with --precision tf32); use --precision fp32 or tf32",
-                                         to_string(t)));
+    const int cc = prop_.major * 10 + prop_.minor;
+    if (t == DType::bf16 && cc < 80)
+      throw UnsupportedError(fmt::format("--precision bf16 needs compute capability 8.0 or later (Ampere); {} has {}.{}. "
+                                         "Use --precision fp16 or fp32",
+                                         device_name(), prop_.major, prop_.minor));
+    if (t == DType::f16 && cc < 70)
+      throw UnsupportedError(fmt::format("--precision fp16 needs tensor cores (compute capability 7.0 or later); {} "
+                                         "has {}.{}. Use --precision fp32",
+                                         device_name(), prop_.major, prop_.minor));
   }
   void set_tensor_math(bool allow_tf32) override {
     tf32_ = allow_tf32;
@@ -566,7 +575,6 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaPool>(ctx(), x, y, p);
   }
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override {
-    require_f32(x, "relu");
     return std::make_unique<CudaRelu>(ctx());
   }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
@@ -580,7 +588,6 @@ class CudaBackend final : public Backend {
   }
 
   void add(Stream& s, const Tensor& src, const Tensor& dst, float beta) override {
-    require_f32(src.desc, "add");
     SB_CHECK(src.shape() == dst.shape(), "add: shapes differ");
     SB_CUDA(cudaSetDevice(dev_));
     SB_CUDA(cuda::launch_add(view(src), view(dst), beta, S(s)));
@@ -590,11 +597,23 @@ class CudaBackend final : public Backend {
     SB_CUDA(cuda::launch_scale(x, alpha, n, S(s)));
   }
   void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
-                        std::size_t n) override {
+                        std::size_t n, const float* scaler) override {
     const cuda::OptArgs a{cfg.kind == OptimizerKind::sgd ? 0 : cfg.kind == OptimizerKind::momentum ? 1 : 2,
                           cfg.lr, cfg.weight_decay, cfg.momentum, cfg.rms_decay, cfg.epsilon};
     SB_CUDA(cudaSetDevice(dev_));
-    SB_CUDA(cuda::launch_optimizer_update(a, params, grads, s0, s1, n, S(s)));
+    SB_CUDA(cuda::launch_optimizer_update(a, params, grads, s0, s1, n, scaler, S(s)));
+  }
+  void cast(Stream& s, const void* src, DType from, void* dst, DType to, std::size_t n) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_cast(flat(src, from), flat(dst, to), n, S(s)));
+  }
+  void check_finite(Stream& s, const float* x, std::size_t n, float* scaler) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_check_finite(x, n, scaler, S(s)));
+  }
+  void update_loss_scale(Stream& s, float* scaler, int growth_interval) override {
+    SB_CUDA(cudaSetDevice(dev_));
+    SB_CUDA(cuda::launch_update_loss_scale(scaler, growth_interval, S(s)));
   }
 
  private:

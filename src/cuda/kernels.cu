@@ -1,6 +1,10 @@
 // stepbench's own CUDA kernels: elementwise ops, batch norm, pooling, the loss, dropout and the
-// optimizer update, fp32, over strided 4-D views. The formulas mirror src/cpu/cpu_kernels.cpp so
+// optimizer update, over strided 4-D views of fp32, bf16 or fp16 storage, computing in fp32 (and
+// double for statistics). The element type is a field of the view: one branch per load and store,
+// the same for every thread, instead of three instantiations of every kernel. The formulas mirror src/cpu/cpu_kernels.cpp so
 // both backends compute the same thing (the op tests compare both with the oracle).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -17,6 +21,21 @@ unsigned grid_for(long long n) {
   const long long b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
 }
+
+__device__ __forceinline__ float ld_t(const void* p, int t, long long i) {
+  if (t == kF32) return static_cast<const float*>(p)[i];
+  if (t == kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return __half2float(static_cast<const __half*>(p)[i]);
+}
+__device__ __forceinline__ void st_t(void* p, int t, long long i, float v) {
+  if (t == kF32) static_cast<float*>(p)[i] = v;
+  else if (t == kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+  else static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ float ld(const View& v, long long off) { return ld_t(v.p, v.t, off); }
+__device__ __forceinline__ void st(const View& v, long long off, float x) { st_t(v.p, v.t, off, x); }
+__device__ __forceinline__ float ld(const Flat& v, long long i) { return ld_t(v.p, v.t, i); }
+__device__ __forceinline__ void st(const Flat& v, long long i, float x) { st_t(v.p, v.t, i, x); }
 
 // Element i of the logical N, C, H, W order -> offset in a view.
 __device__ __forceinline__ long long offset_of(const View& v, long long i) {
@@ -43,19 +62,19 @@ __global__ void scale_k(float* x, float a, std::size_t n) {
 }
 __global__ void add_k(View s, View d, float beta, long long n) {
   GRID_STRIDE(i, n) {
-    const float v = s.p[offset_of(s, i)];
-    float& o = d.p[offset_of(d, i)];
-    o = beta == 0.0f ? v : v + beta * o;
+    const float v = ld(s, offset_of(s, i));
+    const long long o = offset_of(d, i);
+    st(d, o, beta == 0.0f ? v : v + beta * ld(d, o));
   }
 }
 __global__ void relu_fwd_k(View x, View y, long long n) {
-  GRID_STRIDE(i, n) y.p[offset_of(y, i)] = fmaxf(x.p[offset_of(x, i)], 0.0f);
+  GRID_STRIDE(i, n) st(y, offset_of(y, i), fmaxf(ld(x, offset_of(x, i)), 0.0f));
 }
 __global__ void relu_bwd_k(View y, View dy, View dx, float beta, long long n) {
   GRID_STRIDE(i, n) {
-    const float v = y.p[offset_of(y, i)] > 0.0f ? dy.p[offset_of(dy, i)] : 0.0f;
-    float& o = dx.p[offset_of(dx, i)];
-    o = beta == 0.0f ? v : v + beta * o;
+    const float v = ld(y, offset_of(y, i)) > 0.0f ? ld(dy, offset_of(dy, i)) : 0.0f;
+    const long long o = offset_of(dx, i);
+    st(dx, o, beta == 0.0f ? v : v + beta * ld(dx, o));
   }
 }
 
@@ -85,11 +104,11 @@ __global__ void bn_train_k(View x, View y, const float* gamma, const float* beta
                            float* smean, float* sinvstd, double eps, double momentum, bool relu) {
   const long long c = blockIdx.x, M = x.n * x.h * x.w;
   double s = 0;
-  for (long long k = threadIdx.x; k < M; k += blockDim.x) s += x.p[chan_off(x, c, k)];
+  for (long long k = threadIdx.x; k < M; k += blockDim.x) s += ld(x, chan_off(x, c, k));
   const double mean = block_sum(s) / static_cast<double>(M);
   double q = 0;
   for (long long k = threadIdx.x; k < M; k += blockDim.x) {
-    const double d = x.p[chan_off(x, c, k)] - mean;
+    const double d = ld(x, chan_off(x, c, k)) - mean;
     q += d * d;
   }
   const double var = block_sum(q) / static_cast<double>(M);
@@ -103,8 +122,8 @@ __global__ void bn_train_k(View x, View y, const float* gamma, const float* beta
   }
   const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mean * gamma[c] * invstd);
   for (long long k = threadIdx.x; k < M; k += blockDim.x) {
-    const float v = a * x.p[chan_off(x, c, k)] + b;
-    y.p[chan_off(y, c, k)] = relu ? fmaxf(v, 0.0f) : v;
+    const float v = a * ld(x, chan_off(x, c, k)) + b;
+    st(y, chan_off(y, c, k), relu ? fmaxf(v, 0.0f) : v);
   }
 }
 
@@ -114,8 +133,8 @@ __global__ void bn_infer_k(View x, View y, const float* gamma, const float* beta
     const long long c = (i / (x.h * x.w)) % x.c;
     const double invstd = 1.0 / sqrt(static_cast<double>(rvar[c]) + eps);
     const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - rmean[c] * gamma[c] * invstd);
-    const float v = a * x.p[offset_of(x, i)] + b;
-    y.p[offset_of(y, i)] = relu ? fmaxf(v, 0.0f) : v;
+    const float v = a * ld(x, offset_of(x, i)) + b;
+    st(y, offset_of(y, i), relu ? fmaxf(v, 0.0f) : v);
   }
 }
 
@@ -125,9 +144,9 @@ __global__ void bn_bwd_k(View x, View y, View dy, View dx, const float* gamma, c
   const float mean = smean[c], invstd = sinvstd[c];
   double sg = 0, sgx = 0;
   for (long long k = threadIdx.x; k < M; k += blockDim.x) {
-    const float g = (!relu || y.p[chan_off(y, c, k)] > 0.0f) ? dy.p[chan_off(dy, c, k)] : 0.0f;
+    const float g = (!relu || ld(y, chan_off(y, c, k)) > 0.0f) ? ld(dy, chan_off(dy, c, k)) : 0.0f;
     sg += g;
-    sgx += static_cast<double>(g) * (x.p[chan_off(x, c, k)] - mean) * invstd;
+    sgx += static_cast<double>(g) * (ld(x, chan_off(x, c, k)) - mean) * invstd;
   }
   const double tg = block_sum(sg), tgx = block_sum(sgx);
   if (threadIdx.x == 0) {
@@ -136,10 +155,10 @@ __global__ void bn_bwd_k(View x, View y, View dy, View dx, const float* gamma, c
   }
   const float k1 = gamma[c] * invstd, k2 = static_cast<float>(tg / M), k3 = static_cast<float>(tgx / M) * invstd;
   for (long long k = threadIdx.x; k < M; k += blockDim.x) {
-    const float g = (!relu || y.p[chan_off(y, c, k)] > 0.0f) ? dy.p[chan_off(dy, c, k)] : 0.0f;
-    const float v = k1 * (g - k2 - (x.p[chan_off(x, c, k)] - mean) * k3);
-    float& o = dx.p[chan_off(dx, c, k)];
-    o = beta_dx == 0.0f ? v : v + beta_dx * o;
+    const float g = (!relu || ld(y, chan_off(y, c, k)) > 0.0f) ? ld(dy, chan_off(dy, c, k)) : 0.0f;
+    const float v = k1 * (g - k2 - (ld(x, chan_off(x, c, k)) - mean) * k3);
+    const long long o = chan_off(dx, c, k);
+    st(dx, o, beta_dx == 0.0f ? v : v + beta_dx * ld(dx, o));
   }
 }
 
@@ -168,19 +187,19 @@ __global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, lon
       std::int32_t pos = static_cast<std::int32_t>(h0 * x.w + w0);
       for (long long h = h0; h < h1; ++h)
         for (long long w = w0; w < w1; ++w) {
-          const float v = x.p[off4(x, b, c, h, w)];
+          const float v = ld(x, off4(x, b, c, h, w));
           if (v > best || isnan(v)) {  // PyTorch's rule: the first max wins, NaN propagates
             best = v;
             pos = static_cast<std::int32_t>(h * x.w + w);
           }
         }
-      y.p[off4(y, b, c, oh, ow)] = best;
+      st(y, off4(y, b, c, oh, ow), best);
       if (argmax) argmax[i] = pos;
     } else {
       float s = 0;
       for (long long h = h0; h < h1; ++h)
-        for (long long w = w0; w < w1; ++w) s += x.p[off4(x, b, c, h, w)];
-      y.p[off4(y, b, c, oh, ow)] = s * inv;
+        for (long long w = w0; w < w1; ++w) s += ld(x, off4(x, b, c, h, w));
+      st(y, off4(y, b, c, oh, ow), s * inv);
     }
   }
 }
@@ -204,7 +223,7 @@ __global__ void pool_bwd_k(View dy, View dx, PoolArgs p, float beta, const std::
     float acc = 0;
     for (long long oh = oh0; oh < oh1; ++oh)
       for (long long ow = ow0; ow < ow1; ++ow) {
-        const float g = dy.p[off4(dy, b, c, oh, ow)];
+        const float g = ld(dy, off4(dy, b, c, oh, ow));
         if (p.kind == 0) {
           if (argmax[((b * dy.c + c) * dy.h + oh) * dy.w + ow] == pos) acc += g;
         } else {
@@ -214,20 +233,20 @@ __global__ void pool_bwd_k(View dy, View dx, PoolArgs p, float beta, const std::
           acc += inv * g;
         }
       }
-    float& o = dx.p[off4(dx, b, c, h, w)];
-    o = beta == 0.0f ? acc : acc + beta * o;
+    const long long o = off4(dx, b, c, h, w);
+    st(dx, o, beta == 0.0f ? acc : acc + beta * ld(dx, o));
   }
 }
 
 // ---- fully connected helpers, dropout, loss, optimizers -------------------------------------------
-__global__ void add_bias_k(float* y, const float* b, long long N, long long M) {
-  GRID_STRIDE(i, N * M) y[i] += b[i % M];
+__global__ void add_bias_k(Flat y, Flat b, long long N, long long M) {
+  GRID_STRIDE(i, N * M) st(y, i, ld(y, i) + ld(b, i % M));
 }
-__global__ void bias_grad_k(const float* dy, float* db, long long N, long long M) {
+__global__ void bias_grad_k(Flat dy, Flat db, long long N, long long M) {
   GRID_STRIDE(m, M) {
     double s = 0;
-    for (long long r = 0; r < N; ++r) s += dy[r * M + m];
-    db[m] = static_cast<float>(s);
+    for (long long r = 0; r < N; ++r) s += ld(dy, r * M + m);
+    st(db, m, static_cast<float>(s));
   }
 }
 
@@ -245,32 +264,31 @@ std::uint64_t splitmix64_host(std::uint64_t z) {
 }
 
 // The same mask as the CPU backend: keep when the element's 24-bit uniform is >= p.
-__global__ void dropout_fwd_k(const float* x, float* y, std::uint8_t* mask, long long n, std::uint32_t threshold,
+__global__ void dropout_fwd_k(Flat x, Flat y, std::uint8_t* mask, long long n, std::uint32_t threshold,
                               float keep_scale, std::uint64_t key) {
   GRID_STRIDE(i, n) {
     const auto u = static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 40);
     const std::uint8_t keep = u >= threshold;
     mask[i] = keep;
-    y[i] = keep ? x[i] * keep_scale : 0.0f;
+    st(y, i, keep ? ld(x, i) * keep_scale : 0.0f);
   }
 }
-__global__ void dropout_bwd_k(const float* dy, float* dx, const std::uint8_t* mask, long long n, float keep_scale,
-                              float beta) {
+__global__ void dropout_bwd_k(Flat dy, Flat dx, const std::uint8_t* mask, long long n, float keep_scale, float beta) {
   GRID_STRIDE(i, n) {
-    const float v = mask[i] ? dy[i] * keep_scale : 0.0f;
-    dx[i] = beta == 0.0f ? v : v + beta * dx[i];
+    const float v = mask[i] ? ld(dy, i) * keep_scale : 0.0f;
+    st(dx, i, beta == 0.0f ? v : v + beta * ld(dx, i));
   }
 }
 
 // One block per sample.
-__global__ void xent_rows_k(const float* z, const std::int32_t* labels, float* probs, float* row_loss, int* bad,
+__global__ void xent_rows_k(Flat z, const std::int32_t* labels, float* probs, float* row_loss, int* bad,
                             long long M) {
   const long long r = blockIdx.x;
-  const float* zr = z + r * M;
+  auto zr = [&](long long j) { return ld(z, r * M + j); };
   float* pr = probs + r * M;
   __shared__ float red[kThreads];
   float mx = -INFINITY;
-  for (long long j = threadIdx.x; j < M; j += blockDim.x) mx = fmaxf(mx, zr[j]);
+  for (long long j = threadIdx.x; j < M; j += blockDim.x) mx = fmaxf(mx, zr(j));
   red[threadIdx.x] = mx;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -281,7 +299,7 @@ __global__ void xent_rows_k(const float* z, const std::int32_t* labels, float* p
   __syncthreads();
   double sum = 0;
   for (long long j = threadIdx.x; j < M; j += blockDim.x) {
-    const float e = expf(zr[j] - mx);
+    const float e = expf(zr(j) - mx);
     pr[j] = e;
     sum += e;
   }
@@ -294,7 +312,7 @@ __global__ void xent_rows_k(const float* z, const std::int32_t* labels, float* p
       atomicCAS(bad, 0, static_cast<int>(r) + 1);
       row_loss[r] = 0;
     } else {
-      row_loss[r] = static_cast<float>(log(sum) + mx - zr[l]);
+      row_loss[r] = static_cast<float>(log(sum) + mx - zr(l));
     }
   }
 }
@@ -304,18 +322,21 @@ __global__ void mean_k(const float* v, float* out, long long n) {
   s = block_sum(s);
   if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
 }
-__global__ void xent_bwd_k(const std::int32_t* labels, float* d, const float* probs, float k, float beta, long long N,
-                           long long M) {
+__global__ void xent_bwd_k(const std::int32_t* labels, Flat d, const float* probs, float k, float beta,
+                           const float* loss_scale, long long N, long long M) {
+  const float kk = loss_scale ? k * *loss_scale : k;
   GRID_STRIDE(i, N * M) {
     const long long r = i / M, j = i % M;
-    const float v = k * (probs[i] - (j == labels[r] ? 1.0f : 0.0f));
-    d[i] = beta == 0.0f ? v : v + beta * d[i];
+    const float v = kk * (probs[i] - (j == labels[r] ? 1.0f : 0.0f));
+    st(d, i, beta == 0.0f ? v : v + beta * ld(d, i));
   }
 }
 
-__global__ void opt_k(OptArgs a, float* p, const float* g, float* s0, float* s1, long long n) {
+__global__ void opt_k(OptArgs a, float* p, const float* g, float* s0, float* s1, long long n, const float* scaler) {
+  if (scaler && scaler[1] != 0.0f) return;  // an overflow this step: skip the update
+  const float inv_scale = scaler ? 1.0f / scaler[0] : 1.0f;
   GRID_STRIDE(i, n) {
-    const float gi = g[i] + a.wd * p[i];
+    const float gi = g[i] * inv_scale + a.wd * p[i];
     if (a.kind == 0) {
       p[i] -= a.lr * gi;
     } else if (a.kind == 1) {  // PyTorch's SGD(momentum)
@@ -327,6 +348,25 @@ __global__ void opt_k(OptArgs a, float* p, const float* g, float* s0, float* s1,
       p[i] -= s1[i];
     }
   }
+}
+
+__global__ void cast_k(Flat src, Flat dst, long long n) {
+  GRID_STRIDE(i, n) st(dst, i, ld(src, i));
+}
+__global__ void check_finite_k(const float* x, long long n, float* scaler) {
+  bool bad = false;
+  GRID_STRIDE(i, n) bad |= !isfinite(x[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) scaler[1] = 1.0f;  // only ever set: no race that matters
+}
+__global__ void update_scale_k(float* scaler, int growth_interval) {
+  if (scaler[1] != 0.0f) {
+    scaler[0] *= 0.5f;
+    scaler[2] = 0.0f;
+  } else if ((scaler[2] += 1.0f) >= static_cast<float>(growth_interval)) {
+    scaler[0] *= 2.0f;
+    scaler[2] = 0.0f;
+  }
+  scaler[1] = 0.0f;
 }
 
 long long numel(const View& v) { return v.n * v.c * v.h * v.w; }
@@ -383,41 +423,58 @@ cudaError_t launch_pool_backward(View dy, View dx, PoolArgs p, float beta, const
   pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(dy, dx, p, beta, argmax, numel(dx));
   return cudaGetLastError();
 }
-cudaError_t launch_add_bias(float* y, const float* b, long long N, long long M, cudaStream_t s) {
+cudaError_t launch_add_bias(Flat y, Flat b, long long N, long long M, cudaStream_t s) {
   add_bias_k<<<grid_for(N * M), kThreads, 0, s>>>(y, b, N, M);
   return cudaGetLastError();
 }
-cudaError_t launch_bias_grad(const float* dy, float* db, long long N, long long M, cudaStream_t s) {
+cudaError_t launch_bias_grad(Flat dy, Flat db, long long N, long long M, cudaStream_t s) {
   bias_grad_k<<<grid_for(M), kThreads, 0, s>>>(dy, db, N, M);
   return cudaGetLastError();
 }
-cudaError_t launch_dropout_forward(const float* x, float* y, std::uint8_t* mask, long long n, double p,
-                                   std::uint64_t seed, std::uint64_t step, cudaStream_t s) {
+cudaError_t launch_dropout_forward(Flat x, Flat y, std::uint8_t* mask, long long n, double p, std::uint64_t seed,
+                                   std::uint64_t step, cudaStream_t s) {
   const std::uint64_t key = splitmix64_host(seed ^ splitmix64_host(step));
   const auto threshold = static_cast<std::uint32_t>(p * 16777216.0);
   dropout_fwd_k<<<grid_for(n), kThreads, 0, s>>>(x, y, mask, n, threshold, static_cast<float>(1.0 / (1.0 - p)), key);
   return cudaGetLastError();
 }
-cudaError_t launch_dropout_backward(const float* dy, float* dx, const std::uint8_t* mask, long long n, double p,
-                                    float beta, cudaStream_t s) {
+cudaError_t launch_dropout_backward(Flat dy, Flat dx, const std::uint8_t* mask, long long n, double p, float beta,
+                                    cudaStream_t s) {
   dropout_bwd_k<<<grid_for(n), kThreads, 0, s>>>(dy, dx, mask, n, static_cast<float>(1.0 / (1.0 - p)), beta);
   return cudaGetLastError();
 }
-cudaError_t launch_softmax_xent_forward(const float* logits, const std::int32_t* labels, float* loss, float* probs,
+cudaError_t launch_softmax_xent_forward(Flat logits, const std::int32_t* labels, float* loss, float* probs,
                                         float* row_loss, int* bad_label, long long N, long long M, cudaStream_t s) {
   xent_rows_k<<<static_cast<unsigned>(N), kThreads, 0, s>>>(logits, labels, probs, row_loss, bad_label, M);
   mean_k<<<1, kThreads, 0, s>>>(row_loss, loss, N);
   return cudaGetLastError();
 }
-cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, float* dlogits, const float* probs, float scale,
-                                         float beta, long long N, long long M, cudaStream_t s) {
-  xent_bwd_k<<<grid_for(N * M), kThreads, 0, s>>>(labels, dlogits, probs, scale / static_cast<float>(N), beta, N, M);
+cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, Flat dlogits, const float* probs, float scale,
+                                         float beta, const float* loss_scale, long long N, long long M,
+                                         cudaStream_t s) {
+  xent_bwd_k<<<grid_for(N * M), kThreads, 0, s>>>(labels, dlogits, probs, scale / static_cast<float>(N), beta,
+                                                   loss_scale, N, M);
   return cudaGetLastError();
 }
 cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads, float* s0, float* s1, std::size_t n,
-                                    cudaStream_t s) {
+                                    const float* scaler, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  opt_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(a, params, grads, s0, s1, static_cast<long long>(n));
+  opt_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(a, params, grads, s0, s1, static_cast<long long>(n),
+                                                                  scaler);
+  return cudaGetLastError();
+}
+cudaError_t launch_cast(Flat src, Flat dst, std::size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  cast_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(src, dst, static_cast<long long>(n));
+  return cudaGetLastError();
+}
+cudaError_t launch_check_finite(const float* x, std::size_t n, float* scaler, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  check_finite_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(x, static_cast<long long>(n), scaler);
+  return cudaGetLastError();
+}
+cudaError_t launch_update_loss_scale(float* scaler, int growth_interval, cudaStream_t s) {
+  update_scale_k<<<1, 1, 0, s>>>(scaler, growth_interval);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
-// stepbench's own CUDA kernels (src/cuda/kernels.cu), fp32, over 4-D tensors with any strides
-// (channel slices of a concat buffer included). Host-side launchers; only src/cuda includes this.
+// stepbench's own CUDA kernels (src/cuda/kernels.cu) over 4-D tensors with any strides (channel
+// slices of a concat buffer included), in fp32, bf16 or fp16 storage with fp32 arithmetic.
+// Host-side launchers; only src/cuda includes this.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -8,11 +9,20 @@
 
 namespace stepbench::cuda {
 
-// A 4-D fp32 view: logical N, C, H, W and element strides.
+// Element types of the storage: 0 fp32, 1 bf16, 2 fp16 (arithmetic is fp32 throughout).
+enum Elem : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// A 4-D view: logical N, C, H, W and element strides.
 struct View {
-  float* p;
+  void* p;
   long long n, c, h, w;
   long long sn, sc, sh, sw;
+  int t;  // Elem
+};
+// A dense array of one element type.
+struct Flat {
+  void* p;
+  int t;  // Elem
 };
 
 struct PoolArgs {
@@ -48,23 +58,31 @@ cudaError_t launch_pool_backward(View dy, View dx, PoolArgs p, float beta, const
                                  cudaStream_t s);
 
 // y[n, m] += b[m] over a dense N x M; db[m] = sum_n dy[n, m]
-cudaError_t launch_add_bias(float* y, const float* b, long long N, long long M, cudaStream_t s);
-cudaError_t launch_bias_grad(const float* dy, float* db, long long N, long long M, cudaStream_t s);
+cudaError_t launch_add_bias(Flat y, Flat b, long long N, long long M, cudaStream_t s);
+cudaError_t launch_bias_grad(Flat dy, Flat db, long long N, long long M, cudaStream_t s);
 
-cudaError_t launch_dropout_forward(const float* x, float* y, std::uint8_t* mask, long long n, double p,
-                                   std::uint64_t seed, std::uint64_t step, cudaStream_t s);
-cudaError_t launch_dropout_backward(const float* dy, float* dx, const std::uint8_t* mask, long long n, double p,
-                                    float beta, cudaStream_t s);
+cudaError_t launch_dropout_forward(Flat x, Flat y, std::uint8_t* mask, long long n, double p, std::uint64_t seed,
+                                   std::uint64_t step, cudaStream_t s);
+cudaError_t launch_dropout_backward(Flat dy, Flat dx, const std::uint8_t* mask, long long n, double p, float beta,
+                                    cudaStream_t s);
 
 // probs: N x M; row_loss: N floats (in the reserve); *loss = mean of row_loss. bad_label (device
 // int) is set to 1 + the first sample whose label is outside [0, M).
-cudaError_t launch_softmax_xent_forward(const float* logits, const std::int32_t* labels, float* loss, float* probs,
+// probs are fp32 whatever the logits' type.
+cudaError_t launch_softmax_xent_forward(Flat logits, const std::int32_t* labels, float* loss, float* probs,
                                         float* row_loss, int* bad_label, long long N, long long M, cudaStream_t s);
-cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, float* dlogits, const float* probs, float scale,
-                                         float beta, long long N, long long M, cudaStream_t s);
+// loss_scale: device float multiplying the gradient, or null
+cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, Flat dlogits, const float* probs, float scale,
+                                         float beta, const float* loss_scale, long long N, long long M,
+                                         cudaStream_t s);
 
-// One launch over the whole parameter arena.
+// One launch over the whole parameter arena. scaler: LossScaler in device memory, or null.
 cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads, float* s0, float* s1,
-                                    std::size_t n, cudaStream_t s);
+                                    std::size_t n, const float* scaler, cudaStream_t s);
+
+// Mixed precision and loss scaling.
+cudaError_t launch_cast(Flat src, Flat dst, std::size_t n, cudaStream_t s);
+cudaError_t launch_check_finite(const float* x, std::size_t n, float* scaler, cudaStream_t s);
+cudaError_t launch_update_loss_scale(float* scaler, int growth_interval, cudaStream_t s);
 
 }  // namespace stepbench::cuda
