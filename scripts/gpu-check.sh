@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with a GPU: build there (or use a build carried there), run the GPU tests, then a
 # short benchmark of Inception-v3 (forward, forward_backward, step at batch 32 and 128, fp32 / tf32
-# / bf16, NCHW and NHWC, plus the step replayed as a CUDA Graph) and print one table. Configurations the cuda backend does not support yet
+# / bf16 / fp16, NCHW and NHWC, plus the step replayed as a CUDA Graph) and print one table. Configurations the cuda backend does not support yet
 # are listed with the reason instead of a figure.
 #   scripts/gpu-check.sh                 build into build-gpu/ (or reuse it), test, benchmark
 #   STEPBENCH_BUILD_DIR=build scripts/gpu-check.sh    use an existing build
@@ -38,7 +38,7 @@ if [ "${gpus:-0}" -ge 2 ]; then
 fi
 
 echo "== benchmarks"
-for prec in fp32 tf32 bf16; do
+for prec in fp32 tf32 bf16 fp16; do
   for fmt in nchw nhwc; do
     for b in 32 128; do
       name="inception_v3-$prec-$fmt-b$b"

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.hpp"
@@ -169,12 +170,54 @@ decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t b
                           what, budget >> 20));
 }
 
+// A device allocation owned by an op (made at planning time, never in a step).
+struct DeviceMem {
+  void* p = nullptr;
+  DeviceMem() = default;
+  DeviceMem(int device, std::size_t bytes) {
+    SB_CUDA(cudaSetDevice(device));
+    SB_CUDA(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+    SB_CUDA(cudaMemset(p, 0, std::max<std::size_t>(bytes, 1)));  // padding channels stay zero
+  }
+  DeviceMem(DeviceMem&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~DeviceMem() {
+    if (p) cudaFree(p);
+  }
+};
+
+// Tensor cores want the channel count of 16-bit NHWC data a multiple of 8; the 3-channel stem is
+// padded with zero channels: the input (and its gradient) and the filter (and its gradient) get
+// padded copies, and cuDNN runs on those.
+bool needs_channel_pad(const TensorDesc& x) { return x.dtype != DType::f32 && x.layout == Layout::nhwc && x.shape.c % 8 != 0; }
+TensorDesc channel_padded(const TensorDesc& x) {
+  if (!needs_channel_pad(x)) return x;
+  Shape s = x.shape;
+  s.c = (s.c + 7) / 8 * 8;
+  return TensorDesc::dense(s, x.dtype, x.layout);
+}
+// An OHWI filter as a 4-D view: n = O, c = I, h = KH, w = KW.
+View filter_view(void* p, long long o, long long i, long long kh, long long kw, long long i_stored, DType t) {
+  return View{p, o, i, kh, kw, kh * kw * i_stored, 1, kw * i_stored, i_stored, elem(t)};
+}
+
 class CudnnConv final : public ConvOp {
  public:
   CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
-      : c_(c), xd_(x), yd_(y), wd_(y.shape.c, x.shape.c, p.kh, p.kw, x.layout, x.dtype), cd_(p, c.tf32, x.dtype) {
+      : c_(c), x_(x), xp_(channel_padded(x)), p_(p), cout_(y.shape.c), xd_(xp_), yd_(y),
+        wd_(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype), cd_(p, c.tf32, x.dtype) {
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     SB_CUDA(cudaSetDevice(c_.device));
+    if (padded()) {
+      const std::size_t wbytes = static_cast<std::size_t>(cout_ * p.kh * p.kw * xp_.shape.c) * dtype_size(x.dtype);
+      xpad_ = DeviceMem(c_.device, xp_.bytes());
+      dxpad_ = DeviceMem(c_.device, xp_.bytes());
+      wpad_ = DeviceMem(c_.device, wbytes);
+      dwpad_ = DeviceMem(c_.device, wbytes);
+    }
     int n = 0;
     cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.d, wd_.d, cd_.d, yd_.d,
@@ -191,37 +234,70 @@ class CudnnConv final : public ConvOp {
   }
   std::size_t workspace_bytes() const override { return std::max({fwd_ws_, data_ws_, filter_ws_}); }
   std::string algorithm() const override {
-    return fmt::format("cudnn fwd algo {} / bwd_data algo {} / bwd_filter algo {}", static_cast<int>(fwd_),
-                       static_cast<int>(bwd_data_), static_cast<int>(bwd_filter_));
+    return fmt::format("cudnn fwd algo {} / bwd_data algo {} / bwd_filter algo {}{}", static_cast<int>(fwd_),
+                       static_cast<int>(bwd_data_), static_cast<int>(bwd_filter_),
+                       padded() ? fmt::format(" (channels padded {} -> {})", x_.shape.c, xp_.shape.c) : "");
   }
   void forward(Stream& s, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
     const float a = 1, b = 0;
     set(s);
-    SB_CUDNN(cudnnConvolutionForward(c_.cudnn, &a, xd_.d, x.data, wd_.d, w, cd_.d, fwd_, ws, fwd_ws_, &b, yd_.d,
+    const void* xin = x.data;
+    if (padded()) {
+      xin = pad_input(s, x);
+      w = pad_filter(s, w);
+    }
+    SB_CUDNN(cudnnConvolutionForward(c_.cudnn, &a, xd_.d, xin, wd_.d, w, cd_.d, fwd_, ws, fwd_ws_, &b, yd_.d,
                                      y.data));
   }
   void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
-    const float a = 1;
+    const float a = 1, zero = 0;
     set(s);
-    SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, w, yd_.d, dy.data, cd_.d, bwd_data_, ws, data_ws_, &beta,
-                                          xd_.d, dx.data));
+    if (!padded()) {
+      SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, w, yd_.d, dy.data, cd_.d, bwd_data_, ws, data_ws_,
+                                            &beta, xd_.d, dx.data));
+      return;
+    }
+    SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, pad_filter(s, w), yd_.d, dy.data, cd_.d, bwd_data_, ws,
+                                          data_ws_, &zero, xd_.d, dxpad_.p));
+    const Tensor dxp{dxpad_.p, xp_};
+    SB_CUDA(cuda::launch_add(view(dxp.channel_slice(0, x_.shape.c)), view(dx), beta, S(s)));
   }
   void backward_filter(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* ws) override {
     const float a = 1, b = 0;
     set(s);
-    SB_CUDNN(cudnnConvolutionBackwardFilter(c_.cudnn, &a, xd_.d, x.data, yd_.d, dy.data, cd_.d, bwd_filter_, ws,
-                                            filter_ws_, &b, wd_.d, dw));
+    const void* xin = padded() ? pad_input(s, x) : x.data;
+    SB_CUDNN(cudnnConvolutionBackwardFilter(c_.cudnn, &a, xd_.d, xin, yd_.d, dy.data, cd_.d, bwd_filter_, ws,
+                                            filter_ws_, &b, wd_.d, padded() ? dwpad_.p : dw));
+    if (padded())
+      SB_CUDA(cuda::launch_add(filter_view(dwpad_.p, cout_, x_.shape.c, p_.kh, p_.kw, xp_.shape.c, x_.dtype),
+                               filter_view(dw, cout_, x_.shape.c, p_.kh, p_.kw, x_.shape.c, x_.dtype), 0.0f, S(s)));
   }
 
  private:
+  bool padded() const { return xpad_.p != nullptr; }
+  const void* pad_input(Stream& s, const Tensor& x) {
+    const Tensor xp{xpad_.p, xp_};
+    SB_CUDA(cuda::launch_add(view(x), view(xp.channel_slice(0, x_.shape.c)), 0.0f, S(s)));
+    return xpad_.p;
+  }
+  const void* pad_filter(Stream& s, const void* w) {
+    SB_CUDA(cuda::launch_add(filter_view(const_cast<void*>(w), cout_, x_.shape.c, p_.kh, p_.kw, x_.shape.c, x_.dtype),
+                             filter_view(wpad_.p, cout_, x_.shape.c, p_.kh, p_.kw, xp_.shape.c, x_.dtype), 0.0f,
+                             S(s)));
+    return wpad_.p;
+  }
   void set(Stream& s) {
     SB_CUDA(cudaSetDevice(c_.device));
     SB_CUDNN(cudnnSetStream(c_.cudnn, S(s)));
   }
   Ctx c_;
+  TensorDesc x_, xp_;  // the input as given, and as cuDNN sees it (channel-padded or the same)
+  ConvParams p_;
+  long long cout_;
   TensorDescriptor xd_, yd_;
   FilterDescriptor wd_;
   ConvDescriptor cd_;
+  DeviceMem xpad_, dxpad_, wpad_, dwpad_;
   cudnnConvolutionFwdAlgo_t fwd_{};
   cudnnConvolutionBwdDataAlgo_t bwd_data_{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
