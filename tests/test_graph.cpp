@@ -1,8 +1,10 @@
 // The graph: planning (arenas, concat slices, fan-out accumulation) and finite-difference gradient
 // checks of a small conv-BN-ReLU-pool-concat-FC-loss network.
+#include <algorithm>
 #include <numeric>
 
 #include "stepbench/graph.hpp"
+#include "stepbench/models.hpp"
 #include "test_util.hpp"
 
 namespace stepbench {
@@ -214,6 +216,34 @@ TEST(Graph, BadConfigurationsAreClearErrors) {
   auto x = g.input(3, 5, 5);
   EXPECT_THROW(g.conv_bn_relu("c", x, 4, {7, 7}), UsageError);  // kernel larger than the input
   EXPECT_THROW(g.linear("fc", x, 3), Error);                      // linear needs pooled input
+}
+
+// Everything a planned graph holds lives in one arena: the parameter, gradient and state arenas
+// and every activation, gradient and workspace buffer are inside it, and none overlap.
+TEST(Graph, OneArenaHoldsEveryBuffer) {
+  auto be = make_cpu_backend();
+  Graph g(*be, GraphConfig{4, Layout::nhwc});
+  ModelOptions o;
+  o.image_size = 24;
+  o.num_classes = 10;
+  build_tiny(g, o);
+  g.plan();
+  const std::size_t params = g.param_arena_floats() * sizeof(float);
+  EXPECT_GE(g.device_bytes(), g.activation_bytes() + 2 * params);
+  const char* lo = reinterpret_cast<const char*>(g.param_arena());
+  const char* hi = lo + g.device_bytes();
+  std::vector<std::pair<const char*, std::size_t>> spans = {
+      {reinterpret_cast<const char*>(g.param_arena()), params},
+      {reinterpret_cast<const char*>(g.grad_arena()), params},
+      {reinterpret_cast<const char*>(g.state_arena()), g.state_arena_floats() * sizeof(float)},
+      {static_cast<const char*>(g.input_tensor().data), g.input_tensor().desc.bytes()},
+      {static_cast<const char*>(g.output("logits").data), g.output("logits").desc.bytes()}};
+  for (auto [p, n] : spans) {
+    EXPECT_GE(p, lo);
+    EXPECT_LE(p + n, hi);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].first + spans[i - 1].second, spans[i].first);
 }
 
 }  // namespace

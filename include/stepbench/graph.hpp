@@ -139,6 +139,9 @@ class Graph {
   // Multiply-adds of one image's forward pass; training includes training-only layers.
   std::int64_t forward_macs_per_image(bool training) const;
   std::size_t activation_bytes() const;  // planned activation + gradient + workspace memory
+  // Everything the graph holds in backend memory: one arena, allocated at the end of plan(), which
+  // throws UsageError (bytes needed and available, a batch size that fits) when it cannot fit.
+  std::size_t device_bytes() const;
   std::vector<LayerInfo> layers() const;  // in execution order
 
   struct Impl;

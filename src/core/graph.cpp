@@ -18,13 +18,23 @@ constexpr std::size_t kAlignFloats = 16;  // 64-byte aligned parameters
 std::size_t align_floats(std::size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 }  // namespace
 
+// A piece of the graph's one device arena: sized while planning, placed when the arena is
+// allocated at the end of plan(), so a batch that does not fit fails there, before any step.
+struct Slot {
+  std::size_t offset = 0, size = 0;
+  char* base = nullptr;
+  void* get() const { return size ? base + offset : nullptr; }
+  template <class T> T* as() const { return static_cast<T*>(get()); }
+  std::size_t bytes() const { return size; }
+};
+
 struct Value {
   Shape shape;
   ValueId root = -1;  // concat parent, or -1
   std::int64_t c_offset = 0;
   bool needs_grad = true;
   int producer = -1;  // layer index
-  Buffer data, grad;  // roots only
+  Slot data, grad;  // roots only
   Tensor t, g;        // views, valid after plan()
   bool grad_zero_first = false;
 };
@@ -67,8 +77,19 @@ struct Graph::Impl {
   bool training_only = false;
   bool planned = false;
   ValueId input = -1;
-  Buffer param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
-  Buffer param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler
+  Slot param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
+  Slot param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler
+  // The arena: every slot above and every layer's, one allocation.
+  Buffer arena;
+  std::vector<Slot*> slots;
+  std::size_t arena_bytes = 0;
+  void reserve(Slot& sl, std::size_t bytes) {
+    constexpr std::size_t kAlign = 256;  // what cuDNN and vector loads like
+    sl.size = bytes;
+    sl.offset = arena_bytes;
+    arena_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
+    slots.push_back(&sl);
+  }
   std::size_t param_floats = 0, state_floats = 0;
   int num_losses = 0;
   std::vector<float> loss_weights;
@@ -111,7 +132,7 @@ struct Graph::Impl {
   void widen_grad(Stream& s, std::size_t i) const {
     if (mixed()) be.cast(s, wgrad(i), cfg.dtype, pgrad(i), DType::f32, params[i].count);
   }
-  const float* loss_scale_ptr() const { return scaler.get() ? scaler.as<float>() : nullptr; }
+  const float* loss_scale_ptr() const { return scaler.size ? scaler.as<float>() : nullptr; }
   const Value& root_of(ValueId v) const { return values[v].root >= 0 ? values[values[v].root] : values[v]; }
   Layer& add_layer(std::unique_ptr<Layer> l) {
     if (planned) throw Error("graph: layers cannot be added after plan()");
@@ -128,7 +149,7 @@ struct ConvBnReluLayer final : Layer {
   ConvParams p;
   std::int64_t cout;
   std::size_t w, gamma, beta, rmean, rvar;
-  Buffer z, saved;  // conv output (dense), saved mean + invstd
+  Slot z, saved;  // conv output (dense), saved mean + invstd
   std::unique_ptr<ConvOp> conv;
   std::unique_ptr<BatchNormOp> bn;
   TensorDesc zdesc;
@@ -138,8 +159,8 @@ struct ConvBnReluLayer final : Layer {
     zdesc = g.desc(g.values[out].shape);
     conv = g.be.make_conv(g.desc(x.shape), zdesc, p);
     bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{});
-    z = Buffer(g.be, zdesc.bytes());
-    saved = Buffer(g.be, 2 * sizeof(float) * static_cast<std::size_t>(cout));
+    g.reserve(z, zdesc.bytes());
+    g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));
   }
   void forward(Graph::Impl& g, Stream& s, bool training) override {
     const Tensor zt{z.get(), zdesc};
@@ -175,10 +196,10 @@ struct ConvBnReluLayer final : Layer {
 struct PoolLayer final : Layer {
   PoolParams p;
   std::unique_ptr<PoolOp> op;
-  Buffer reserve;
+  Slot reserve;
   void plan(Graph::Impl& g) override {
     op = g.be.make_pool(g.values[in[0]].t.desc, g.values[out].t.desc, p);
-    reserve = Buffer(g.be, op->reserve_bytes());
+    g.reserve(reserve, op->reserve_bytes());
   }
   void forward(Graph::Impl& g, Stream& s, bool) override {
     op->forward(s, g.values[in[0]].t, g.values[out].t, reserve.get());
@@ -197,10 +218,10 @@ struct PoolLayer final : Layer {
 struct DropoutLayer final : Layer {
   double p;
   std::unique_ptr<DropoutOp> op;
-  Buffer reserve;
+  Slot reserve;
   void plan(Graph::Impl& g) override {
     op = g.be.make_dropout(g.values[in[0]].t.desc, p);
-    reserve = Buffer(g.be, op->reserve_bytes());
+    g.reserve(reserve, op->reserve_bytes());
   }
   void forward(Graph::Impl& g, Stream& s, bool training) override {
     const Tensor &x = g.values[in[0]].t, &y = g.values[out].t;
@@ -240,10 +261,10 @@ struct LossLayer final : Layer {
   float weight;
   int slot;
   std::unique_ptr<SoftmaxCrossEntropyOp> op;
-  Buffer reserve;
+  Slot reserve;
   void plan(Graph::Impl& g) override {
     op = g.be.make_softmax_cross_entropy(g.values[in[0]].t.desc);
-    reserve = Buffer(g.be, op->reserve_bytes());
+    g.reserve(reserve, op->reserve_bytes());
   }
   void forward(Graph::Impl& g, Stream& s, bool) override {
     op->forward(s, g.values[in[0]].t, g.label_ptr(), g.losses.as<float>() + slot, reserve.get());
@@ -433,40 +454,33 @@ void Graph::plan() {
           std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
     }
   }
-  g.param_arena = Buffer(be, g.param_floats * sizeof(float));
-  g.grad_arena = Buffer(be, g.param_floats * sizeof(float));
-  g.state_arena = Buffer(be, std::max<std::size_t>(g.state_floats, 1) * sizeof(float));
-  be.memset_zero(be.default_stream(), g.param_arena.get(), g.param_arena.bytes());
-  be.memset_zero(be.default_stream(), g.grad_arena.get(), g.grad_arena.bytes());
-  be.memset_zero(be.default_stream(), g.state_arena.get(), g.state_arena.bytes());
+  g.reserve(g.param_arena, g.param_floats * sizeof(float));
+  g.reserve(g.grad_arena, g.param_floats * sizeof(float));
+  g.reserve(g.state_arena, std::max<std::size_t>(g.state_floats, 1) * sizeof(float));
   if (g.mixed()) {
-    g.param_half = Buffer(be, g.param_floats * 2);
-    g.grad_half = Buffer(be, g.param_floats * 2);
-    be.memset_zero(be.default_stream(), g.grad_half.get(), g.grad_half.bytes());
+    g.reserve(g.param_half, g.param_floats * 2);
+    g.reserve(g.grad_half, g.param_floats * 2);
   }
-  if (g.cfg.loss_scaling || g.cfg.dtype == DType::f16) {
-    g.scaler = Buffer(be, LossScaler::kFloats * sizeof(float));
-    const float init[LossScaler::kFloats] = {LossScaler::kInitialScale, 0.0f, 0.0f};
-    be.copy(be.default_stream(), g.scaler.get(), init, sizeof init);
-    be.synchronize(be.default_stream());
-  }
+  if (g.cfg.loss_scaling || g.cfg.dtype == DType::f16) g.reserve(g.scaler, LossScaler::kFloats * sizeof(float));
 
-  // Activations and gradients: roots own buffers, concat parts are channel slices of their root.
+  // Activations and gradients: roots own slots, concat parts are channel slices of their root
+  // (their tensors get data pointers once the arena is placed).
   for (auto& v : g.values) {
     if (v.root >= 0) continue;
     const TensorDesc d = g.desc(v.shape);
-    v.data = Buffer(be, d.bytes());
-    v.t = Tensor{v.data.get(), d};
+    g.reserve(v.data, d.bytes());
+    v.t = Tensor{nullptr, d};
     if (v.needs_grad) {
-      v.grad = Buffer(be, d.bytes());
-      v.g = Tensor{v.grad.get(), d};
+      g.reserve(v.grad, d.bytes());
+      v.g = Tensor{nullptr, d};
     }
   }
   for (auto& v : g.values) {
     if (v.root < 0) continue;
     const Value& r = g.values[v.root];
-    v.t = r.t.channel_slice(v.c_offset, v.shape.c);
-    if (v.needs_grad) v.g = r.g.channel_slice(v.c_offset, v.shape.c);
+    v.t = Tensor{nullptr, r.t.desc};
+    v.t.desc.shape.c = v.shape.c;
+    if (v.needs_grad) v.g = Tensor{nullptr, v.t.desc};
   }
 
   // Fan-out: walking backward, the first writer of a gradient overwrites it, later ones add.
@@ -506,12 +520,42 @@ void Graph::plan() {
     ws = std::max(ws, l->workspace_bytes());
     scratch = std::max(scratch, l->scratch_bytes());
   }
-  g.workspace = Buffer(be, ws);
-  g.scratch = Buffer(be, scratch);
-  g.labels = Buffer(be, sizeof(std::int32_t) * static_cast<std::size_t>(g.cfg.batch));
-  be.memset_zero(be.default_stream(), g.labels.get(), g.labels.bytes());
-  g.losses = Buffer(be, sizeof(float) * static_cast<std::size_t>(std::max(g.num_losses, 1)));
-  be.memset_zero(be.default_stream(), g.losses.get(), g.losses.bytes());
+  g.reserve(g.workspace, ws);
+  g.reserve(g.scratch, scratch);
+  g.reserve(g.labels, sizeof(std::int32_t) * static_cast<std::size_t>(g.cfg.batch));
+  g.reserve(g.losses, sizeof(float) * static_cast<std::size_t>(std::max(g.num_losses, 1)));
+
+  // The arena: every byte the graph uses on the device, in one allocation, checked first.
+  const std::size_t have = be.memory_available();
+  if (static_cast<double>(g.arena_bytes) > 0.95 * static_cast<double>(have)) {
+    const double per_image = static_cast<double>(g.arena_bytes) / static_cast<double>(g.cfg.batch);
+    throw UsageError(fmt::format(
+        "batch size {} needs {} bytes ({:.2f} GiB) of {} memory on {} and {} bytes ({:.2f} GiB) are available; use "
+        "--batch-size {} or less",
+        g.cfg.batch, g.arena_bytes, g.arena_bytes / 1073741824.0, be.name(), be.device_name(), have,
+        have / 1073741824.0, std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
+  }
+  g.arena = Buffer(be, g.arena_bytes);
+  for (Slot* sl : g.slots) sl->base = g.arena.as<char>();
+  for (auto& v : g.values) {
+    if (v.root >= 0) continue;
+    v.t.data = v.data.get();
+    if (v.needs_grad) v.g.data = v.grad.get();
+  }
+  for (auto& v : g.values) {
+    if (v.root < 0) continue;
+    const Value& r = g.values[v.root];
+    v.t = r.t.channel_slice(v.c_offset, v.shape.c);
+    if (v.needs_grad) v.g = r.g.channel_slice(v.c_offset, v.shape.c);
+  }
+  auto& st = be.default_stream();
+  for (Slot* sl : {&g.param_arena, &g.grad_arena, &g.state_arena, &g.grad_half, &g.labels, &g.losses})
+    if (sl->size) be.memset_zero(st, sl->get(), sl->size);
+  if (g.scaler.size) {
+    const float init[LossScaler::kFloats] = {LossScaler::kInitialScale, 0.0f, 0.0f};
+    be.copy(st, g.scaler.get(), init, sizeof init);
+  }
+  be.synchronize(st);
   // Walking backward, the gradients of every layer from the last down to this one are final: with
   // the arena in reverse execution order they are a prefix of it.
   std::size_t ready = 0;
@@ -551,7 +595,7 @@ void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready
 }
 
 std::uint64_t Graph::step_counter() const { return impl_->step; }
-float* Graph::loss_scaler() const { return impl_->scaler.get() ? impl_->scaler.as<float>() : nullptr; }
+float* Graph::loss_scaler() const { return impl_->scaler.size ? impl_->scaler.as<float>() : nullptr; }
 float Graph::loss_scale(Stream& s) const {
   if (!loss_scaler()) return 1.0f;
   float v[LossScaler::kFloats];
@@ -661,6 +705,7 @@ std::int64_t Graph::forward_macs_per_image(bool training) const {
     if (training || !l->training_only) m += l->macs();
   return m / impl_->cfg.batch;
 }
+std::size_t Graph::device_bytes() const { return impl_->arena_bytes; }
 std::size_t Graph::activation_bytes() const {
   std::size_t b = impl_->workspace.bytes() + impl_->scratch.bytes();
   for (const auto& v : impl_->values) b += v.data.bytes() + v.grad.bytes();
