@@ -34,6 +34,18 @@ std::vector<float> host(const Towers& t, int i, const float* p) {
 std::vector<float> params(const Towers& t, int i) { return host(t, i, t.graph(i).param_arena()); }
 std::vector<float> grads(const Towers& t, int i) { return host(t, i, t.graph(i).grad_arena()); }
 
+// Both sets of towers on their own synthetic batches (the same seed), `steps` steps each.
+void step_both(Towers& a, Towers& b, int steps, std::uint64_t seed) {
+  a.set_synthetic_batch(seed);
+  b.set_synthetic_batch(seed);
+  for (int k = 0; k < steps; ++k) {
+    a.step();
+    b.step();
+  }
+  a.synchronize();
+  b.synchronize();
+}
+
 // The same images and labels on every tower.
 void same_batch(Towers& t) {
   const Shape s = t.graph(0).input_tensor().shape();
@@ -185,14 +197,7 @@ TEST(Towers, ParameterServerOnTheHostEqualsParameterServerOnTowerZero) {
     Towers a(dev), b(host);
     EXPECT_EQ(b.sync_bytes(), b.graph(0).param_arena_floats() * sizeof(float));  // even one tower's go to the host
     EXPECT_NE(b.sync_name().find("host memory (parameter server on the CPU)"), std::string::npos) << b.sync_name();
-    a.set_synthetic_batch(5);
-    b.set_synthetic_batch(5);
-    for (int k = 0; k < 3; ++k) {
-      a.step();
-      b.step();
-    }
-    a.synchronize();
-    b.synchronize();
+    step_both(a, b, 3, 5);
     EXPECT_GT(b.overlapped_buckets(), 0u);  // the host copies and sums started during backward
     for (int i = 0; i < n; ++i) EXPECT_EQ(params(b, i), params(a, i)) << "tower " << i;
   }
@@ -228,14 +233,7 @@ TEST(Towers, GradSyncAveragesEveryTowersGradients) {
 
 TEST(Towers, ParameterServerAndReplicatedGiveTheSameVariables) {
   Towers rep(tiny(2, VariableUpdate::replicated)), ps(tiny(2, VariableUpdate::parameter_server));
-  rep.set_synthetic_batch(9);
-  ps.set_synthetic_batch(9);
-  for (int k = 0; k < 3; ++k) {
-    rep.step();
-    ps.step();
-  }
-  rep.synchronize();
-  ps.synchronize();
+  step_both(rep, ps, 3, 9);
   EXPECT_EQ(params(rep, 0), params(rep, 1));  // replicas stay in sync
   EXPECT_EQ(params(ps, 0), params(ps, 1));    // the broadcast reached every tower
   EXPECT_EQ(params(ps, 0), params(rep, 0));
@@ -260,14 +258,7 @@ TEST(Towers, OverlappedSyncGivesTheSameVariablesAsSyncAfterBackward) {
       off.overlap = false;
       Towers a(on), b(off);
       ASSERT_GT(a.bucket_count(), 4u);
-      a.set_synthetic_batch(5);
-      b.set_synthetic_batch(5);
-      for (int k = 0; k < 3; ++k) {
-        a.step();
-        b.step();
-      }
-      a.synchronize();
-      b.synchronize();
+      step_both(a, b, 3, 5);
       EXPECT_GT(a.overlapped_buckets(), 0u);  // some buckets did start during backward
       EXPECT_EQ(b.overlapped_buckets(), 0u);
       for (int i = 0; i < n; ++i) EXPECT_EQ(params(a, i), params(b, i));

@@ -260,13 +260,15 @@ int cuda_device_count();
 // Why no GPU is usable, or "" when one is.
 std::string cuda_unavailable_reason();
 
-// RAII owner of a backend allocation.
-class Buffer {
+// RAII owner of a backend allocation: Buffer (device memory) and HostBuffer (host memory, pinned on
+// the cuda backend, so copies to the device are asynchronous and run at full speed).
+template <void* (Backend::*Allocate)(std::size_t), void (Backend::*Free)(void*)>
+class OwnedMemory {
  public:
-  Buffer() = default;
-  Buffer(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? be.allocate(bytes) : nullptr) {}
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept {
+  OwnedMemory() = default;
+  OwnedMemory(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? (be.*Allocate)(bytes) : nullptr) {}
+  OwnedMemory(OwnedMemory&& o) noexcept { *this = std::move(o); }
+  OwnedMemory& operator=(OwnedMemory&& o) noexcept {
     if (this != &o) {
       reset();
       be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
@@ -274,9 +276,9 @@ class Buffer {
     }
     return *this;
   }
-  ~Buffer() { reset(); }
+  ~OwnedMemory() { reset(); }
   void reset() {
-    if (p_) be_->deallocate(p_);
+    if (p_) (be_->*Free)(p_);
     p_ = nullptr; bytes_ = 0;
   }
   void* get() const { return p_; }
@@ -288,35 +290,7 @@ class Buffer {
   std::size_t bytes_ = 0;
   void* p_ = nullptr;
 };
-
-// RAII owner of a host allocation from a backend (pinned on the cuda backend, so copies to the
-// device are asynchronous and run at full speed).
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? be.allocate_host(bytes) : nullptr) {}
-  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
-      o.p_ = nullptr; o.bytes_ = 0;
-    }
-    return *this;
-  }
-  ~HostBuffer() { reset(); }
-  void reset() {
-    if (p_) be_->deallocate_host(p_);
-    p_ = nullptr; bytes_ = 0;
-  }
-  void* get() const { return p_; }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  Backend* be_ = nullptr;
-  std::size_t bytes_ = 0;
-  void* p_ = nullptr;
-};
+using Buffer = OwnedMemory<&Backend::allocate, &Backend::deallocate>;
+using HostBuffer = OwnedMemory<&Backend::allocate_host, &Backend::deallocate_host>;
 
 }  // namespace stepbench
