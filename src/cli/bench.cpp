@@ -176,7 +176,7 @@ class Feeder {
     t.enable_staging();
     const Shape s = t.graph(0).input_tensor().shape();
     if (o.data == "synthetic-host") {
-      // one batch per tower, in pinned memory where the backend pins
+      // one host batch, staged to every tower; pinned where the backend pins
       fixed_ = std::make_unique<HostBatch>(static_cast<std::size_t>(s.numel()), static_cast<std::size_t>(s.n),
                                            &t.backend(0));
       std::uint64_t x = 12345;
