@@ -136,6 +136,23 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaStep,
                                                                : "_fp32");
                          });
 
+// Tiny-model towers for the GPU tests (no dropout, so replicas and backends agree; many buckets).
+TowerOptions gpu_towers(const std::string& backend, int n, VariableUpdate mode, bool on_host) {
+  TowerOptions o;
+  o.backend = backend;
+  o.towers = n;
+  o.batch_per_tower = 4;
+  o.model = "tiny";
+  o.model_options.image_size = 32;
+  o.model_options.num_classes = 10;
+  o.model_options.dropout = 0;
+  o.variable_update = mode;
+  o.ps_on_host = on_host;
+  o.bucket_bytes = 16384;  // many buckets: several NCCL launches during backward
+  o.use_process_group = false;
+  return o;
+}
+
 // ---- input pipelines on the GPU ------------------------------------------------------------------------
 // JPEG batches come in pinned memory from the cuda backend, and a step fed through the staging
 // double buffer on the GPU matches the same staged batch on the CPU.
@@ -144,16 +161,8 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
   if (!why.empty()) GTEST_SKIP() << why;
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("stepbench_cudadata_{}", ::getpid());
   make_jpeg_dataset(dir.string(), 16, 2, 80, 60);
-  TowerOptions o;
-  o.model = "tiny";
-  o.batch_per_tower = 4;
-  o.model_options.image_size = 32;
-  o.model_options.num_classes = 10;
-  o.model_options.dropout = 0;
-  o.use_process_group = false;
-  auto og = o;
-  og.backend = "cuda";
-  Towers g(og), c(o);
+  Towers g(gpu_towers("cuda", 1, VariableUpdate::replicated, false)),
+      c(gpu_towers("cpu", 1, VariableUpdate::replicated, false));
   PipelineOptions po;
   po.batch = 4;
   po.image_size = 32;
@@ -182,14 +191,7 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
 TEST(CudaGraph, ReplayedStepsEqualLaunchedSteps) {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) GTEST_SKIP() << why;
-  TowerOptions o;
-  o.backend = "cuda";
-  o.model = "tiny";
-  o.batch_per_tower = 8;
-  o.model_options.image_size = 32;
-  o.model_options.num_classes = 10;
-  o.model_options.dropout = 0;
-  o.use_process_group = false;
+  const TowerOptions o = gpu_towers("cuda", 1, VariableUpdate::replicated, false);
   Towers a(o), b(o);
   a.set_synthetic_batch(4);
   b.set_synthetic_batch(4);
@@ -245,22 +247,6 @@ TEST(Nccl, OneRankCollectivesRunOnTheCommunicationStream) {
   be->synchronize(*cs);
   coll->check();
   EXPECT_EQ(back, h);
-}
-
-TowerOptions gpu_towers(const std::string& backend, int n, VariableUpdate mode, bool on_host) {
-  TowerOptions o;
-  o.backend = backend;
-  o.towers = n;
-  o.batch_per_tower = 4;
-  o.model = "tiny";
-  o.model_options.image_size = 32;
-  o.model_options.num_classes = 10;
-  o.model_options.dropout = 0;
-  o.variable_update = mode;
-  o.ps_on_host = on_host;
-  o.bucket_bytes = 16384;  // many buckets: several NCCL launches during backward
-  o.use_process_group = false;
-  return o;
 }
 
 std::vector<double> tower_params(const Towers& t, int i) {
