@@ -23,6 +23,9 @@ SB="$BUILD_DIR/bin/stepbench"
 echo "== GPU tests"
 "$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1
 tests_rc=$?
+echo "== the same op and step tests with batch norm and pooling on stepbench's kernels instead of cuDNN"
+STEPBENCH_CUDA_OWN_KERNELS=1 "$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*' --gtest_brief=1 ||
+  tests_rc=1
 
 # NCCL between GPUs: in one process, then one process per GPU under mpirun (unique id over MPI)
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
@@ -78,4 +81,8 @@ for cfg, m, extra in rows:
         print(f"{prec:<9} {fmt:<6} {b:>5} {m.get('forward', float('nan')):>11.2f} {m.get('forward_backward', float('nan')):>11.2f} "
               f"{st:>9.2f} {1000 * b / st:>9.1f} {m.get('step:cuda_graph', float('nan')):>13.2f}")
 PY
+# where cuDNN declined a batch norm or pooling configuration (our kernel ran it instead)
+if grep -h "cuDNN declined" "$OUT_DIR"/*.err 2>/dev/null | sort | uniq -c | grep .; then
+  echo "(the lines above: cuDNN declined these; stepbench's kernels ran them)"
+fi
 exit $tests_rc

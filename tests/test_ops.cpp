@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "test_util.hpp"
 
 namespace stepbench {
@@ -77,60 +79,67 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
   SB_BACKEND_OR_SKIP(be, GetParam());
   const auto [_, layout, dtype] = GetParam();
   const double tol = test::tolerance(dtype);
-  for (bool relu : {true, false}) {
-    SCOPED_TRACE(relu ? "fused relu" : "no relu");
-    const Shape s{3, 5, 4, 6};
-    const auto x = random_vec(s.numel(), 4, -2, 3);
-    const auto gamma = random_vec(s.c, 5, 0.5, 1.5), beta = random_vec(s.c, 6);
-    const auto dy = random_vec(s.numel(), 7);
-    BatchNormParams bp;
-    bp.relu = relu;
-    ref::Vec y_ref, dx_ref, dg_ref, db_ref;
-    ref::BnSaved saved;
-    ref::bn_forward_training(s, x, gamma, beta, bp.eps, relu, y_ref, saved);
-    ref::bn_backward(s, x, y_ref, dy, gamma, saved, relu, dx_ref, dg_ref, db_ref);
+  // y and dy are slices (channels 2..6 of 9), as when a branch ends in a concat, or dense, as when
+  // the next conv reads them (on the cuda backend, NHWC dense is where cuDNN fuses the ReLU)
+  for (bool relu : {true, false})
+    for (bool sliced : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, {} output", relu ? "fused relu" : "no relu", sliced ? "sliced" : "dense"));
+      const Shape s{3, 5, 4, 6};
+      const auto x = random_vec(s.numel(), 4, -2, 3);
+      const auto gamma = random_vec(s.c, 5, 0.5, 1.5), beta = random_vec(s.c, 6);
+      const auto dy = random_vec(s.numel(), 7);
+      BatchNormParams bp;
+      bp.relu = relu;
+      ref::Vec y_ref, dx_ref, dg_ref, db_ref;
+      ref::BnSaved saved;
+      ref::bn_forward_training(s, x, gamma, beta, bp.eps, relu, y_ref, saved);
+      ref::bn_backward(s, x, y_ref, dy, gamma, saved, relu, dx_ref, dg_ref, db_ref);
 
-    // y and dy are slices (channels 2..6 of 9), as when a branch ends in a concat
-    DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 2, 2), DY(*be, s, layout, dtype, 1, 3),
-        DX(*be, s, layout, dtype);
-    X.upload(x);
-    DY.upload(dy);
-    DevVec G(*be, gamma), B(*be, beta), RM(*be, std::vector<double>(s.c, 0.5)), RV(*be, std::vector<double>(s.c, 2.0)),
-        SM(*be, s.c), SI(*be, s.c), DG(*be, s.c), DB(*be, s.c);
-    auto op = be->make_batch_norm(X.t().desc, Y.t().desc, bp);
-    auto& st = be->default_stream();
-    op->forward_training(st, X, Y, G, B, RM, RV, SM, SI);
-    EXPECT_CLOSE(Y.download(), y_ref, tol);
-    // neighbours of the slice are untouched
-    const auto raw = Y.raw();
-    const Strides ds = dense_strides({s.n, s.c + 4, s.h, s.w}, layout);
-    for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t c : {0, 1, 7, 8}) EXPECT_EQ(raw[static_cast<std::size_t>(n * ds.n + c * ds.c + 2 * ds.h)], 0.0f);
-    EXPECT_CLOSE(SM.get_host(), saved.mean, tol);
-    EXPECT_CLOSE(SI.get_host(), saved.invstd, tol);
-    // running statistics: momentum 0.1, unbiased variance (PyTorch)
-    ref::Vec rm(s.c), rv(s.c);
-    for (std::int64_t c = 0; c < s.c; ++c) {
-      rm[c] = 0.9 * 0.5 + 0.1 * saved.mean[c];
-      rv[c] = 0.9 * 2.0 + 0.1 * saved.var_unbiased[c];
+      const int before = sliced ? 2 : 0, after = sliced ? 2 : 0;
+      DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, before, after),
+          DY(*be, s, layout, dtype, sliced ? 1 : 0, sliced ? 3 : 0), DX(*be, s, layout, dtype);
+      X.upload(x);
+      DY.upload(dy);
+      DevVec G(*be, gamma), B(*be, beta), RM(*be, std::vector<double>(s.c, 0.5)),
+          RV(*be, std::vector<double>(s.c, 2.0)), SM(*be, s.c), SI(*be, s.c), DG(*be, s.c), DB(*be, s.c);
+      auto op = be->make_batch_norm(X.t().desc, Y.t().desc, bp);
+      Buffer ws(*be, op->workspace_bytes()), reserve(*be, op->reserve_bytes());
+      auto& st = be->default_stream();
+      op->forward_training(st, X, Y, G, B, RM, RV, SM, SI, ws.get(), reserve.get());
+      EXPECT_CLOSE(Y.download(), y_ref, tol);
+      if (sliced) {  // neighbours of the slice are untouched
+        const auto raw = Y.raw();
+        const Strides ds = dense_strides({s.n, s.c + 4, s.h, s.w}, layout);
+        for (std::int64_t n = 0; n < s.n; ++n)
+          for (std::int64_t c : {0, 1, 7, 8})
+            EXPECT_EQ(raw[static_cast<std::size_t>(n * ds.n + c * ds.c + 2 * ds.h)], 0.0f);
+      }
+      EXPECT_CLOSE(SM.get_host(), saved.mean, tol);
+      EXPECT_CLOSE(SI.get_host(), saved.invstd, tol);
+      // running statistics: momentum 0.1, unbiased variance (PyTorch)
+      ref::Vec rm(s.c), rv(s.c);
+      for (std::int64_t c = 0; c < s.c; ++c) {
+        rm[c] = 0.9 * 0.5 + 0.1 * saved.mean[c];
+        rv[c] = 0.9 * 2.0 + 0.1 * saved.var_unbiased[c];
+      }
+      EXPECT_CLOSE(RM.get_host(), rm, tol);
+      EXPECT_CLOSE(RV.get_host(), rv, tol);
+
+      op->backward(st, X, Y, DY, DX, G, B, SM, SI, DG, DB, 0.0f, ws.get(), reserve.get());
+      EXPECT_CLOSE(DX.download(), dx_ref, tol);
+      EXPECT_CLOSE(DG.get_host(), dg_ref, tol);
+      EXPECT_CLOSE(DB.get_host(), db_ref, tol);
+      op->backward(st, X, Y, DY, DX, G, B, SM, SI, DG, DB, 1.0f, ws.get(), reserve.get());
+      ref::Vec twice(dx_ref);
+      for (auto& v : twice) v *= 2;
+      EXPECT_CLOSE(DX.download(), twice, tol);
+      EXPECT_CLOSE(DY.download(), dy, tol);  // the incoming gradient is read, never changed
+
+      ref::Vec yi_ref;
+      ref::bn_forward_inference(s, x, gamma, beta, rm, rv, bp.eps, relu, yi_ref);
+      op->forward_inference(st, X, Y, G, B, RM, RV, ws.get());
+      EXPECT_CLOSE(Y.download(), yi_ref, tol);
     }
-    EXPECT_CLOSE(RM.get_host(), rm, tol);
-    EXPECT_CLOSE(RV.get_host(), rv, tol);
-
-    op->backward(st, X, Y, DY, DX, G, SM, SI, DG, DB, 0.0f);
-    EXPECT_CLOSE(DX.download(), dx_ref, tol);
-    EXPECT_CLOSE(DG.get_host(), dg_ref, tol);
-    EXPECT_CLOSE(DB.get_host(), db_ref, tol);
-    op->backward(st, X, Y, DY, DX, G, SM, SI, DG, DB, 1.0f);
-    ref::Vec twice(dx_ref);
-    for (auto& v : twice) v *= 2;
-    EXPECT_CLOSE(DX.download(), twice, tol);
-
-    ref::Vec yi_ref;
-    ref::bn_forward_inference(s, x, gamma, beta, rm, rv, bp.eps, relu, yi_ref);
-    op->forward_inference(st, X, Y, G, B, RM, RV);
-    EXPECT_CLOSE(Y.download(), yi_ref, tol);
-  }
 }
 
 struct PoolCase {

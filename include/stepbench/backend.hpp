@@ -95,16 +95,21 @@ class ConvOp {
 class BatchNormOp {
  public:
   virtual ~BatchNormOp() = default;
+  // Scratch shared with other ops (valid during one call), and per-layer memory kept from
+  // forward_training to backward (the cuda backend's fused BN+ReLU keeps its ReLU mask there).
+  virtual std::size_t workspace_bytes() const { return 0; }
+  virtual std::size_t reserve_bytes() const { return 0; }
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
   // the running statistics in place.
   virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                                float* running_mean, float* running_var, float* save_mean, float* save_invstd) = 0;
+                                float* running_mean, float* running_var, float* save_mean, float* save_invstd,
+                                void* ws, void* reserve) = 0;
   virtual void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                                 const float* running_mean, const float* running_var) = 0;
+                                 const float* running_mean, const float* running_var, void* ws) = 0;
   // y is the forward output (for the fused ReLU's mask). dgamma/dbeta are overwritten.
   virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
-                        const float* gamma, const float* save_mean, const float* save_invstd, float* dgamma,
-                        float* dbeta, float beta_dx) = 0;
+                        const float* gamma, const float* beta, const float* save_mean, const float* save_invstd,
+                        float* dgamma, float* dbeta, float beta_dx, void* ws, const void* reserve) = 0;
 };
 
 class PoolOp {

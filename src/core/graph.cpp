@@ -149,7 +149,7 @@ struct ConvBnReluLayer final : Layer {
   ConvParams p;
   std::int64_t cout;
   std::size_t w, gamma, beta, rmean, rvar;
-  Slot z, saved;  // conv output (dense), saved mean + invstd
+  Slot z, saved, bn_reserve;  // conv output (dense), saved mean + invstd, what the BN op keeps
   std::unique_ptr<ConvOp> conv;
   std::unique_ptr<BatchNormOp> bn;
   TensorDesc zdesc;
@@ -161,21 +161,23 @@ struct ConvBnReluLayer final : Layer {
     bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{});
     g.reserve(z, zdesc.bytes());
     g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));
+    g.reserve(bn_reserve, bn->reserve_bytes());
   }
   void forward(Graph::Impl& g, Stream& s, bool training) override {
     const Tensor zt{z.get(), zdesc};
     conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
     if (training)
       bn->forward_training(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
-                           saved.as<float>(), saved.as<float>() + cout);
+                           saved.as<float>(), saved.as<float>() + cout, g.workspace.get(), bn_reserve.get());
     else
-      bn->forward_inference(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar));
+      bn->forward_inference(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
+                            g.workspace.get());
   }
   void backward(Graph::Impl& g, Stream& s) override {
     const Tensor zt{z.get(), zdesc}, dz{g.scratch.get(), zdesc};
     const Value& o = g.values[out];
-    bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), saved.as<float>(), saved.as<float>() + cout, g.pgrad(gamma),
-                 g.pgrad(beta), 0.0f);
+    bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
+                 g.pgrad(gamma), g.pgrad(beta), 0.0f, g.workspace.get(), bn_reserve.get());
     conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
     g.widen_grad(s, w);
     if (g.values[in[0]].needs_grad)
@@ -183,7 +185,7 @@ struct ConvBnReluLayer final : Layer {
   }
   std::int64_t macs() const override { return mac_count; }
   std::int64_t cin = 0, mac_count = 0;
-  std::size_t workspace_bytes() const override { return conv->workspace_bytes(); }
+  std::size_t workspace_bytes() const override { return std::max(conv->workspace_bytes(), bn->workspace_bytes()); }
   std::size_t scratch_bytes() const override { return zdesc.bytes(); }
   std::string name;
   LayerInfo info() const override {

@@ -186,15 +186,16 @@ class CpuBatchNorm final : public BatchNormOp {
     if (x.dtype != DType::f32) throw UnsupportedError("batch norm: the cpu backend computes in fp32 only");
   }
   void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                        float* rm, float* rv, float* sm, float* si) override {
+                        float* rm, float* rv, float* sm, float* si, void*, void*) override {
     cpu::bn_forward_training(x, y, gamma, beta, rm, rv, sm, si, p_, scratch_.data());
   }
   void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                         const float* rm, const float* rv) override {
+                         const float* rm, const float* rv, void*) override {
     cpu::bn_forward_inference(x, y, gamma, beta, rm, rv, p_, scratch_.data());
   }
   void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
-                const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx) override {
+                const float*, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx, void*,
+                const void*) override {
     cpu::bn_backward(x, y, dy, dx, gamma, sm, si, dgamma, dbeta, beta_dx, p_.relu, scratch_.data());
   }
 

@@ -1,6 +1,7 @@
 // The CUDA backend: convolutions on cuDNN (cudnnFind* at planning time within a workspace budget),
-// the fully connected layer on cuBLAS, and stepbench's own kernels (src/cuda/kernels.cu) for batch
-// norm with fused ReLU, pooling, ReLU, accumulation, dropout, the loss and the optimizer update.
+// batch norm (ReLU fused where cuDNN can) and pooling on cuDNN, the fully connected layer on
+// cuBLAS, and stepbench's own kernels (src/cuda/kernels.cu) for ReLU, accumulation, dropout, the
+// loss and the optimizer update, and for batch norm and pooling where cuDNN declines a layout.
 // fp32, bf16 or fp16 storage (fp32 accumulation everywhere); TF32 tensor-op math on request
 // (set_tensor_math). Every tensor may be a strided view (a concat slice): cuDNN gets strided
 // descriptors, the kernels take strides.
@@ -12,7 +13,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -154,6 +159,7 @@ struct Ctx {  // what every op of one backend shares
   cublasHandle_t cublas;
   bool tf32;
   std::size_t workspace_budget;
+  bool own_norm_pool;  // STEPBENCH_CUDA_OWN_KERNELS=1: batch norm and pooling on our kernels, not cuDNN
 };
 
 // ---- convolution -----------------------------------------------------------------------------------
@@ -353,58 +359,245 @@ class CublasLinear final : public LinearOp {
   DType t_;
 };
 
-// ---- batch norm, pooling, ReLU, dropout, loss (own kernels) -------------------------------------------
+// ---- batch norm and pooling (cuDNN; stepbench's kernels where cuDNN declines) ------------------------
+struct ActivationDescriptor {
+  cudnnActivationDescriptor_t d = nullptr;
+  ActivationDescriptor() {
+    SB_CUDNN(cudnnCreateActivationDescriptor(&d));
+    SB_CUDNN(cudnnSetActivationDescriptor(d, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+  }
+  ~ActivationDescriptor() { cudnnDestroyActivationDescriptor(d); }
+  ActivationDescriptor(const ActivationDescriptor&) = delete;
+  ActivationDescriptor& operator=(const ActivationDescriptor&) = delete;
+};
+// The 1 x C x 1 x 1 fp32 descriptor of BN's scale, bias, mean and variance (fp32 whatever x is).
+struct BnParamDescriptor {
+  cudnnTensorDescriptor_t d = nullptr;
+  explicit BnParamDescriptor(cudnnTensorDescriptor_t x) {
+    SB_CUDNN(cudnnCreateTensorDescriptor(&d));
+    SB_CUDNN(cudnnDeriveBNTensorDescriptor(d, x, CUDNN_BATCHNORM_SPATIAL));
+  }
+  ~BnParamDescriptor() { cudnnDestroyTensorDescriptor(d); }
+  BnParamDescriptor(const BnParamDescriptor&) = delete;
+  BnParamDescriptor& operator=(const BnParamDescriptor&) = delete;
+};
+struct PoolingDescriptor {
+  cudnnPoolingDescriptor_t d = nullptr;
+  explicit PoolingDescriptor(const PoolParams& p) {
+    SB_CUDNN(cudnnCreatePoolingDescriptor(&d));
+    // max: the deterministic variant (the gradient goes to one maximum, the same every run)
+    const cudnnPoolingMode_t m = p.kind == PoolKind::max               ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                 : p.kind == PoolKind::avg_include_pad ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                                                       : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+    SB_CUDNN(cudnnSetPooling2dDescriptor(d, m, CUDNN_PROPAGATE_NAN, p.kh, p.kw, p.pad_h, p.pad_w, p.stride_h,
+                                         p.stride_w));
+  }
+  ~PoolingDescriptor() { cudnnDestroyPoolingDescriptor(d); }
+  PoolingDescriptor(const PoolingDescriptor&) = delete;
+  PoolingDescriptor& operator=(const PoolingDescriptor&) = delete;
+};
+
+// cuDNN may decline a configuration (a layout, a stride pattern or a type it has no kernel for).
+// Such a call launches nothing; the op then runs stepbench's kernel for good, and says so once per
+// kind of refusal. Any other failure throws.
+bool cudnn_ran(cudnnStatus_t st, const char* call, const char* file, int line) {
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  const int category = CUDNN_STATUS_CATEGORY(st);
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM) return false;
+  throw_error(file, line, fmt::format("{} failed: {}", call, cudnnGetErrorString(st)));
+}
+#define SB_CUDNN_RAN(call) cudnn_ran((call), #call, __FILE__, __LINE__)
+
+void note_fallback(const char* op, const char* step, const TensorDesc& x) {
+  static std::mutex m;
+  static std::set<std::string> said;
+  const std::string what = fmt::format("{} {} on {} {}", op, step, to_string(x.layout), to_string(x.dtype));
+  std::lock_guard<std::mutex> lock(m);
+  if (said.insert(what).second)
+    fmt::print(stderr, "stepbench: cuDNN declined {} ({}); stepbench's kernel runs it\n", what, to_string(x.shape));
+}
+
+// Batch norm on cuDNN: spatial mode, the persistent kernels for NHWC training (as PyTorch picks
+// them), with the ReLU fused by cudnnBatchNormalization*Ex where cuDNN offers it (NHWC, output and
+// its gradient dense). Elsewhere the ReLU is a pass of our own: in place on y after the forward,
+// and in backward the masked gradient goes to the workspace (dense, x's layout), which cuDNN then
+// reads; the incoming gradient is never written. x (the conv output) is always dense; y and dy may
+// be concat slices, which cuDNN reads and writes through strided descriptors.
 class CudaBatchNorm final : public BatchNormOp {
  public:
-  CudaBatchNorm(const Ctx& c, const TensorDesc&, const BatchNormParams& p) : c_(c), p_(p) {}
+  CudaBatchNorm(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const BatchNormParams& p)
+      : c_(c), p_(p), x_(x), y_(y), xd_(x), yd_(y), bnd_(xd_.d) {
+    SB_CHECK(x.shape == y.shape && x.dtype == y.dtype, "batch norm: x and y differ in shape or type");
+    own_ = own_inference_ = c.own_norm_pool || !x.is_dense();
+    if (x.layout == Layout::nhwc) mode_ = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    if (!own_ && p.relu && x.layout == Layout::nhwc && y.is_dense()) {
+      std::size_t f = 0, b = 0, r = 0;
+      fused_ = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+                                                                        xd_.d, nullptr, yd_.d, bnd_.d, act_.d,
+                                                                        &f) == CUDNN_STATUS_SUCCESS &&
+               cudnnGetBatchNormalizationBackwardExWorkspaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+                                                                 xd_.d, yd_.d, yd_.d, nullptr, xd_.d, bnd_.d, act_.d,
+                                                                 &b) == CUDNN_STATUS_SUCCESS &&
+               cudnnGetBatchNormalizationTrainingExReserveSpaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+                                                                    act_.d, xd_.d, &r) == CUDNN_STATUS_SUCCESS;
+      if (fused_) {
+        ex_ws_ = std::max(f, b);
+        reserve_ = r;
+      }
+    }
+    // [masked gradient, x.bytes() | cuDNN's own workspace for the fused calls]
+    if (!own_) temp_ = (x.bytes() + 255) / 256 * 256;
+  }
+  std::size_t workspace_bytes() const override { return temp_ + ex_ws_; }
+  std::size_t reserve_bytes() const override { return reserve_; }
+
   void forward_training(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
-                        float* rv, float* sm, float* si) override {
-    SB_CUDA(cudaSetDevice(c_.device));
+                        float* rv, float* sm, float* si, void* ws, void* reserve) override {
+    set(s);
+    const float one = 1, zero = 0;
+    if (!own_ && x.desc == x_ && y.desc == y_) {
+      if (fused_) {
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTrainingEx(
+                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, xd_.d, x.data, nullptr, nullptr,
+                yd_.d, y.data, bnd_.d, gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, act_.d, ex_ws(ws), ex_ws_,
+                reserve, reserve_)))
+          return;
+        fused_ = false;  // declined: BN, then our ReLU, from now on
+      }
+      while (!own_) {
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTraining(c_.cudnn, mode_, &one, &zero, xd_.d, x.data, yd_.d,
+                                                                y.data, bnd_.d, gamma, beta, p_.momentum, rm, rv,
+                                                                p_.eps, sm, si))) {
+          if (p_.relu) SB_CUDA(cuda::launch_relu_forward(view(y), view(y), S(s)));
+          return;
+        }
+        decline("forward");
+      }
+    }
     SB_CUDA(cuda::launch_bn_forward_training(view(x), view(y), gamma, beta, rm, rv, sm, si, p_.eps, p_.momentum,
                                              p_.relu, S(s)));
   }
   void forward_inference(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                         const float* rm, const float* rv) override {
-    SB_CUDA(cudaSetDevice(c_.device));
+                         const float* rm, const float* rv, void*) override {
+    set(s);
+    const float one = 1, zero = 0;
+    if (!own_inference_ && x.desc == x_ && y.desc == y_) {
+      if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardInference(c_.cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd_.d,
+                                                               x.data, yd_.d, y.data, bnd_.d, gamma, beta, rm, rv,
+                                                               p_.eps))) {
+        if (p_.relu) SB_CUDA(cuda::launch_relu_forward(view(y), view(y), S(s)));
+        return;
+      }
+      own_inference_ = true;
+      note_fallback("batch norm", "inference", x_);
+    }
     SB_CUDA(cuda::launch_bn_forward_inference(view(x), view(y), gamma, beta, rm, rv, p_.eps, p_.relu, S(s)));
   }
   void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
-                const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx) override {
-    SB_CUDA(cudaSetDevice(c_.device));
+                const float* beta, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx,
+                void* ws, const void* reserve) override {
+    set(s);
+    const float one = 1, zero = 0;
+    if (!own_ && x.desc == x_ && y.desc == y_ && dx.desc == x_) {
+      if (fused_ && dy.desc == y_) {
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackwardEx(
+                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &beta_dx, &one, &zero, xd_.d, x.data, yd_.d,
+                y.data, yd_.d, dy.data, nullptr, nullptr, xd_.d, dx.data, bnd_.d, gamma, beta, dgamma, dbeta, p_.eps,
+                sm, si, act_.d, ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_)))
+          return;
+        fused_ = false;
+      }
+      // the gradient cuDNN reads: dy masked by the ReLU (y > 0), or dy copied dense
+      const Tensor g{ws, x_};
+      if (p_.relu)
+        SB_CUDA(cuda::launch_relu_backward(view(y), view(dy), view(g), 0.0f, S(s)));
+      else
+        SB_CUDA(cuda::launch_add(view(dy), view(g), 0.0f, S(s)));
+      while (!own_) {
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackward(c_.cudnn, mode_, &one, &beta_dx, &one, &zero, xd_.d, x.data,
+                                                         xd_.d, g.data, xd_.d, dx.data, bnd_.d, gamma, dgamma, dbeta,
+                                                         p_.eps, sm, si)))
+          return;
+        decline("backward");
+      }
+    }
     SB_CUDA(cuda::launch_bn_backward(view(x), view(y), view(dy), view(dx), gamma, sm, si, dgamma, dbeta, beta_dx,
                                      p_.relu, S(s)));
   }
 
  private:
+  // persistent -> spatial -> our kernel
+  void decline(const char* step) {
+    if (mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
+      mode_ = CUDNN_BATCHNORM_SPATIAL;
+      return;
+    }
+    own_ = true;
+    note_fallback("batch norm", step, x_);
+  }
+  void* ex_ws(void* ws) const { return ex_ws_ ? static_cast<char*>(ws) + temp_ : nullptr; }
+  void set(Stream& s) {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDNN(cudnnSetStream(c_.cudnn, S(s)));
+  }
   Ctx c_;
   BatchNormParams p_;
+  TensorDesc x_, y_;
+  TensorDescriptor xd_, yd_;
+  BnParamDescriptor bnd_;
+  ActivationDescriptor act_;
+  cudnnBatchNormMode_t mode_ = CUDNN_BATCHNORM_SPATIAL;
+  bool fused_ = false, own_ = false, own_inference_ = false;
+  std::size_t temp_ = 0, ex_ws_ = 0, reserve_ = 0;
 };
 
+// Pooling on cuDNN, strided descriptors on both sides (a max pool branch writes its concat slice).
+// cuDNN's max pool backward finds the maximum again from x and y, so nothing is reserved; where
+// cuDNN declines, our kernel does the same (argmax null).
 class CudaPool final : public PoolOp {
  public:
-  CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p) : c_(c), y_(y) {
+  CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p)
+      : c_(c), x_(x), y_(y), xd_(x), yd_(y), pd_(p), own_(c.own_norm_pool) {
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
     a_ = cuda::PoolArgs{p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                         p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
   }
-  std::size_t reserve_bytes() const override {
-    return a_.kind == 0 ? static_cast<std::size_t>(y_.numel()) * sizeof(std::int32_t) : 0;
+  std::size_t reserve_bytes() const override { return 0; }
+  void forward(Stream& s, const Tensor& x, const Tensor& y, void*) override {
+    set(s);
+    const float one = 1, zero = 0;
+    if (!own_ && x.desc == x_ && y.desc == y_) {
+      if (SB_CUDNN_RAN(cudnnPoolingForward(c_.cudnn, pd_.d, &one, xd_.d, x.data, &zero, yd_.d, y.data))) return;
+      own_ = true;
+      note_fallback("pooling", "forward", x_);
+    }
+    SB_CUDA(cuda::launch_pool_forward(view(x), view(y), a_, nullptr, S(s)));
   }
-  void forward(Stream& s, const Tensor& x, const Tensor& y, void* reserve) override {
-    SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUDA(cuda::launch_pool_forward(view(x), view(y), a_, static_cast<std::int32_t*>(reserve), S(s)));
-  }
-  void backward(Stream& s, const Tensor&, const Tensor&, const Tensor& dy, const Tensor& dx, float beta,
-                const void* reserve) override {
-    SB_CHECK(a_.kind != 0 || reserve, "max pool backward needs the forward's argmax");
-    SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUDA(cuda::launch_pool_backward(view(dy), view(dx), a_, beta, static_cast<const std::int32_t*>(reserve), S(s)));
+  void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta,
+                const void*) override {
+    set(s);
+    const float one = 1;
+    if (!own_ && x.desc == x_ && y.desc == y_ && dy.desc == y_ && dx.desc == x_) {
+      if (SB_CUDNN_RAN(cudnnPoolingBackward(c_.cudnn, pd_.d, &one, yd_.d, y.data, yd_.d, dy.data, xd_.d, x.data, &beta,
+                                            xd_.d, dx.data)))
+        return;
+      own_ = true;
+      note_fallback("pooling", "backward", x_);
+    }
+    SB_CUDA(cuda::launch_pool_backward(view(x), view(dy), view(dx), a_, beta, nullptr, S(s)));
   }
 
  private:
+  void set(Stream& s) {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDNN(cudnnSetStream(c_.cudnn, S(s)));
+  }
   Ctx c_;
-  TensorDesc y_;
+  TensorDesc x_, y_;
+  TensorDescriptor xd_, yd_;
+  PoolingDescriptor pd_;
   cuda::PoolArgs a_{};
+  bool own_;
 };
 
 class CudaRelu final : public ReluOp {
@@ -643,9 +836,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) override {
     return std::make_unique<CudnnConv>(ctx(), x, y, p);
   }
-  std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc&,
+  std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc& y,
                                                const BatchNormParams& p) override {
-    return std::make_unique<CudaBatchNorm>(ctx(), x, p);
+    return std::make_unique<CudaBatchNorm>(ctx(), x, y, p);
   }
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) override {
     return std::make_unique<CudaPool>(ctx(), x, y, p);
@@ -693,7 +886,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Ctx ctx() const { return Ctx{dev_, cudnn_, cublas_, tf32_, budget_}; }
+  Ctx ctx() const { return Ctx{dev_, cudnn_, cublas_, tf32_, budget_, own_norm_pool_}; }
   int dev_;
   cudaDeviceProp prop_{};
   CudaStream stream_;
@@ -701,6 +894,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   bool tf32_ = false;
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
+  const bool own_norm_pool_ = [] {
+    const char* v = std::getenv("STEPBENCH_CUDA_OWN_KERNELS");
+    return v && std::string(v) == "1";
+  }();
 };
 
 }  // namespace

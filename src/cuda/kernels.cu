@@ -176,6 +176,23 @@ __device__ void window(const PoolArgs& p, long long H, long long W, long long oh
   inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
+// The window's maximum and where it is (h * W + w): PyTorch's rule, the first max wins and NaN
+// propagates.
+__device__ __forceinline__ float window_max(const View& x, long long b, long long c, long long h0, long long h1,
+                                            long long w0, long long w1, std::int32_t& pos) {
+  float best = -INFINITY;
+  pos = static_cast<std::int32_t>(h0 * x.w + w0);
+  for (long long h = h0; h < h1; ++h)
+    for (long long w = w0; w < w1; ++w) {
+      const float v = ld(x, off4(x, b, c, h, w));
+      if (v > best || isnan(v)) {
+        best = v;
+        pos = static_cast<std::int32_t>(h * x.w + w);
+      }
+    }
+  return best;
+}
+
 __global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, long long n) {
   GRID_STRIDE(i, n) {
     const long long ow = i % y.w, oh = (i / y.w) % y.h, c = (i / (y.w * y.h)) % y.c, b = i / (y.w * y.h * y.c);
@@ -183,17 +200,8 @@ __global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, lon
     float inv;
     window(p, x.h, x.w, oh, ow, h0, h1, w0, w1, inv);
     if (p.kind == 0) {
-      float best = -INFINITY;
-      std::int32_t pos = static_cast<std::int32_t>(h0 * x.w + w0);
-      for (long long h = h0; h < h1; ++h)
-        for (long long w = w0; w < w1; ++w) {
-          const float v = ld(x, off4(x, b, c, h, w));
-          if (v > best || isnan(v)) {  // PyTorch's rule: the first max wins, NaN propagates
-            best = v;
-            pos = static_cast<std::int32_t>(h * x.w + w);
-          }
-        }
-      st(y, off4(y, b, c, oh, ow), best);
+      std::int32_t pos;
+      st(y, off4(y, b, c, oh, ow), window_max(x, b, c, h0, h1, w0, w1, pos));
       if (argmax) argmax[i] = pos;
     } else {
       float s = 0;
@@ -212,8 +220,9 @@ __device__ __forceinline__ void covering(long long i, int k, int s, int pad, lon
 }
 
 // Gather: each input element sums the outputs whose windows cover it, so no two threads write one
-// element.
-__global__ void pool_bwd_k(View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n) {
+// element. Max pool routes each output's gradient to its window's argmax: the forward's, or found
+// again in x when there is none (argmax null).
+__global__ void pool_bwd_k(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n) {
   GRID_STRIDE(i, n) {
     const long long w = i % dx.w, h = (i / dx.w) % dx.h, c = (i / (dx.w * dx.h)) % dx.c, b = i / (dx.w * dx.h * dx.c);
     long long oh0, oh1, ow0, ow1;
@@ -224,12 +233,17 @@ __global__ void pool_bwd_k(View dy, View dx, PoolArgs p, float beta, const std::
     for (long long oh = oh0; oh < oh1; ++oh)
       for (long long ow = ow0; ow < ow1; ++ow) {
         const float g = ld(dy, off4(dy, b, c, oh, ow));
+        long long h0, h1, w0, w1;
+        float inv;
+        window(p, dx.h, dx.w, oh, ow, h0, h1, w0, w1, inv);
         if (p.kind == 0) {
-          if (argmax[((b * dy.c + c) * dy.h + oh) * dy.w + ow] == pos) acc += g;
+          std::int32_t at;
+          if (argmax)
+            at = argmax[((b * dy.c + c) * dy.h + oh) * dy.w + ow];
+          else
+            window_max(x, b, c, h0, h1, w0, w1, at);
+          if (at == pos) acc += g;
         } else {
-          long long h0, h1, w0, w1;
-          float inv;
-          window(p, dx.h, dx.w, oh, ow, h0, h1, w0, w1, inv);
           acc += inv * g;
         }
       }
@@ -418,9 +432,9 @@ cudaError_t launch_pool_forward(View x, View y, PoolArgs p, std::int32_t* argmax
   pool_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, p, argmax, numel(y));
   return cudaGetLastError();
 }
-cudaError_t launch_pool_backward(View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
+cudaError_t launch_pool_backward(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
                                  cudaStream_t s) {
-  pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(dy, dx, p, beta, argmax, numel(dx));
+  pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(x, dy, dx, p, beta, argmax, numel(dx));
   return cudaGetLastError();
 }
 cudaError_t launch_add_bias(Flat y, Flat b, long long N, long long M, cudaStream_t s) {

@@ -53,8 +53,9 @@ cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* ga
                                cudaStream_t s);
 
 // Pooling; argmax (max pool) holds, per output in logical NCHW order, the input position h * W + w.
+// It may be null: the forward then does not record it and the backward finds it again in x.
 cudaError_t launch_pool_forward(View x, View y, PoolArgs p, std::int32_t* argmax, cudaStream_t s);
-cudaError_t launch_pool_backward(View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
+cudaError_t launch_pool_backward(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
                                  cudaStream_t s);
 
 // y[n, m] += b[m] over a dense N x M; db[m] = sum_n dy[n, m]
