@@ -57,7 +57,7 @@ done
 
 python3 - "$OUT_DIR" <<'PY'
 import glob, json, os, statistics, sys
-rows = []
+rows, kernels = [], {}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "inception_v3-*.json"))):
     cfg = os.path.basename(path)[:-5].split("-")
     d = json.load(open(path))
@@ -71,6 +71,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "inception_v3-*.json"))):
         phase = b["run_name"].split("/repeats")[0].split("/")[-1]
         med.setdefault(phase, []).append(b["real_time"])
     rows.append((cfg, {k: statistics.median(v) for k, v in med.items()}, d["context"].get("device", "")))
+    kernels.setdefault((cfg[1], cfg[2]), (d["context"].get("batch_norm_kernels", "?"), d["context"].get("pool_kernels", "?")))
 print(f"{'precision':<9} {'layout':<6} {'batch':>5} {'forward ms':>11} {'fwd+bwd ms':>11} {'step ms':>9} {'images/s':>9} {'graph step ms':>13}")
 for cfg, m, extra in rows:
     prec, fmt, b = cfg[1], cfg[2], int(cfg[3][1:])
@@ -80,6 +81,9 @@ for cfg, m, extra in rows:
         st = m.get("step", float("nan"))
         print(f"{prec:<9} {fmt:<6} {b:>5} {m.get('forward', float('nan')):>11.2f} {m.get('forward_backward', float('nan')):>11.2f} "
               f"{st:>9.2f} {1000 * b / st:>9.1f} {m.get('step:cuda_graph', float('nan')):>13.2f}")
+print("\nwhat ran batch norm / pooling (after warm-up):")
+for (prec, fmt), (bn, pool) in sorted(kernels.items()):
+    print(f"  {prec:<5} {fmt:<5} batch norm: {bn}; pooling: {pool}")
 PY
 # where cuDNN declined a batch norm or pooling configuration (our kernel ran it instead)
 if grep -h "cuDNN declined" "$OUT_DIR"/*.err 2>/dev/null | sort | uniq -c | grep .; then

@@ -99,6 +99,9 @@ class BatchNormOp {
   // forward_training to backward (the cuda backend's fused BN+ReLU keeps its ReLU mask there).
   virtual std::size_t workspace_bytes() const { return 0; }
   virtual std::size_t reserve_bytes() const { return 0; }
+  // What runs it, for reports ("cudnn persistent, relu fused"); may change after the first step
+  // where a library declines a configuration.
+  virtual std::string implementation() const { return "stepbench kernel"; }
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
   // the running statistics in place.
   virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
@@ -116,6 +119,7 @@ class PoolOp {
  public:
   virtual ~PoolOp() = default;
   virtual std::size_t reserve_bytes() const = 0;  // max pool's argmax; may be 0
+  virtual std::string implementation() const { return "stepbench kernel"; }  // for reports
   virtual void forward(Stream&, const Tensor& x, const Tensor& y, void* reserve) = 0;
   virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta,
                         const void* reserve) = 0;

@@ -43,6 +43,9 @@ struct LayerInfo {
   PoolParams pool{};
   bool training_only = false;
   std::int64_t macs = 0;  // whole batch
+  // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
+  // pooling's implementation.
+  std::string conv_algorithm, implementation;
 };
 
 struct GraphConfig {

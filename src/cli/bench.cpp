@@ -166,6 +166,15 @@ void add_context(const Options& o, const Towers& t) {
     benchmark::AddCustomContext("prefetch", std::to_string(o.prefetch));
   }
   if (o.reduced) benchmark::AddCustomContext("reduced_configuration", o.reduced_note);
+  // what ran batch norm and pooling (after warm-up: a library that declined has been replaced)
+  for (const auto& [kind, key] : {std::pair{"conv_bn_relu", "batch_norm_kernels"}, std::pair{"pool", "pool_kernels"}}) {
+    std::map<std::string, int> n;
+    for (const auto& l : t.graph(0).layers())
+      if (l.kind == kind) ++n[l.implementation];
+    std::string v;
+    for (const auto& [impl, count] : n) v += fmt::format("{}{} x {}", v.empty() ? "" : "; ", count, impl);
+    if (!v.empty()) benchmark::AddCustomContext(key, v);
+  }
 }
 
 // Where the step's input comes from when it is not the constant device batch.

@@ -191,6 +191,8 @@ struct ConvBnReluLayer final : Layer {
   LayerInfo info() const override {
     auto i = base_info("conv_bn_relu", name);
     i.conv = p;
+    if (conv) i.conv_algorithm = conv->algorithm();
+    if (bn) i.implementation = bn->implementation();
     return i;
   }
 };
@@ -213,6 +215,7 @@ struct PoolLayer final : Layer {
   LayerInfo info() const override {
     auto i = base_info("pool");
     i.pool = p;
+    if (op) i.implementation = op->implementation();
     return i;
   }
 };

@@ -450,6 +450,11 @@ class CudaBatchNorm final : public BatchNormOp {
   }
   std::size_t workspace_bytes() const override { return temp_ + ex_ws_; }
   std::size_t reserve_bytes() const override { return reserve_; }
+  std::string implementation() const override {
+    if (own_) return "stepbench kernel";
+    return fmt::format("cudnn {}{}", mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "spatial persistent" : "spatial",
+                       !p_.relu ? "" : fused_ ? ", relu fused" : ", relu pass");
+  }
 
   void forward_training(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
                         float* rv, float* sm, float* si, void* ws, void* reserve) override {
@@ -563,6 +568,7 @@ class CudaPool final : public PoolOp {
                         p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
   }
   std::size_t reserve_bytes() const override { return 0; }
+  std::string implementation() const override { return own_ ? "stepbench kernel" : "cudnn"; }
   void forward(Stream& s, const Tensor& x, const Tensor& y, void*) override {
     set(s);
     const float one = 1, zero = 0;

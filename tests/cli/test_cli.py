@@ -135,6 +135,9 @@ class Json(unittest.TestCase):
                   "global_batch_size", "variable_update", "stepbench_version"]:
             self.assertIn(k, ctx)
         self.assertEqual(ctx["gpus"], "2")
+        # what ran batch norm and pooling: the cpu backend's own kernels, every layer counted
+        self.assertRegex(ctx["batch_norm_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
+        self.assertRegex(ctx["pool_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
         runs = {}
         for b in j["benchmarks"]:
             if b.get("run_type") == "iteration":
