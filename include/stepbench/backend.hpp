@@ -99,7 +99,7 @@ class BatchNormOp {
   // forward_training to backward (the cuda backend's fused BN+ReLU keeps its ReLU mask there).
   virtual std::size_t workspace_bytes() const { return 0; }
   virtual std::size_t reserve_bytes() const { return 0; }
-  // What runs it, for reports ("cudnn persistent, relu fused"); may change after the first step
+  // What runs it, for reports ("cudnn spatial persistent, relu fused"); may change after the first step
   // where a library declines a configuration.
   virtual std::string implementation() const { return "stepbench kernel"; }
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates

@@ -166,15 +166,20 @@ void add_context(const Options& o, const Towers& t) {
     benchmark::AddCustomContext("prefetch", std::to_string(o.prefetch));
   }
   if (o.reduced) benchmark::AddCustomContext("reduced_configuration", o.reduced_note);
-  // what ran batch norm and pooling (after warm-up: a library that declined has been replaced)
-  for (const auto& [kind, key] : {std::pair{"conv_bn_relu", "batch_norm_kernels"}, std::pair{"pool", "pool_kernels"}}) {
+  // what ran the convolutions, batch norm and pooling, counted per distinct choice (after warm-up:
+  // a library that declined a configuration has been replaced by then)
+  const auto layers = t.graph(0).layers();
+  auto tally = [&](const char* key, const char* kind, std::string LayerInfo::*what) {
     std::map<std::string, int> n;
-    for (const auto& l : t.graph(0).layers())
-      if (l.kind == kind) ++n[l.implementation];
+    for (const auto& l : layers)
+      if (l.kind == kind) ++n[l.*what];
     std::string v;
     for (const auto& [impl, count] : n) v += fmt::format("{}{} x {}", v.empty() ? "" : "; ", count, impl);
     if (!v.empty()) benchmark::AddCustomContext(key, v);
-  }
+  };
+  tally("conv_algorithms", "conv_bn_relu", &LayerInfo::conv_algorithm);
+  tally("batch_norm_kernels", "conv_bn_relu", &LayerInfo::implementation);
+  tally("pool_kernels", "pool", &LayerInfo::implementation);
 }
 
 // Where the step's input comes from when it is not the constant device batch.

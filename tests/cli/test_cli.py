@@ -138,6 +138,7 @@ class Json(unittest.TestCase):
         # what ran batch norm and pooling: the cpu backend's own kernels, every layer counted
         self.assertRegex(ctx["batch_norm_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
         self.assertRegex(ctx["pool_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
+        self.assertRegex(ctx["conv_algorithms"], r"^[1-9][0-9]* x fwd .* / bwd_data .* / bwd_filter ")
         runs = {}
         for b in j["benchmarks"]:
             if b.get("run_type") == "iteration":
