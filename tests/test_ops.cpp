@@ -40,8 +40,8 @@ const ConvCase kConvCases[] = {
 
 TEST_P(Ops, Convolution) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
-  const double tol = test::tolerance(dtype);
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const double tol = test::tolerance(GetParam());
   for (const auto& cc : kConvCases) {
     SCOPED_TRACE(cc.name);
     const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
@@ -77,8 +77,8 @@ TEST_P(Ops, Convolution) {
 
 TEST_P(Ops, BatchNormTrainingInferenceBackward) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
-  const double tol = test::tolerance(dtype);
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const double tol = test::tolerance(GetParam());
   // y and dy are slices (channels 2..6 of 9), as when a branch ends in a concat, or dense, as when
   // the next conv reads them (on the cuda backend, NHWC dense is where cuDNN fuses the ReLU)
   for (bool relu : {true, false})
@@ -159,8 +159,8 @@ const PoolCase kPoolCases[] = {
 
 TEST_P(Ops, Pooling) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
-  const double tol = test::tolerance(dtype);
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const double tol = test::tolerance(GetParam());
   for (const auto& pc : kPoolCases) {
     SCOPED_TRACE(pc.name);
     const Shape ys = pool_output_shape(pc.x, pc.p);
@@ -188,7 +188,7 @@ TEST_P(Ops, Pooling) {
 
 TEST_P(Ops, ReluAndAccumulate) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
+  const auto& [_, layout, dtype, tf32_] = GetParam();
   const Shape s{2, 3, 4, 5};
   const auto x = random_vec(s.numel(), 10), dy = random_vec(s.numel(), 11), acc = random_vec(s.numel(), 12);
   DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 1, 0), DY(*be, s, layout, dtype), DX(*be, s, layout, dtype, 0, 2);
@@ -202,22 +202,22 @@ TEST_P(Ops, ReluAndAccumulate) {
     y_ref[i] = std::max(x[i], 0.0);
     dx_ref[i] = x[i] > 0 ? dy[i] + acc[i] : acc[i];
   }
-  EXPECT_CLOSE(Y.download(), y_ref, test::tolerance(dtype));
+  EXPECT_CLOSE(Y.download(), y_ref, test::tolerance(GetParam()));
   DX.upload(acc);
   op->backward(st, Y, DY, DX, 1.0f);
-  EXPECT_CLOSE(DX.download(), dx_ref, test::tolerance(dtype));
+  EXPECT_CLOSE(DX.download(), dx_ref, test::tolerance(GetParam()));
   // fan-out accumulation: dst = src + dst
   DX.upload(acc);
   be->add(st, DY, DX, 1.0f);
   ref::Vec sum(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) sum[i] = dy[i] + acc[i];
-  EXPECT_CLOSE(DX.download(), sum, test::tolerance(dtype));
+  EXPECT_CLOSE(DX.download(), sum, test::tolerance(GetParam()));
 }
 
 TEST_P(Ops, LinearWithBias) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
-  const double tol = test::tolerance(dtype);
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const double tol = test::tolerance(GetParam());
   const std::int64_t N = 3, K = 17, M = 6;
   const auto x = random_vec(N * K, 13), w = random_vec(M * K, 14), b = random_vec(M, 15), dy = random_vec(N * M, 16);
   ref::Vec y_ref, dx_ref, dw_ref, db_ref;
@@ -242,7 +242,7 @@ TEST_P(Ops, LinearWithBias) {
 
 TEST_P(Ops, Dropout) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
+  const auto& [_, layout, dtype, tf32_] = GetParam();
   const Shape s{16, 512, 1, 1};
   const double p = 0.5;
   const auto x = random_vec(s.numel(), 17, 0.5, 1.5), dy = random_vec(s.numel(), 18);
@@ -277,7 +277,7 @@ TEST_P(Ops, Dropout) {
 
 TEST_P(Ops, SoftmaxCrossEntropy) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
+  const auto& [_, layout, dtype, tf32_] = GetParam();
   const std::int64_t N = 4, M = 10;
   const auto z = random_vec(N * M, 19, -3, 3);
   std::vector<std::int32_t> labels{3, 0, 9, 5};
@@ -295,12 +295,12 @@ TEST_P(Ops, SoftmaxCrossEntropy) {
   EXPECT_NEAR(loss.get_host()[0], loss_ref, 1e-5 * loss_ref);
   op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get(), nullptr);
   for (auto& v : dz_ref) v *= 0.4;
-  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(dtype));
+  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(GetParam()));
   // a loss scale in device memory multiplies the gradient (dynamic loss scaling)
   DevVec ls(*be, std::vector<double>{8.0});
   op->backward(st, lab.as<std::int32_t>(), DZ, 0.4f, 0.0f, reserve.get(), ls);
   for (auto& v : dz_ref) v *= 8.0;
-  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(dtype));
+  EXPECT_CLOSE(DZ.download(), dz_ref, test::tolerance(GetParam()));
   if (be->kind() == DeviceKind::cpu) {
     labels[2] = 10;  // out of range: a clear error, not a wild read
     be->copy(st, lab.get(), labels.data(), N * 4);
@@ -334,7 +334,7 @@ TEST_P(Ops, OptimizerUpdates) {
 // overflow check, the scale's update and the optimizer that divides the scale out or skips.
 TEST_P(Ops, CastAndLossScaling) {
   SB_BACKEND_OR_SKIP(be, GetParam());
-  const auto [_, layout, dtype] = GetParam();
+  const auto& [_, layout, dtype, tf32_] = GetParam();
   auto& s = be->default_stream();
   const auto v = random_vec(1000, 23, -300, 300);
   std::vector<float> f(v.begin(), v.end());

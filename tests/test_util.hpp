@@ -22,29 +22,36 @@ struct Config {
   std::string backend;
   Layout layout;
   DType dtype;
+  bool tf32 = false;  // fp32 storage, TF32 tensor-op math (Backend::set_tensor_math): cuda only
 };
+inline std::string precision_name(const Config& c) { return c.tf32 ? "tf32" : std::string(to_string(c.dtype)); }
 inline void PrintTo(const Config& c, std::ostream* os) {
-  *os << c.backend << "/" << to_string(c.layout) << "/" << to_string(c.dtype);
+  *os << c.backend << "/" << to_string(c.layout) << "/" << precision_name(c);
 }
 inline std::string config_name(const testing::TestParamInfo<Config>& i) {
-  return i.param.backend + "_" + std::string(to_string(i.param.layout)) + "_" + std::string(to_string(i.param.dtype));
+  return i.param.backend + "_" + std::string(to_string(i.param.layout)) + "_" + precision_name(i.param);
 }
 inline std::vector<Config> all_configs() {
   std::vector<Config> v;
   for (const char* b : {"cpu", "cuda"})
-    for (Layout l : {Layout::nchw, Layout::nhwc})
+    for (Layout l : {Layout::nchw, Layout::nhwc}) {
       for (DType t : {DType::f32, DType::bf16, DType::f16}) v.push_back({b, l, t});
+      if (std::string(b) == "cuda") v.push_back({b, l, DType::f32, true});
+    }
   return v;
 }
 
 // Tolerance on max|a - b| / max|b| per tensor, by precision.
 inline double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::bf16 ? 2e-2 : 5e-3; }
+// TF32 rounds the inputs of each product to fp16's 10-bit mantissa: fp16's tolerance.
+inline double tolerance(const Config& c) { return c.tf32 ? tolerance(DType::f16) : tolerance(c.dtype); }
 
 // Returns the backend, or nullptr after GTEST_SKIP-worthy reason in `why`.
 inline std::unique_ptr<Backend> try_backend(const Config& c, std::string& why) {
   try {
     auto be = make_backend(c.backend);
     be->require(c.dtype);
+    if (c.tf32) be->set_tensor_math(true);
     return be;
   } catch (const UsageError& e) {
     why = e.what();
