@@ -5,6 +5,8 @@ STEPBENCH_PACKAGES=(
   cmake ninja-build g++ pkg-config
   libdnnl-dev libbenchmark-dev libbenchmark-tools libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libopenmpi-dev openmpi-bin libturbojpeg0-dev
+  ocl-icd-opencl-dev  # libdnnl-dev only recommends it, but its CMake config requires OpenCL
+  patchelf            # scripts/gpu-bundle.sh: the bundle's RUNPATH
   python3 python3-numpy python3-torch python3-torchvision python3-scipy python3-matplotlib
 )
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs what is missing (as root), builds (CUDA on when nvcc and cuDNN are found) and runs every
-# test. GPU tests skip with the reason when no GPU is visible. Non-zero exit on any failure.
+# Installs what is missing (as root), builds (CUDA on when nvcc and cuDNN are found), checks that the
+# install list brings everything the build used (scripts/check-install.sh) and runs every test. GPU
+# tests skip with the reason when no GPU is visible. Non-zero exit on any failure.
 #   scripts/test.sh [extra cmake args...]      e.g. -DSTEPBENCH_CUDA=OFF
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 sb_install_deps
 BUILD_DIR=${STEPBENCH_BUILD_DIR:-$STEPBENCH_ROOT/build}
 sb_build "$BUILD_DIR" "$@"
+# everything the build used must come from the install list, or a fresh machine fails where this passes
+"$STEPBENCH_ROOT/scripts/check-install.sh" "$BUILD_DIR"
 cd "$BUILD_DIR"
 ctest --output-on-failure --parallel "$(nproc)"
