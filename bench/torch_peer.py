@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""The peer: the same training-step phases in PyTorch (Debian's python3-torch, CPU or CUDA), timed the
-same way stepbench times them (warm-up, then the median of N timed repetitions), so the two can be
-compared as a ratio in the same run. Prints one JSON object: {"phase": median_ms, ...}.
+"""The peer: the same training-step phases in PyTorch (Debian's python3-torch on the CPU, or a CUDA
+build on a GPU machine), timed the same way stepbench times them (warm-up, then the median of N timed
+repetitions), so the two can be compared as a ratio in the same run. Prints one JSON object on its
+last line: {"phase": median_ms, ..., "timing": "cuda events" | "host"}; on CUDA the medians are
+device time between events (as stepbench's), and "host_ms" holds the host wall times.
 
   bench/torch_peer.py --model inception_v3 --batch-size 8 --image-size 299 --format nchw
+  bench/torch_peer.py --device cuda --batch-size 128 --format nhwc --precision bf16 [--compile]
+
+Precision as stepbench's: fp32 (TF32 off for convolutions and matmuls), tf32 (on for both), bf16 and
+fp16 through autocast (fp16 with a GradScaler in the step).
 
 Exit 77 when torch or torchvision is missing."""
-import argparse, json, os, statistics, sys, time
+import argparse, contextlib, json, os, statistics, sys, time
 
 try:
     import torch
@@ -29,10 +35,27 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0: all cores")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
+    ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
+    ap.add_argument("--calls", type=int, default=1, help="calls per timed repetition (the median is per call)")
     args = ap.parse_args()
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = set(phases) - {"forward", "forward_train", "forward_backward", "step"}
+    if unknown:
+        ap.error(f"unknown phases {sorted(unknown)}")
     # Debian's torch starts with one thread here; use every core, as stepbench's OpenMP does
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     dev = torch.device(args.device)
+    if dev.type == "cuda":
+        tf32 = args.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
+    elif args.precision != "fp32":
+        print(f"the peer runs --precision {args.precision} on CUDA only", file=sys.stderr)
+        sys.exit(2)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
         model = Tiny()
@@ -43,8 +66,13 @@ def main():
     model = model.to(dev).to(memory_format=mf)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev).to(memory_format=mf)
     y = torch.randint(0, 1000, (args.batch_size,), device=dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=dev.type == "cuda")
     ce = torch.nn.functional.cross_entropy
+    scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
+    net = torch.compile(model) if args.compile else model
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
     def loss_of(out):
         if hasattr(out, "aux_logits") and out.aux_logits is not None:
@@ -53,40 +81,66 @@ def main():
 
     def forward():
         model.eval()
-        with torch.no_grad():
-            model(x)
+        with torch.inference_mode(), autocast():
+            net(x)
 
     def forward_train():
         model.train()
-        model(x)  # autograd records the graph, as a training forward does; backward is not run
+        with autocast():
+            net(x)  # autograd records the graph, as a training forward does; backward is not run
 
     def forward_backward():
         model.train()
-        opt.zero_grad(set_to_none=False)
-        loss_of(model(x)).backward()
+        opt.zero_grad(set_to_none=dev.type == "cuda")
+        with autocast():
+            loss = loss_of(net(x))
+        (scaler.scale(loss) if scaler else loss).backward()
 
     def step():
         forward_backward()
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
 
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    out = {}
-    for name, fn in [("forward", forward), ("forward_train", forward_train), ("forward_backward", forward_backward),
-                     ("step", step)]:
+    out, host = {}, {}
+    fns = {"forward": forward, "forward_train": forward_train, "forward_backward": forward_backward, "step": step}
+    for name in phases:
+        fn = fns[name]
+        t0 = time.perf_counter()
         for _ in range(args.warmup):
             fn()
         sync()
-        ms = []
+        if args.compile:
+            print(f"peer: {name}: warm-up (compilation included) {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        ms, hs = [], []
         for _ in range(args.repetitions):
+            if dev.type == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
             t0 = time.perf_counter()
-            fn()
+            for _ in range(args.calls):
+                fn()
+            if dev.type == "cuda":
+                b.record()
             sync()
-            ms.append((time.perf_counter() - t0) * 1e3)
+            hs.append((time.perf_counter() - t0) * 1e3 / args.calls)
+            ms.append(a.elapsed_time(b) / args.calls if dev.type == "cuda" else hs[-1])
         out[name] = statistics.median(ms)
+        host[name] = statistics.median(hs)
+    out["timing"] = "cuda events" if dev.type == "cuda" else "host"
+    out["host_ms"] = host
+    out["precision"] = args.precision
+    out["compile"] = args.compile
     out["torch"] = torch.__version__
+    if dev.type == "cuda":
+        out["device"] = torch.cuda.get_device_name(dev)
+        out["cudnn"] = torch.backends.cudnn.version()
     out["threads"] = torch.get_num_threads()
     print(json.dumps(out))
 

@@ -1,92 +1,336 @@
 #!/usr/bin/env bash
-# On a machine with a GPU: build there (or use a build carried there), run the GPU tests, then a
-# short benchmark of Inception-v3 (forward, forward_backward, step at batch 32 and 128, fp32 / tf32
-# / bf16 / fp16, NCHW and NHWC, plus the step replayed as a CUDA Graph) and print one table. Configurations the cuda backend does not support yet
-# are listed with the reason instead of a figure.
-#   scripts/gpu-check.sh                 build into build-gpu/ (or reuse it), test, benchmark
-#   STEPBENCH_BUILD_DIR=build scripts/gpu-check.sh    use an existing build
-# Writes the JSON of every run under ${OUT:-gpu-check-out}/.
+# The GPU checks, in stages that each fit one 10-minute command and write at most 3 files into OUT
+# (a log, a JSON, a tar.gz of the rest):
+#   gpu-check.sh tests OUT    every GPU test, then the cuda op and step tests again with batch norm and
+#                             pooling on stepbench's own kernels (STEPBENCH_CUDA_OWN_KERNELS=1)
+#   gpu-check.sh bench OUT    Inception-v3, batch 128 per GPU: fp32 NCHW, tf32 NHWC, bf16 NHWC, fp16 NHWC,
+#                             forward, forward_backward and step, each also replayed as a CUDA Graph
+#   gpu-check.sh peer OUT [BENCH_JSON]
+#                             the same configurations in PyTorch on the same GPU (eager with autocast or
+#                             TF32 as stepbench, then torch.compile); images/s ratios against OUT/bench.json
+#                             or BENCH_JSON
+#   gpu-check.sh all OUT      the three in turn
+# STEPBENCH_PEER_COMPILE=bf16-nhwc,... limits the torch.compile runs (each compiles for 1-3 minutes;
+# default all); STEPBENCH_CHECK_BATCH sets the batch (default 128).
+# Runs from a bundle made by scripts/gpu-bundle.sh (bin/ and lib/ beside this script), or from a
+# checkout with a CUDA build in ${STEPBENCH_BUILD_DIR:-build-gpu} (made here when missing).
+# cuDNN, cuBLAS and NCCL are taken from the CUDA toolkit's folder, else from the Python wheels
+# (nvidia/*/lib of ${STEPBENCH_PYTHON:-python3}); the files used are printed.
+# Exit: 0 all passed; 1 a test or run failed; 2 no GPU, a build without CUDA, or a usage error.
 set -uo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-BUILD_DIR=${STEPBENCH_BUILD_DIR:-$STEPBENCH_ROOT/build-gpu}
-OUT_DIR=${OUT:-$STEPBENCH_ROOT/gpu-check-out}
-mkdir -p "$OUT_DIR"
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PY=${STEPBENCH_PYTHON:-python3}
 
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ ! -x "$BUILD_DIR/bin/stepbench" ] || [ ! -x "$BUILD_DIR/bin/stepbench_tests" ]; then
-  if [ "$(id -u)" -eq 0 ]; then sb_install_deps || true; fi
-  # native: only the GPU in this machine, so the build stays short
-  sb_build "$BUILD_DIR" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" -DSTEPBENCH_BUILD_TESTS=ON || exit 1
+usage() {
+  sed -n '2,21p' "${BASH_SOURCE[0]}" >&2
+  exit 2
+}
+[ $# -ge 2 ] || usage
+STAGE=$1
+OUT_DIR=$2
+BENCH_JSON=${3:-}
+case $STAGE in tests|bench|peer|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+mkdir -p "$OUT_DIR" || exit 2
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+
+# ---- the GPU, the build ---------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  echo "gpu-check: no NVIDIA GPU visible (nvidia-smi -L lists none); run it on a machine with one." >&2
+  echo "  On a machine without a GPU, scripts/test.sh runs the CPU tests." >&2
+  exit 2
 fi
-SB="$BUILD_DIR/bin/stepbench"
-
-echo "== GPU tests"
-"$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1
-tests_rc=$?
-echo "== the same op and step tests with batch norm and pooling on stepbench's kernels instead of cuDNN"
-STEPBENCH_CUDA_OWN_KERNELS=1 "$BUILD_DIR/bin/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*' --gtest_brief=1 ||
-  tests_rc=1
-
-# NCCL between GPUs: in one process, then one process per GPU under mpirun (unique id over MPI)
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
-if [ "${gpus:-0}" -ge 2 ]; then
-  echo "== gradient sync over $gpus GPUs (NCCL)"
-  "$SB" --backend cuda --model inception_v3 --gpus "$gpus" --batch-size 64 --phases step,grad_sync --warmup 5 \
-    --repetitions 3 --json "$OUT_DIR/towers-$gpus.json" | tail -20 || tests_rc=1
-  if command -v mpirun >/dev/null; then
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "$gpus" "$SB" --backend cuda \
-      --model inception_v3 --gpus 1 --batch-size 64 --phases step,grad_sync --warmup 5 --repetitions 3 | tail -20 ||
-      tests_rc=1
+GPUS=$(nvidia-smi -L | grep -c '^GPU ')
+if [ -x "$HERE/bin/stepbench" ]; then
+  BIN=$HERE/bin
+  PEER=$HERE/bench/torch_peer.py
+else  # a checkout: scripts/ is HERE
+  ROOT=$(cd "$HERE/.." && pwd)
+  BUILD_DIR=${STEPBENCH_BUILD_DIR:-$ROOT/build-gpu}
+  BIN=$BUILD_DIR/bin
+  PEER=$ROOT/bench/torch_peer.py
+  if [ ! -x "$BIN/stepbench" ] || [ ! -x "$BIN/stepbench_tests" ]; then
+    source "$ROOT/scripts/common.sh"
+    [ "$(id -u)" -eq 0 ] && sb_install_deps
+    sb_build "$BUILD_DIR" -DSTEPBENCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" \
+      -DSTEPBENCH_BUILD_TESTS=ON || exit 1
   fi
 fi
 
-echo "== benchmarks"
-for prec in fp32 tf32 bf16 fp16; do
-  for fmt in nchw nhwc; do
-    for b in 32 128; do
-      name="inception_v3-$prec-$fmt-b$b"
-      if ! "$SB" --backend cuda --model inception_v3 --batch-size "$b" --precision "$prec" --format "$fmt" \
-          --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 3 --json "$OUT_DIR/$name.json" \
-          > "$OUT_DIR/$name.txt" 2> "$OUT_DIR/$name.err"; then
-        python3 -c 'import json, sys; t = open(sys.argv[1]).read().strip().splitlines(); json.dump({"error": t[-1] if t else "failed"}, open(sys.argv[2], "w"))' \
-          "$OUT_DIR/$name.err" "$OUT_DIR/$name.json"
-      fi
-    done
-  done
-done
+# ---- the CUDA libraries ---------------------------------------------------------------------------
 
-python3 - "$OUT_DIR" <<'PY'
-import glob, json, os, statistics, sys
-rows, kernels = [], {}
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "inception_v3-*.json"))):
-    cfg = os.path.basename(path)[:-5].split("-")
+# find_lib NAME: the first folder holding NAME, from the toolkit, then the Python wheels
+wheel_dirs() {
+  "$PY" - 2>/dev/null <<'PY'
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+try:
+    import torch
+    roots.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
+except Exception:
+    pass
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "**", "lib"), recursive=True)) + [r]:
+        print(d)
+PY
+}
+CUDA_DIRS=("${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
+mapfile -t WHEEL_DIRS < <(wheel_dirs)
+find_lib() {
+  local d
+  for d in "${CUDA_DIRS[@]}" "${WHEEL_DIRS[@]}"; do
+    if [ -e "$d/$1" ]; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+LIB_PATH=""
+[ -d "$HERE/lib" ] && [ -x "$HERE/bin/stepbench" ] && LIB_PATH=$HERE/lib
+LIBS_FOUND=""
+for lib in libcudnn.so.9 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  if ! d=$(find_lib "$lib"); then
+    echo "gpu-check: $lib not found in ${CUDA_DIRS[*]} nor in $PY's nvidia wheels; install it or set CUDA_HOME" >&2
+    exit 2
+  fi
+  real=$(readlink -f "$d/$lib")
+  LIBS_FOUND+="  $lib: $real"$'\n'
+  case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
+done
+export LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+if ! version=$("$BIN/stepbench" --version 2>&1); then
+  echo "gpu-check: $BIN/stepbench does not start:" >&2
+  echo "$version" >&2
+  exit 1
+fi
+if ! grep -q '^cuda backend: on' <<<"$version"; then
+  echo "gpu-check: $BIN/stepbench was built without the cuda backend; refusing to skip every GPU test." >&2
+  echo "  Build with -DSTEPBENCH_CUDA=ON (scripts/gpu-bundle.sh does)." >&2
+  exit 2
+fi
+
+header() {
+  echo "== gpu-check $1: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+  echo "$version"
+  [ -f "$HERE/BUNDLE.txt" ] && sed -n 's/^commit: /bundle commit: /p' "$HERE/BUNDLE.txt"
+  echo "CUDA libraries used:"
+  printf '%s' "$LIBS_FOUND"
+}
+
+# ---- stages ---------------------------------------------------------------------------------------
+stage_tests() {
+  local rc=0 tmp=$OUT_DIR/tests-files
+  mkdir -p "$tmp"
+  header tests
+  echo "== GPU tests (cuDNN batch norm and pooling where cuDNN takes them)"
+  "$BIN/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1 \
+    --gtest_output="json:$OUT_DIR/tests.json" || rc=1
+  echo "== the cuda op and step tests with batch norm and pooling on stepbench's kernels"
+  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*' --gtest_brief=1 \
+    --gtest_output="json:$tmp/tests-own-kernels.json" || rc=1
+  # a run where every GPU test skipped is not a pass
+  "$PY" - "$OUT_DIR/tests.json" "$tmp/tests-own-kernels.json" <<'PY' || rc=1
+import json, sys
+bad = 0
+for path in sys.argv[1:]:
     d = json.load(open(path))
-    if "error" in d:
-        rows.append((cfg, None, d["error"]))
+    ran = skipped = failed = 0
+    for s in d["testsuites"]:
+        for t in s["testsuite"]:
+            if t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
+                skipped += 1
+            else:
+                ran += 1
+                failed += bool(t.get("failures"))
+    print(f"{path.split('/')[-1]}: {ran} ran, {failed} failed, {skipped} skipped")
+    if ran == 0 or failed:
+        bad = 1
+sys.exit(bad)
+PY
+  if [ "$GPUS" -ge 2 ]; then
+    echo "== gradient sync over $GPUS GPUs (NCCL, one process)"
+    "$BIN/stepbench" --backend cuda --model inception_v3 --gpus "$GPUS" --batch-size 64 --phases step,grad_sync \
+      --warmup 5 --repetitions 3 --json "$tmp/towers-$GPUS.json" || rc=1
+  fi
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/tests.tar.gz" tests-files && rm -rf "$tmp"
+  echo "== tests: $([ $rc -eq 0 ] && echo passed || echo FAILED)"
+  return $rc
+}
+
+CONFIGS=("fp32 nchw" "tf32 nhwc" "bf16 nhwc" "fp16 nhwc")
+BATCH=${STEPBENCH_CHECK_BATCH:-128}
+
+stage_bench() {
+  local rc=0 tmp=$OUT_DIR/bench-files
+  mkdir -p "$tmp"
+  header bench
+  local start=$SECONDS
+  for c in "${CONFIGS[@]}"; do
+    set -- $c
+    local name="inception_v3-$1-$2-b$BATCH"
+    # the stage ends within 8 minutes: a configuration that could not finish in time is listed as
+    # skipped (on an H100 each took 30-40 s, planning included)
+    if [ $((SECONDS - start)) -gt 330 ]; then
+      echo "skipped: the bench stage's 8-minute budget" > "$tmp/$name.err"
+      continue
+    fi
+    echo "== $name"
+    if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision "$1" --format "$2" \
+        --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 5 \
+        --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
+      rc=1
+      echo "failed:"; tail -5 "$tmp/$name.err"
+    fi
+    sed -n '/^phase/,$p' "$tmp/$name.txt" | head -20
+  done
+  "$PY" - "$tmp" "$OUT_DIR/bench.json" "$BATCH" <<'PY' || rc=1
+import glob, json, os, statistics, sys
+tmp, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = []
+for err in sorted(glob.glob(os.path.join(tmp, "inception_v3-*.err"))):  # one per configuration, run or not
+    path = err[:-4] + ".json"
+    _, prec, fmt, _ = os.path.basename(path)[:-5].split("-")
+    row = {"precision": prec, "layout": fmt, "batch": batch}
+    try:
+        d = json.load(open(path))
+    except Exception:
+        lines = [l for l in open(err).read().strip().splitlines() if l and not l.startswith("***WARNING***")]
+        said = [l for l in lines if l.startswith(("stepbench:", "skipped:"))]
+        row["error"] = (said or lines or ["failed"])[-1] + ("" if os.path.exists(path) or said else " (no JSON)")
+        rows.append(row)
         continue
-    med = {}
+    med, host = {}, {}
     for b in d["benchmarks"]:
         if b.get("run_type") != "iteration":
             continue
         phase = b["run_name"].split("/repeats")[0].split("/")[-1]
         med.setdefault(phase, []).append(b["real_time"])
-    rows.append((cfg, {k: statistics.median(v) for k, v in med.items()}, d["context"].get("device", "")))
-    kernels.setdefault((cfg[1], cfg[2]), (d["context"].get("batch_norm_kernels", "?"), d["context"].get("pool_kernels", "?")))
-print(f"{'precision':<9} {'layout':<6} {'batch':>5} {'forward ms':>11} {'fwd+bwd ms':>11} {'step ms':>9} {'images/s':>9} {'graph step ms':>13}")
-for cfg, m, extra in rows:
-    prec, fmt, b = cfg[1], cfg[2], int(cfg[3][1:])
-    if m is None:
-        print(f"{prec:<9} {fmt:<6} {b:>5}  not run: {extra}")
-    else:
-        st = m.get("step", float("nan"))
-        print(f"{prec:<9} {fmt:<6} {b:>5} {m.get('forward', float('nan')):>11.2f} {m.get('forward_backward', float('nan')):>11.2f} "
-              f"{st:>9.2f} {1000 * b / st:>9.1f} {m.get('step:cuda_graph', float('nan')):>13.2f}")
-print("\nwhat ran batch norm / pooling (after warm-up):")
-for (prec, fmt), (bn, pool) in sorted(kernels.items()):
-    print(f"  {prec:<5} {fmt:<5} batch norm: {bn}; pooling: {pool}")
+        if "host_ms" in b:
+            host.setdefault(phase, []).append(b["host_ms"])
+    row["ms"] = {k: statistics.median(v) for k, v in med.items()}
+    row["host_ms"] = {k: statistics.median(v) for k, v in host.items()}
+    ctx = d["context"]
+    row["kernels"] = {k: ctx.get(k, "?") for k in ("batch_norm_kernels", "pool_kernels", "conv_algorithms")}
+    row["context"] = {k: ctx.get(k) for k in ("device", "cudnn", "cublas", "nccl", "cuda_driver", "cuda_runtime")}
+    rows.append(row)
+json.dump({"batch": batch, "rows": rows}, open(out, "w"), indent=1)
+nan = float("nan")
+print(f"\n{'precision':<9} {'layout':<6} {'forward':>9} {'fwd+bwd':>9} {'step':>9} {'images/s':>9} {'graph fwd':>9} "
+      f"{'graph step':>10} {'graph img/s':>11} {'gap ms':>7}   (ms, median; batch {batch}, device time)")
+for r in rows:
+    if "error" in r:
+        print(f"{r['precision']:<9} {r['layout']:<6} not run: {r['error']}")
+        continue
+    m, h = r["ms"], r["host_ms"]
+    st, gst = m.get("step", nan), m.get("step:cuda_graph", nan)
+    gap = h.get("step", nan) - st
+    print(f"{r['precision']:<9} {r['layout']:<6} {m.get('forward', nan):>9.2f} {m.get('forward_backward', nan):>9.2f} "
+          f"{st:>9.2f} {1000 * batch / st:>9.0f} {m.get('forward:cuda_graph', nan):>9.2f} {gst:>10.2f} "
+          f"{1000 * batch / gst:>11.0f} {gap:>7.2f}")
+print("\nwhat ran (after warm-up):")
+for r in rows:
+    if "kernels" in r:
+        k = r["kernels"]
+        print(f"  {r['precision']:<5} {r['layout']:<5} batch norm: {k['batch_norm_kernels']}\n"
+              f"              pooling: {k['pool_kernels']}\n              convolutions: {k['conv_algorithms']}")
+sys.exit(1 if any("error" in r for r in rows) else 0)
 PY
-# where cuDNN declined a batch norm or pooling configuration (our kernel ran it instead)
-if grep -h "cuDNN declined" "$OUT_DIR"/*.err 2>/dev/null | sort | uniq -c | grep .; then
-  echo "(the lines above: cuDNN declined these; stepbench's kernels ran them)"
-fi
-exit $tests_rc
+  if grep -h "cuDNN declined" "$tmp"/*.err 2>/dev/null | sort | uniq -c | grep .; then
+    echo "(the lines above: cuDNN declined these; stepbench's kernels ran them)"
+  fi
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/bench.tar.gz" bench-files && rm -rf "$tmp"
+  echo "== bench: $([ $rc -eq 0 ] && echo done || echo FAILED)"
+  return $rc
+}
+
+stage_peer() {
+  local rc=0 tmp=$OUT_DIR/peer-files start=$SECONDS
+  mkdir -p "$tmp"
+  header peer
+  if ! "$PY" -c 'import torch, torchvision, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "gpu-check: $PY has no CUDA-enabled torch and torchvision; set STEPBENCH_PYTHON to one that has" >&2
+    return 2
+  fi
+  for mode in eager compile; do
+    for c in "${CONFIGS[@]}"; do
+      set -- $c
+      local name="peer-$mode-$1-$2" extra=() phases=forward,forward_backward,step
+      if [ "$mode" = compile ]; then
+        extra=(--compile)
+        phases=step
+        case ",${STEPBENCH_PEER_COMPILE:-all}," in
+          *",all,"*|*",$1-$2,"*) ;;
+          *) echo "{\"skipped\": \"not in STEPBENCH_PEER_COMPILE\"}" > "$tmp/$name.json"; continue ;;
+        esac
+      fi
+      # the stage ends within 8 minutes; torch.compile took 1-3 minutes per configuration on an H100
+      local limit=$([ "$mode" = compile ] && echo 200 || echo 120)
+      if [ $((SECONDS - start + limit)) -gt 480 ]; then
+        echo "{\"skipped\": \"the peer stage's 8-minute budget\"}" > "$tmp/$name.json"
+        continue
+      fi
+      echo "== $name"
+      if PYTHONUNBUFFERED=1 timeout "$limit" "$PY" "$PEER" --device cuda --model inception_v3 --batch-size "$BATCH" \
+          --precision "$1" --format "$2" --phases "$phases" --warmup 5 --repetitions 5 --calls 2 "${extra[@]}" \
+          > "$tmp/$name.out" 2> "$tmp/$name.err"; then
+        tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
+      else
+        rc=1
+        echo "{\"error\": $("$PY" -c 'import json,sys; t=open(sys.argv[1]).read().strip().splitlines(); print(json.dumps(t[-1] if t else "failed"))' "$tmp/$name.err")}" > "$tmp/$name.json"
+        tail -3 "$tmp/$name.err"
+      fi
+    done
+  done
+  [ -n "$BENCH_JSON" ] || BENCH_JSON=$OUT_DIR/bench.json
+  "$PY" - "$tmp" "$BENCH_JSON" "$OUT_DIR/peer.json" "$BATCH" <<'PY'
+import json, os, sys
+tmp, bench_path, out, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+bench = {}
+if os.path.exists(bench_path):
+    for r in json.load(open(bench_path))["rows"]:
+        bench[(r["precision"], r["layout"])] = r.get("ms", {})
+peer = {}
+for f in sorted(os.listdir(tmp)):
+    if f.endswith(".json"):
+        _, mode, prec, fmt = f[:-5].split("-")
+        peer[(mode, prec, fmt)] = json.load(open(os.path.join(tmp, f)))
+json.dump({"batch": batch, "peer": {"-".join(k): v for k, v in peer.items()},
+           "stepbench": {"-".join(k): v for k, v in bench.items()}}, open(out, "w"), indent=1)
+nan = float("nan")
+print(f"\nPyTorch on the same GPU, batch {batch}, device time between CUDA events (ms, median); "
+      "ratio = stepbench images/s / PyTorch images/s (above 1: stepbench faster)")
+print(f"{'precision':<9} {'layout':<6} {'mode':<8} {'PT fwd':>8} {'PT f+b':>8} {'PT step':>8} {'PT img/s':>9} "
+      f"{'SB step':>8} {'SB graph':>8} {'ratio':>6} {'ratio graph':>11}")
+for (mode, prec, fmt), p in sorted(peer.items(), key=lambda kv: (kv[0][0] != "eager", kv[0])):
+    if "error" in p or "skipped" in p:
+        print(f"{prec:<9} {fmt:<6} {mode:<8} not run: {p.get('error', p.get('skipped'))}")
+        continue
+    sb = bench.get((prec, fmt), {})
+    st = p.get("step", nan)
+    sbs, sbg = sb.get("step", nan), sb.get("step:cuda_graph", nan)
+    print(f"{prec:<9} {fmt:<6} {mode:<8} {p.get('forward', nan):>8.2f} {p.get('forward_backward', nan):>8.2f} "
+          f"{st:>8.2f} {1000 * batch / st:>9.0f} {sbs:>8.2f} {sbg:>8.2f} {st / sbs:>6.2f} {st / sbg:>11.2f}")
+if not bench:
+    print(f"(no stepbench figures: {bench_path} missing; run the bench stage first or pass its bench.json)")
+PY
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/peer.tar.gz" peer-files && rm -rf "$tmp"
+  echo "== peer: $([ $rc -eq 0 ] && echo done || echo FAILED)"
+  return $rc
+}
+
+rc=0
+case $STAGE in
+  tests) stage_tests 2>&1 | tee "$OUT_DIR/tests.log"; rc=${PIPESTATUS[0]} ;;
+  bench) stage_bench 2>&1 | tee "$OUT_DIR/bench.log"; rc=${PIPESTATUS[0]} ;;
+  peer) stage_peer 2>&1 | tee "$OUT_DIR/peer.log"; rc=${PIPESTATUS[0]} ;;
+  all)
+    for s in tests bench peer; do
+      "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"
+      r=${PIPESTATUS[0]}
+      [ "$r" -gt "$rc" ] && rc=$r
+    done ;;
+esac
+exit "$rc"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -24,8 +25,32 @@
 #include "stepbench/process_group.hpp"
 #include "stepbench/towers.hpp"
 
+#if defined(STEPBENCH_HAVE_CUDA) && __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define STEPBENCH_NVTX 1
+#endif
+
 namespace stepbench::cli {
 namespace {
+
+// An NVTX range for Nsight Systems and Nsight Compute (`ncu --nvtx --nvtx-include "step/"`): the
+// warm-up and every timed iteration of a phase, named after it. Nothing without CUDA.
+struct NvtxRange {
+  explicit NvtxRange(const std::string& name) {
+#ifdef STEPBENCH_NVTX
+    nvtxRangePushA(name.c_str());
+#else
+    (void)name;
+#endif
+  }
+  ~NvtxRange() {
+#ifdef STEPBENCH_NVTX
+    nvtxRangePop();
+#endif
+  }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
 
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -261,12 +286,17 @@ benchmark::Counter rate(double per_iteration) {
 std::map<std::string, double> run_peer(const Options& o) {
   std::map<std::string, double> out;
   if (o.peer.empty()) return out;
-  const std::string script = std::string(STEPBENCH_SOURCE_DIR) + "/bench/torch_peer.py";
+  // beside the binary in a bundle (bin/../bench), else in the source tree it was built from
+  std::string script = std::string(STEPBENCH_SOURCE_DIR) + "/bench/torch_peer.py";
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(exe.parent_path().parent_path() / "bench" / "torch_peer.py", ec))
+    script = (exe.parent_path().parent_path() / "bench" / "torch_peer.py").string();
   const std::string cmd = fmt::format(
       "'{}' '{}' --model {} --batch-size {} --image-size {} --format {} --aux-logits {} --device {} --warmup {} "
-      "--repetitions {}",
+      "--repetitions {} --precision {}",
       o.peer_python, script, o.model, o.batch_size, o.image_size, o.format, o.aux_logits,
-      o.backend == "cuda" ? "cuda" : "cpu", o.warmup, o.repetitions);
+      o.backend == "cuda" ? "cuda" : "cpu", o.warmup, o.repetitions, o.precision);
   std::cerr << "stepbench: timing the peer: " << cmd << "\n";
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) {
@@ -484,6 +514,7 @@ int run_benchmarks(Options& o, const char* argv0) {
 
   // Warm-up: algorithm choice, first touch of every buffer, caches. Never fewer than one step.
   for (int i = 0; i < std::max(o.warmup, 1); ++i) {
+    NvtxRange r("warmup");
     towers.step();
     towers.forward_inference();
   }
@@ -507,6 +538,7 @@ int run_benchmarks(Options& o, const char* argv0) {
       RegionTimer rt(towers, step ? 5 : fb ? 3 : 2);
       double host = 0, dev = 0, f = 0, b = 0, s = 0, u = 0;
       for (auto _ : st) {
+        NvtxRange r(ph);
         rt.start();
         if (ph == "forward") {
           towers.forward_inference();
@@ -584,10 +616,11 @@ int run_benchmarks(Options& o, const char* argv0) {
       towers.capture(is_step);
       towers.replay(is_step);  // once untimed: the first launch uploads the graph
       towers.synchronize();
-      reg(prefix + "/" + ph + ":cuda_graph", [&, is_step](benchmark::State& st) {
+      reg(prefix + "/" + ph + ":cuda_graph", [&, is_step, ph](benchmark::State& st) {
         RegionTimer rt(towers, 2);
         double host = 0, dev = 0;
         for (auto _ : st) {
+          NvtxRange r(ph + ":cuda_graph");
           rt.start();
           towers.replay(is_step);
           rt.stop();

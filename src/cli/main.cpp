@@ -183,6 +183,21 @@ int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string_view(argv[1]) == "check") return check_main(argc, argv);
     if (argc > 1 && std::string_view(argv[1]) == "make-dataset") return make_dataset_main(argc, argv);
+    if (argc == 2 && std::string_view(argv[1]) == "--version") {
+      // what this binary was built with; scripts/gpu-check.sh refuses a build without the cuda backend
+#ifdef STEPBENCH_HAVE_CUDA
+      const std::string cuda = fmt::format("on (architectures {})", STEPBENCH_CUDA_ARCHITECTURES);
+#else
+      const std::string cuda = "off";
+#endif
+#ifdef STEPBENCH_HAVE_MPI
+      const char* mpi = "on";
+#else
+      const char* mpi = "off";
+#endif
+      fmt::print("stepbench {}\ncuda backend: {}\nmpi: {}\n", STEPBENCH_VERSION, cuda, mpi);
+      return 0;
+    }
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
     cli::resolve(o);

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds stepbench for a GPU machine that has the CUDA driver and toolkit, a Python with PyTorch and its
+# cuDNN / cuBLAS / NCCL wheels, and none of this project's Debian packages nor a network; writes a
+# self-contained folder to carry there:
+#   OUT_DIR/bin/stepbench, OUT_DIR/bin/stepbench_tests     RUNPATH $ORIGIN/../lib
+#   OUT_DIR/lib/                 every shared library they need that such a machine lacks (oneDNN, the
+#                                OpenCL ICD loader, Google Benchmark, fmt, libjpeg-turbo, libgomp)
+#   OUT_DIR/gpu-check.sh         the stages to run there: tests, bench, peer (see its header)
+#   OUT_DIR/bench/, tests/parity/, configs/, BUNDLE.txt
+# The CUDA runtime is linked statically; cuDNN, cuBLAS and NCCL are taken from the GPU machine
+# (gpu-check.sh finds them), since they are hundreds of MiB. Built without MPI (Open MPI's plugins
+# and helpers would not fit); NCCL towers in one process work, mpirun across processes does not.
+#
+#   scripts/gpu-bundle.sh OUT_DIR [--arch "80;90"] [--build-dir DIR]    build and write the bundle
+#   scripts/gpu-bundle.sh --check OUT_DIR     check that every NEEDED entry resolves in the bundle
+#                                             or is on the allow-list; exit 1 naming what does not
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+MAX_MIB=60
+# Libraries the GPU machine brings: glibc's, the C++ runtime, the driver, and the CUDA libraries
+# from its toolkit or PyTorch's wheels.
+ALLOWED_RE='^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|ld-linux-x86-64\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libcuda\.so\.1|libcudnn[a-z_]*\.so\.9|libcublas\.so\.13|libcublasLt\.so\.13|libnccl\.so\.2)$'
+
+usage() {
+  echo "usage: scripts/gpu-bundle.sh OUT_DIR [--arch LIST] [--build-dir DIR] | --check OUT_DIR" >&2
+  exit 2
+}
+
+# check_bundle DIR: every NEEDED entry of every ELF file resolves to DIR/lib or is allowed.
+check_bundle() {
+  local dir=$1 bad=0 f n
+  [ -d "$dir/bin" ] && [ -d "$dir/lib" ] || { echo "gpu-bundle: $dir is not a bundle (no bin/ and lib/)" >&2; return 2; }
+  while IFS= read -r f; do
+    readelf -h "$f" > /dev/null 2>&1 || continue  # ELF files only
+    for n in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      if [ -e "$dir/lib/$n" ]; then continue; fi
+      if [[ $n =~ $ALLOWED_RE ]]; then continue; fi
+      echo "gpu-bundle: ${f#"$dir"/} needs $n, which is neither in lib/ nor on the allow-list" >&2
+      bad=1
+    done
+  done < <(find "$dir/bin" "$dir/lib" -type f)
+  local mib
+  mib=$(du -sm "$dir" | cut -f1)
+  if [ "$mib" -gt "$MAX_MIB" ]; then
+    echo "gpu-bundle: $dir is $mib MiB, over the $MAX_MIB MiB that can be carried" >&2
+    bad=1
+  fi
+  [ $bad -eq 0 ] && echo "gpu-bundle: $dir is self-contained ($mib MiB)"
+  return $bad
+}
+
+if [ "${1:-}" = "--check" ]; then
+  [ $# -eq 2 ] || usage
+  check_bundle "$2"
+  exit $?
+fi
+
+OUT_DIR=""
+ARCH=90
+BUILD_DIR=$STEPBENCH_ROOT/build-bundle
+while [ $# -gt 0 ]; do
+  case $1 in
+    --arch) [ $# -ge 2 ] || usage; ARCH=$2; shift 2 ;;
+    --build-dir) [ $# -ge 2 ] || usage; BUILD_DIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -*) echo "gpu-bundle: unknown option $1" >&2; usage ;;
+    *) [ -z "$OUT_DIR" ] || usage; OUT_DIR=$1; shift ;;
+  esac
+done
+[ -n "$OUT_DIR" ] || usage
+[[ $ARCH =~ ^[0-9]+[a-z]?(\;[0-9]+[a-z]?)*$ ]] ||
+  { echo "gpu-bundle: --arch takes CUDA architectures like 90 or \"80;90\", not '$ARCH'" >&2; exit 2; }
+command -v patchelf >/dev/null || sb_install_deps
+command -v /usr/local/cuda/bin/nvcc >/dev/null || command -v nvcc >/dev/null ||
+  { echo "gpu-bundle: nvcc not found; a bundle needs the CUDA toolkit (nvcc, cuDNN, NCCL) to build" >&2; exit 2; }
+sb_install_deps
+
+sb_build "$BUILD_DIR" -DSTEPBENCH_CUDA=ON -DSTEPBENCH_MPI=OFF -DSTEPBENCH_BUILD_TESTS=ON \
+  -DSTEPBENCH_BUILD_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+grep -q '^STEPBENCH_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" ||
+  { echo "gpu-bundle: $BUILD_DIR was configured without CUDA" >&2; exit 1; }
+
+rm -rf "$OUT_DIR"
+mkdir -p "$OUT_DIR/bin" "$OUT_DIR/lib" "$OUT_DIR/bench" "$OUT_DIR/tests/parity"
+for b in stepbench stepbench_tests; do
+  cp "$BUILD_DIR/bin/$b" "$OUT_DIR/bin/"
+  strip --strip-unneeded "$OUT_DIR/bin/$b"
+  patchelf --set-rpath '$ORIGIN/../lib' "$OUT_DIR/bin/$b"
+done
+# every library ldd resolves that the GPU machine does not bring, under its SONAME
+for b in "$OUT_DIR"/bin/*; do
+  ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r soname path; do
+  if [[ $soname =~ $ALLOWED_RE ]]; then continue; fi
+  cp -L "$path" "$OUT_DIR/lib/$soname"
+  chmod u+w "$OUT_DIR/lib/$soname"
+  patchelf --set-rpath '$ORIGIN' "$OUT_DIR/lib/$soname"
+done
+cp "$STEPBENCH_ROOT/bench/torch_peer.py" "$OUT_DIR/bench/"
+cp "$STEPBENCH_ROOT/tests/parity/torch_parity.py" "$OUT_DIR/tests/parity/"
+cp -r "$STEPBENCH_ROOT/configs" "$OUT_DIR/"
+cp "$STEPBENCH_ROOT/scripts/gpu-check.sh" "$OUT_DIR/gpu-check.sh"
+{
+  echo "stepbench GPU bundle"
+  echo "commit: $(git -C "$STEPBENCH_ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname)"
+  echo "cuda architectures: $ARCH"
+  echo "nvcc: $(grep -m1 '^CMAKE_CUDA_COMPILER_VERSION\|CMAKE_CUDA_COMPILER:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)"
+  echo "built against: cuDNN $(sed -n 's/^CUDNN_VERSION:.*=//p' "$BUILD_DIR/CMakeCache.txt")" \
+       "NCCL $(sed -n 's/^NCCL_VERSION:.*=//p' "$BUILD_DIR/CMakeCache.txt")"
+  echo "mpi: off (not carried)"
+  echo "carried libraries:"
+  (cd "$OUT_DIR/lib" && ls -l | awk 'NR > 1 {printf "  %s %d\n", $9, $5}')
+} > "$OUT_DIR/BUNDLE.txt"
+check_bundle "$OUT_DIR"
+echo "gpu-bundle: run there: $OUT_DIR/gpu-check.sh tests|bench|peer OUT"
