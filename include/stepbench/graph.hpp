@@ -56,6 +56,7 @@ struct GraphConfig {
   // Dynamic loss scaling (LossScaler): always on for f16, whose gradients underflow without it;
   // may be turned on for the others (tests).
   bool loss_scaling = false;
+  float initial_loss_scale = LossScaler::kInitialScale;  // PyTorch's GradScaler starts at 2^16 too
 };
 
 class Graph {

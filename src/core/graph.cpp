@@ -557,7 +557,7 @@ void Graph::plan() {
   for (Slot* sl : {&g.param_arena, &g.grad_arena, &g.state_arena, &g.grad_half, &g.labels, &g.losses})
     if (sl->size) be.memset_zero(st, sl->get(), sl->size);
   if (g.scaler.size) {
-    const float init[LossScaler::kFloats] = {LossScaler::kInitialScale, 0.0f, 0.0f};
+    const float init[LossScaler::kFloats] = {g.cfg.initial_loss_scale, 0.0f, 0.0f};
     be.copy(st, g.scaler.get(), init, sizeof init);
   }
   be.synchronize(st);

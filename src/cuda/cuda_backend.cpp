@@ -146,12 +146,31 @@ struct ConvDescriptor {
                                              CUDNN_DATA_FLOAT));
     // FMA math keeps fp32 exact (no TF32 tensor cores); TENSOR_OP math allows TF32, and is what
     // 16-bit data runs on.
-    SB_CUDNN(cudnnSetConvolutionMathType(d, tf32 || t != DType::f32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    fma = !tf32 && t == DType::f32;
+    SB_CUDNN(cudnnSetConvolutionMathType(d, fma ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
   }
+  bool fma = false;
   ~ConvDescriptor() { cudnnDestroyConvolutionDescriptor(d); }
   ConvDescriptor(const ConvDescriptor&) = delete;
   ConvDescriptor& operator=(const ConvDescriptor&) = delete;
 };
+
+// The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget; the
+// descriptor takes the math type it was timed with.
+template <class Perf>
+decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws,
+                           ConvDescriptor& cd) {
+  for (int i = 0; i < n; ++i)
+    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget) {
+      ws = p[i].memory;
+      // plain fp32 stays on FMA math: DEFAULT_MATH would allow TF32 on Ampere and later
+      if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d, p[i].mathType));
+      return p[i].algo;
+    }
+  throw Error(fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
+                          "(--workspace-mb)",
+                          what, budget >> 20));
+}
 
 struct Ctx {  // what every op of one backend shares
   int device;
@@ -163,18 +182,6 @@ struct Ctx {  // what every op of one backend shares
 };
 
 // ---- convolution -----------------------------------------------------------------------------------
-// The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget.
-template <class Perf>
-decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws) {
-  for (int i = 0; i < n; ++i)
-    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget) {
-      ws = p[i].memory;
-      return p[i].algo;
-    }
-  throw Error(fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
-                          "(--workspace-mb)",
-                          what, budget >> 20));
-}
 
 // A device allocation owned by an op (made at planning time, never in a step).
 struct DeviceMem {
@@ -184,6 +191,8 @@ struct DeviceMem {
     SB_CUDA(cudaSetDevice(device));
     SB_CUDA(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
     SB_CUDA(cudaMemset(p, 0, std::max<std::size_t>(bytes, 1)));  // padding channels stay zero
+    // the legacy stream is not ordered with the ops' non-blocking streams: finish here, at planning
+    SB_CUDA(cudaDeviceSynchronize());
   }
   DeviceMem(DeviceMem&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
   DeviceMem& operator=(DeviceMem&& o) noexcept {
@@ -214,7 +223,8 @@ class CudnnConv final : public ConvOp {
  public:
   CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
       : c_(c), x_(x), xp_(channel_padded(x)), p_(p), cout_(y.shape.c), xd_(xp_), yd_(y),
-        wd_(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype), cd_(p, c.tf32, x.dtype) {
+        wd_(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype), fwd_cd_(p, c.tf32, x.dtype),
+        data_cd_(p, c.tf32, x.dtype), filter_cd_(p, c.tf32, x.dtype) {
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     SB_CUDA(cudaSetDevice(c_.device));
     if (padded()) {
@@ -224,19 +234,21 @@ class CudnnConv final : public ConvOp {
       wpad_ = DeviceMem(c_.device, wbytes);
       dwpad_ = DeviceMem(c_.device, wbytes);
     }
+    // Each direction runs with the math type cudnnFind timed its algorithm with (one algorithm may
+    // be listed once per math type, with different workspaces and kernels).
     int n = 0;
     cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.d, wd_.d, cd_.d, yd_.d,
+    SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.d, wd_.d, fwd_cd_.d, yd_.d,
                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
-    fwd_ = pick(f, n, "forward", c_.workspace_budget, fwd_ws_);
+    fwd_ = pick(f, n, "forward", c_.workspace_budget, fwd_ws_, fwd_cd_);
     cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(c_.cudnn, wd_.d, yd_.d, cd_.d, xd_.d,
+    SB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(c_.cudnn, wd_.d, yd_.d, data_cd_.d, xd_.d,
                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, d));
-    bwd_data_ = pick(d, n, "backward data", c_.workspace_budget, data_ws_);
+    bwd_data_ = pick(d, n, "backward data", c_.workspace_budget, data_ws_, data_cd_);
     cudnnConvolutionBwdFilterAlgoPerf_t w[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(c_.cudnn, xd_.d, yd_.d, cd_.d, wd_.d,
+    SB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(c_.cudnn, xd_.d, yd_.d, filter_cd_.d, wd_.d,
                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, w));
-    bwd_filter_ = pick(w, n, "backward filter", c_.workspace_budget, filter_ws_);
+    bwd_filter_ = pick(w, n, "backward filter", c_.workspace_budget, filter_ws_, filter_cd_);
   }
   std::size_t workspace_bytes() const override { return std::max({fwd_ws_, data_ws_, filter_ws_}); }
   std::string algorithm() const override {
@@ -252,18 +264,18 @@ class CudnnConv final : public ConvOp {
       xin = pad_input(s, x);
       w = pad_filter(s, w);
     }
-    SB_CUDNN(cudnnConvolutionForward(c_.cudnn, &a, xd_.d, xin, wd_.d, w, cd_.d, fwd_, ws, fwd_ws_, &b, yd_.d,
+    SB_CUDNN(cudnnConvolutionForward(c_.cudnn, &a, xd_.d, xin, wd_.d, w, fwd_cd_.d, fwd_, ws, fwd_ws_, &b, yd_.d,
                                      y.data));
   }
   void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
     const float a = 1, zero = 0;
     set(s);
     if (!padded()) {
-      SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, w, yd_.d, dy.data, cd_.d, bwd_data_, ws, data_ws_,
+      SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, w, yd_.d, dy.data, data_cd_.d, bwd_data_, ws, data_ws_,
                                             &beta, xd_.d, dx.data));
       return;
     }
-    SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, pad_filter(s, w), yd_.d, dy.data, cd_.d, bwd_data_, ws,
+    SB_CUDNN(cudnnConvolutionBackwardData(c_.cudnn, &a, wd_.d, pad_filter(s, w), yd_.d, dy.data, data_cd_.d, bwd_data_, ws,
                                           data_ws_, &zero, xd_.d, dxpad_.p));
     const Tensor dxp{dxpad_.p, xp_};
     SB_CUDA(cuda::launch_add(view(dxp.channel_slice(0, x_.shape.c)), view(dx), beta, S(s)));
@@ -272,7 +284,7 @@ class CudnnConv final : public ConvOp {
     const float a = 1, b = 0;
     set(s);
     const void* xin = padded() ? pad_input(s, x) : x.data;
-    SB_CUDNN(cudnnConvolutionBackwardFilter(c_.cudnn, &a, xd_.d, xin, yd_.d, dy.data, cd_.d, bwd_filter_, ws,
+    SB_CUDNN(cudnnConvolutionBackwardFilter(c_.cudnn, &a, xd_.d, xin, yd_.d, dy.data, filter_cd_.d, bwd_filter_, ws,
                                             filter_ws_, &b, wd_.d, padded() ? dwpad_.p : dw));
     if (padded())
       SB_CUDA(cuda::launch_add(filter_view(dwpad_.p, cout_, x_.shape.c, p_.kh, p_.kw, xp_.shape.c, x_.dtype),
@@ -280,7 +292,7 @@ class CudnnConv final : public ConvOp {
   }
 
  private:
-  bool padded() const { return xpad_.p != nullptr; }
+  bool padded() const { return xp_.shape.c != x_.shape.c; }
   const void* pad_input(Stream& s, const Tensor& x) {
     const Tensor xp{xpad_.p, xp_};
     SB_CUDA(cuda::launch_add(view(x), view(xp.channel_slice(0, x_.shape.c)), 0.0f, S(s)));
@@ -302,7 +314,7 @@ class CudnnConv final : public ConvOp {
   long long cout_;
   TensorDescriptor xd_, yd_;
   FilterDescriptor wd_;
-  ConvDescriptor cd_;
+  ConvDescriptor fwd_cd_, data_cd_, filter_cd_;
   DeviceMem xpad_, dxpad_, wpad_, dwpad_;
   cudnnConvolutionFwdAlgo_t fwd_{};
   cudnnConvolutionBwdDataAlgo_t bwd_data_{};
@@ -428,32 +440,38 @@ class CudaBatchNorm final : public BatchNormOp {
   CudaBatchNorm(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const BatchNormParams& p)
       : c_(c), p_(p), x_(x), y_(y), xd_(x), yd_(y), bnd_(xd_.d) {
     SB_CHECK(x.shape == y.shape && x.dtype == y.dtype, "batch norm: x and y differ in shape or type");
-    own_ = own_inference_ = c.own_norm_pool || !x.is_dense();
+    own_ = c.own_norm_pool || !x.is_dense();
     if (x.layout == Layout::nhwc) mode_ = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
     if (!own_ && p.relu && x.layout == Layout::nhwc && y.is_dense()) {
       std::size_t f = 0, b = 0, r = 0;
-      fused_ = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
-                                                                        xd_.d, nullptr, yd_.d, bnd_.d, act_.d,
-                                                                        &f) == CUDNN_STATUS_SUCCESS &&
-               cudnnGetBatchNormalizationBackwardExWorkspaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
-                                                                 xd_.d, yd_.d, yd_.d, nullptr, xd_.d, bnd_.d, act_.d,
-                                                                 &b) == CUDNN_STATUS_SUCCESS &&
-               cudnnGetBatchNormalizationTrainingExReserveSpaceSize(c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
-                                                                    act_.d, xd_.d, &r) == CUDNN_STATUS_SUCCESS;
+      fused_ = ex_sizes(CUDNN_BATCHNORM_OPS_BN_ACTIVATION, act_.d, f, b, r);
       if (fused_) {
         ex_ws_ = std::max(f, b);
         reserve_ = r;
       }
     }
-    // [masked gradient, x.bytes() | cuDNN's own workspace for the fused calls]
+    // NHWC without the fused ReLU (y a concat slice, or no ReLU): the Ex API with BN alone, on dense
+    // buffers; the non-Ex calls take cuDNN's slow generic kernels for NHWC (measured on an H100: 44
+    // such layers of Inception-v3 took about half of a bf16 training step).
+    if (!own_ && !fused_ && x.layout == Layout::nhwc) {
+      std::size_t f = 0, b = 0, r = 0;
+      ex_bn_ = ex_sizes(CUDNN_BATCHNORM_OPS_BN, nullptr, f, b, r);
+      if (ex_bn_) {
+        ex_ws_ = std::max(f, b);
+        reserve_ = r;
+      }
+    }
+    // [masked gradient or dense y, x.bytes() | cuDNN's own workspace for the Ex calls]
     if (!own_) temp_ = (x.bytes() + 255) / 256 * 256;
   }
   std::size_t workspace_bytes() const override { return temp_ + ex_ws_; }
   std::size_t reserve_bytes() const override { return reserve_; }
   std::string implementation() const override {
     if (own_) return "stepbench kernel";
-    return fmt::format("cudnn {}{}", mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "spatial persistent" : "spatial",
-                       !p_.relu ? "" : fused_ ? ", relu fused" : ", relu pass");
+    return fmt::format("cudnn {}{}{} (inference: stepbench kernel)",
+                       mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "spatial persistent" : "spatial",
+                       fused_ ? ", relu fused" : ex_bn_ ? " (Ex), dense copy" : "",
+                       p_.relu && !fused_ ? ", relu pass" : "");
   }
 
   void forward_training(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
@@ -468,6 +486,23 @@ class CudaBatchNorm final : public BatchNormOp {
                 reserve, reserve_)))
           return;
         fused_ = false;  // declined: BN, then our ReLU, from now on
+        note_fallback("batch norm", "fused ReLU (Ex API)", x_);
+      }
+      if (ex_bn_) {
+        // BN into a dense y in the workspace, then the ReLU (or a copy) into y, which may be a slice
+        const Tensor t{ws, x_};
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTrainingEx(
+                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, xd_.d, x.data, nullptr, nullptr, xd_.d, t.data,
+                bnd_.d, gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, nullptr, ex_ws(ws), ex_ws_, reserve,
+                reserve_))) {
+          if (p_.relu)
+            SB_CUDA(cuda::launch_relu_forward(view(t), view(y), S(s)));
+          else
+            SB_CUDA(cuda::launch_add(view(t), view(y), 0.0f, S(s)));
+          return;
+        }
+        ex_bn_ = false;
+        note_fallback("batch norm", "forward (Ex API)", x_);
       }
       while (!own_) {
         if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTraining(c_.cudnn, mode_, &one, &zero, xd_.d, x.data, yd_.d,
@@ -482,20 +517,12 @@ class CudaBatchNorm final : public BatchNormOp {
     SB_CUDA(cuda::launch_bn_forward_training(view(x), view(y), gamma, beta, rm, rv, sm, si, p_.eps, p_.momentum,
                                              p_.relu, S(s)));
   }
+  // Inference is one elementwise pass per channel's affine map (and the ReLU): our kernel, in the
+  // tensor's memory order and fused with the ReLU, in one read and one write (cuDNN's would be a
+  // second pass for the ReLU, and its NCHW-order kernel for strided NHWC slices is slow).
   void forward_inference(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                          const float* rm, const float* rv, void*) override {
-    set(s);
-    const float one = 1, zero = 0;
-    if (!own_inference_ && x.desc == x_ && y.desc == y_) {
-      if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardInference(c_.cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd_.d,
-                                                               x.data, yd_.d, y.data, bnd_.d, gamma, beta, rm, rv,
-                                                               p_.eps))) {
-        if (p_.relu) SB_CUDA(cuda::launch_relu_forward(view(y), view(y), S(s)));
-        return;
-      }
-      own_inference_ = true;
-      note_fallback("batch norm", "inference", x_);
-    }
+    SB_CUDA(cudaSetDevice(c_.device));
     SB_CUDA(cuda::launch_bn_forward_inference(view(x), view(y), gamma, beta, rm, rv, p_.eps, p_.relu, S(s)));
   }
   void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
@@ -518,6 +545,15 @@ class CudaBatchNorm final : public BatchNormOp {
         SB_CUDA(cuda::launch_relu_backward(view(y), view(dy), view(g), 0.0f, S(s)));
       else
         SB_CUDA(cuda::launch_add(view(dy), view(g), 0.0f, S(s)));
+      if (ex_bn_) {
+        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackwardEx(
+                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &beta_dx, &one, &zero, xd_.d, x.data, nullptr,
+                nullptr, xd_.d, g.data, nullptr, nullptr, xd_.d, dx.data, bnd_.d, gamma, beta, dgamma, dbeta, p_.eps,
+                sm, si, nullptr, ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_)))
+          return;
+        ex_bn_ = false;
+        note_fallback("batch norm", "backward (Ex API)", x_);
+      }
       while (!own_) {
         if (SB_CUDNN_RAN(cudnnBatchNormalizationBackward(c_.cudnn, mode_, &one, &beta_dx, &one, &zero, xd_.d, x.data,
                                                          xd_.d, g.data, xd_.d, dx.data, bnd_.d, gamma, dgamma, dbeta,
@@ -541,6 +577,19 @@ class CudaBatchNorm final : public BatchNormOp {
     note_fallback("batch norm", step, x_);
   }
   void* ex_ws(void* ws) const { return ex_ws_ ? static_cast<char*>(ws) + temp_ : nullptr; }
+  // cuDNN's workspace (forward, backward) and reserve sizes for the Ex calls with these ops, or false
+  // when it has no Ex kernel for them here
+  bool ex_sizes(cudnnBatchNormOps_t ops, cudnnActivationDescriptor_t act, std::size_t& f, std::size_t& b,
+                std::size_t& r) const {
+    const bool fused = ops != CUDNN_BATCHNORM_OPS_BN;
+    cudnnTensorDescriptor_t yd = fused ? yd_.d : xd_.d;  // OPS_BN writes a dense y (x's descriptor)
+    return cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(c_.cudnn, mode_, ops, xd_.d, nullptr, yd,
+                                                                    bnd_.d, act, &f) == CUDNN_STATUS_SUCCESS &&
+           cudnnGetBatchNormalizationBackwardExWorkspaceSize(c_.cudnn, mode_, ops, xd_.d, fused ? yd : nullptr, yd,
+                                                             nullptr, xd_.d, bnd_.d, act, &b) == CUDNN_STATUS_SUCCESS &&
+           cudnnGetBatchNormalizationTrainingExReserveSpaceSize(c_.cudnn, mode_, ops, act, xd_.d, &r) ==
+               CUDNN_STATUS_SUCCESS;
+  }
   void set(Stream& s) {
     SB_CUDA(cudaSetDevice(c_.device));
     SB_CUDNN(cudnnSetStream(c_.cudnn, S(s)));
@@ -552,17 +601,21 @@ class CudaBatchNorm final : public BatchNormOp {
   BnParamDescriptor bnd_;
   ActivationDescriptor act_;
   cudnnBatchNormMode_t mode_ = CUDNN_BATCHNORM_SPATIAL;
-  bool fused_ = false, own_ = false, own_inference_ = false;
+  bool fused_ = false, ex_bn_ = false, own_ = false;
   std::size_t temp_ = 0, ex_ws_ = 0, reserve_ = 0;
 };
 
-// Pooling on cuDNN, strided descriptors on both sides (a max pool branch writes its concat slice).
+// Pooling on cuDNN, strided descriptors on both sides (a max pool branch writes its concat slice),
+// except NHWC average pooling.
 // cuDNN's max pool backward finds the maximum again from x and y, so nothing is reserved; where
 // cuDNN declines, our kernel does the same (argmax null).
 class CudaPool final : public PoolOp {
  public:
   CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p)
-      : c_(c), x_(x), y_(y), xd_(x), yd_(y), pd_(p), own_(c.own_norm_pool) {
+      : c_(c), x_(x), y_(y), xd_(x), yd_(y), pd_(p),
+        // NHWC average pooling: cuDNN has no channels-last kernel for it (a generic one ran 20x
+        // slower than its max pool on an H100); ours walks channels-last memory in order.
+        own_(c.own_norm_pool || (x.layout == Layout::nhwc && p.kind != PoolKind::max)) {
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
     a_ = cuda::PoolArgs{p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                         p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
@@ -720,12 +773,15 @@ class CudaBackend final : public Backend {
     cudaDriverGetVersion(&drv);
     cublasGetVersion(cublas_, &cublas);
     const std::size_t cudnn = cudnnGetVersion();
+    int nccl = 0;
+    ncclGetVersion(&nccl);  // the library loaded, which may differ from the headers built against
     auto v = [](int x) { return fmt::format("{}.{}", x / 1000, (x % 1000) / 10); };
     return {{"cuda_runtime", v(rt)},
             {"cuda_driver", v(drv)},
             {"cudnn", fmt::format("{}.{}.{}", cudnn / 10000, (cudnn % 10000) / 100, cudnn % 100)},
             {"cublas", std::to_string(cublas)},
-            {"nccl", fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)},
+            {"nccl", fmt::format("{}.{}.{}", nccl / 10000, (nccl % 10000) / 100, nccl % 100)},
+            {"cudnn_built_against", fmt::format("{}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL)},
             {"compute_capability", fmt::format("{}.{}", prop_.major, prop_.minor)},
             {"tf32", tf32_ ? "on" : "off"}};
   }

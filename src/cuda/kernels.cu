@@ -78,6 +78,254 @@ __global__ void relu_bwd_k(View y, View dy, View dx, float beta, long long n) {
   }
 }
 
+// ---- fast paths: views as rows of contiguous elements ----------------------------------------------
+// Every view the graph makes is a dense tensor or a channel slice of one. In channels-last order
+// (NHWC: c contiguous) such a view is N*H*W rows of C elements; in NCHW order it is N*C rows of
+// H*W elements. Row r starts at (r / r1) * so + (r % r1) * si. Kernels over rows need one 32-bit
+// division per vector of elements instead of six 64-bit ones per element, read whole rows with
+// 16-byte loads where the alignment allows, and walk memory in order (coalesced).
+struct Rows {
+  char* p;
+  long long len, r1, so, si;  // elements
+};
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <class T> __device__ __forceinline__ float to_f(T x);
+template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
+template <class T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+template <class T, int V>
+__device__ __forceinline__ Pack<T, V>* at(const Rows& r, unsigned row, unsigned j) {
+  const long long off = static_cast<long long>(row / r.r1) * r.so + static_cast<long long>(row % r.r1) * r.si + j;
+  return reinterpret_cast<Pack<T, V>*>(r.p + off * static_cast<long long>(sizeof(T)));
+}
+
+enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer };
+struct RowArgs {
+  Rows a, b, c;        // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference: x, y
+  float beta;          // accumulate into the destination (kReluBwd, kAdd)
+  const float *gamma, *bnbeta, *mean, *var;
+  float eps;
+  bool relu, cl;       // bn: fused ReLU; channels-last rows (the channel is the column), else NCHW rows
+  unsigned vec_per_row, total, channels;
+};
+
+template <class T, int V, int OP>
+__global__ void rows_k(RowArgs a) {
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < a.total; i += blockDim.x * gridDim.x) {
+    const unsigned row = i / a.vec_per_row, j = (i - row * a.vec_per_row) * V;
+    if (OP == kRelu) {
+      const Pack<T, V> x = *at<T, V>(a.a, row, j);
+      Pack<T, V> y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = from_f<T>(fmaxf(to_f(x.v[k]), 0.0f));
+      *at<T, V>(a.b, row, j) = y;
+    } else if (OP == kReluBwd) {
+      const Pack<T, V> y = *at<T, V>(a.a, row, j), dy = *at<T, V>(a.b, row, j);
+      Pack<T, V>* dxp = at<T, V>(a.c, row, j);
+      Pack<T, V> dx;
+      if (a.beta != 0.0f) dx = *dxp;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float g = to_f(y.v[k]) > 0.0f ? to_f(dy.v[k]) : 0.0f;
+        dx.v[k] = from_f<T>(a.beta == 0.0f ? g : g + a.beta * to_f(dx.v[k]));
+      }
+      *dxp = dx;
+    } else if (OP == kAdd) {
+      const Pack<T, V> x = *at<T, V>(a.a, row, j);
+      Pack<T, V>* dp = at<T, V>(a.b, row, j);
+      Pack<T, V> d;
+      if (a.beta != 0.0f) d = *dp;
+#pragma unroll
+      for (int k = 0; k < V; ++k) d.v[k] = from_f<T>(a.beta == 0.0f ? to_f(x.v[k]) : to_f(x.v[k]) + a.beta * to_f(d.v[k]));
+      *dp = d;
+    } else {  // kBnInfer
+      const Pack<T, V> x = *at<T, V>(a.a, row, j);
+      Pack<T, V> y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const unsigned c = a.cl ? j + k : row % a.channels;
+        const float sc = a.gamma[c] / sqrtf(a.var[c] + a.eps);
+        const float v = sc * (to_f(x.v[k]) - a.mean[c]) + a.bnbeta[c];
+        y.v[k] = from_f<T>(a.relu ? fmaxf(v, 0.0f) : v);
+      }
+      *at<T, V>(a.b, row, j) = y;
+    }
+  }
+}
+
+// The rows of v in the given order, or false when v is not such a view.
+bool as_rows(const View& v, bool cl, Rows& r) {
+  r.p = static_cast<char*>(v.p);
+  if (cl) {
+    if (v.sc != 1 || v.sh != v.w * v.sw) return false;
+    r.len = v.c;
+    r.r1 = v.h * v.w;
+    r.so = v.sn;
+    r.si = v.sw;
+  } else {
+    if (v.sw != 1 || v.sh != v.w) return false;
+    r.len = v.h * v.w;
+    r.r1 = v.c;
+    r.so = v.sn;
+    r.si = v.sc;
+  }
+  return true;
+}
+
+template <int OP, class T>
+cudaError_t launch_rows_t(RowArgs a, int n_views, long long rows, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T);
+  const Rows* views[3] = {&a.a, &a.b, &a.c};
+  bool vec = a.a.len % V == 0;
+  for (int k = 0; k < n_views && vec; ++k) {
+    const Rows& r = *views[k];
+    vec = reinterpret_cast<std::uintptr_t>(r.p) % 16 == 0 && r.so % V == 0 && r.si % V == 0;
+  }
+  const unsigned vpr = static_cast<unsigned>(vec ? a.a.len / V : a.a.len);
+  const unsigned long long total = static_cast<unsigned long long>(vpr) * static_cast<unsigned long long>(rows);
+  a.vec_per_row = vpr;
+  a.total = static_cast<unsigned>(total);
+  if (total == 0) return cudaSuccess;
+  const unsigned blocks = grid_for(static_cast<long long>(total));
+  if (vec)
+    rows_k<T, V, OP><<<blocks, kThreads, 0, s>>>(a);
+  else
+    rows_k<T, 1, OP><<<blocks, kThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+// Runs OP over rows when every view has them in the same order and one element type; returns
+// false (nothing launched) otherwise, and the caller runs the generic kernel.
+template <int OP>
+bool launch_rows(RowArgs a, const View* v, int n_views, cudaStream_t s, cudaError_t& err) {
+  const bool cl = v[n_views - 1].sc == 1 && v[n_views - 1].c > 1;  // the destination's order
+  Rows* rs[3] = {&a.a, &a.b, &a.c};
+  for (int k = 0; k < n_views; ++k) {
+    if (v[k].t != v[0].t || v[k].n != v[0].n || v[k].c != v[0].c || v[k].h != v[0].h || v[k].w != v[0].w) return false;
+    if (!as_rows(v[k], cl, *rs[k])) return false;
+  }
+  const long long rows = cl ? v[0].n * v[0].h * v[0].w : v[0].n * v[0].c;
+  const unsigned long long total = static_cast<unsigned long long>(rows) * static_cast<unsigned long long>(a.a.len);
+  if (total >= (1ULL << 31)) return false;
+  a.cl = cl;
+  a.channels = static_cast<unsigned>(v[0].c);
+  if (v[0].t == kF32) err = launch_rows_t<OP, float>(a, n_views, rows, s);
+  else if (v[0].t == kBF16) err = launch_rows_t<OP, __nv_bfloat16>(a, n_views, rows, s);
+  else err = launch_rows_t<OP, __half>(a, n_views, rows, s);
+  return true;
+}
+
+// Average pooling over channels-last views: one thread per output (input, for the backward) pixel
+// and V channels, 16-byte loads, 32-bit index arithmetic. The backward gathers from the outputs
+// whose windows cover the pixel (no atomics, deterministic).
+template <class T, int V>
+__device__ __forceinline__ Pack<T, V>* pix(const View& v, int b, int h, int w, int c) {
+  const long long off = b * v.sn + h * v.sh + w * v.sw + c;
+  return reinterpret_cast<Pack<T, V>*>(static_cast<T*>(v.p) + off);
+}
+__device__ __forceinline__ float window_inv(const PoolArgs& p, int H, int W, int oh, int ow, int& h0, int& h1, int& w0,
+                                            int& w1) {
+  const int hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
+  const int he = min(hs + p.kh, H + p.ph), we = min(ws + p.kw, W + p.pw);
+  const int padded = (he - hs) * (we - ws);
+  h0 = max(hs, 0);
+  h1 = min(he, H);
+  w0 = max(ws, 0);
+  w1 = min(we, W);
+  const int count = p.kind == 2 ? (h1 - h0) * (w1 - w0) : padded;
+  return count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+}
+template <class T, int V>
+__global__ void avgpool_cl_fwd_k(View x, View y, PoolArgs p, unsigned total, unsigned cv) {
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    const unsigned px = i / cv, c = (i - px * cv) * V;
+    const int ow = px % y.w, oh = (px / y.w) % y.h, b = px / (y.w * y.h);
+    int h0, h1, w0, w1;
+    const float inv = window_inv(p, static_cast<int>(x.h), static_cast<int>(x.w), oh, ow, h0, h1, w0, w1);
+    float acc[V] = {};
+    for (int h = h0; h < h1; ++h)
+      for (int w = w0; w < w1; ++w) {
+        const Pack<T, V> v = *pix<T, V>(x, b, h, w, c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += to_f(v.v[k]);
+      }
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = from_f<T>(acc[k] * inv);
+    *pix<T, V>(y, b, oh, ow, c) = out;
+  }
+}
+template <class T, int V>
+__global__ void avgpool_cl_bwd_k(View dy, View dx, PoolArgs p, float beta, unsigned total, unsigned cv) {
+  const int H = static_cast<int>(dx.h), W = static_cast<int>(dx.w), OH = static_cast<int>(dy.h),
+            OW = static_cast<int>(dy.w);
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    const unsigned px = i / cv, c = (i - px * cv) * V;
+    const int w = px % W, h = (px / W) % H, b = px / (W * H);
+    // the outputs whose windows hold (h, w)
+    const int nh = h + p.ph - p.kh + 1, nw = w + p.pw - p.kw + 1;
+    const int oh0 = nh <= 0 ? 0 : (nh + p.sh - 1) / p.sh, oh1 = min((h + p.ph) / p.sh + 1, OH);
+    const int ow0 = nw <= 0 ? 0 : (nw + p.sw - 1) / p.sw, ow1 = min((w + p.pw) / p.sw + 1, OW);
+    float acc[V] = {};
+    for (int oh = oh0; oh < oh1; ++oh)
+      for (int ow = ow0; ow < ow1; ++ow) {
+        int h0, h1, w0, w1;
+        const float inv = window_inv(p, H, W, oh, ow, h0, h1, w0, w1);
+        const Pack<T, V> g = *pix<T, V>(dy, b, oh, ow, c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += inv * to_f(g.v[k]);
+      }
+    Pack<T, V>* o = pix<T, V>(dx, b, h, w, c);
+    Pack<T, V> out;
+    if (beta != 0.0f) out = *o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = from_f<T>(beta == 0.0f ? acc[k] : acc[k] + beta * to_f(out.v[k]));
+    *o = out;
+  }
+}
+bool cl_view(const View& v) { return v.sc == 1 && v.sh == v.w * v.sw; }
+bool vec_ok(const View& v, int V) {
+  return reinterpret_cast<std::uintptr_t>(v.p) % 16 == 0 && v.c % V == 0 && v.sn % V == 0 && v.sh % V == 0 &&
+         v.sw % V == 0;
+}
+// Average pooling on channels-last views (forward: a = x, b = y; backward: a = dy, b = dx), or
+// false when the views are not such.
+template <bool FWD>
+bool launch_avgpool_cl(View a, View b, PoolArgs p, float beta, cudaStream_t s, cudaError_t& err) {
+  if (p.kind == 0 || !cl_view(a) || !cl_view(b) || a.t != b.t) return false;
+  const View& px = b;  // the pixels a thread owns: outputs (forward) or inputs (backward)
+  const unsigned long long pixels = static_cast<unsigned long long>(px.n * px.h * px.w);
+  if (pixels * static_cast<unsigned long long>(px.c) >= (1ULL << 31)) return false;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = vec_ok(a, V) && vec_ok(b, V);
+    const unsigned cv = static_cast<unsigned>(vec ? px.c / V : px.c), total = static_cast<unsigned>(pixels * cv);
+    if (total == 0) return;
+    if (FWD) {
+      if (vec) avgpool_cl_fwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
+      else avgpool_cl_fwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
+    } else {
+      if (vec) avgpool_cl_bwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
+      else avgpool_cl_bwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
+    }
+  };
+  if (a.t == kF32) go(float{});
+  else if (a.t == kBF16) go(__nv_bfloat16{});
+  else go(__half{});
+  err = cudaGetLastError();
+  return true;
+}
+
 // ---- batch norm -----------------------------------------------------------------------------------
 template <class T>
 __device__ T block_sum(T v) {
@@ -193,16 +441,38 @@ __device__ __forceinline__ float window_max(const View& x, long long b, long lon
   return best;
 }
 
-__global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, long long n) {
+// Element i in memory order: (b, h, w, c) with c fastest for channels-last views (coalesced NHWC
+// reads and writes), else (b, c, h, w).
+__device__ __forceinline__ void split4(const View& v, bool cl, long long i, long long& b, long long& c, long long& h,
+                                       long long& w) {
+  if (cl) {
+    c = i % v.c;
+    i /= v.c;
+    w = i % v.w;
+    i /= v.w;
+    h = i % v.h;
+    b = i / v.h;
+  } else {
+    w = i % v.w;
+    i /= v.w;
+    h = i % v.h;
+    i /= v.h;
+    c = i % v.c;
+    b = i / v.c;
+  }
+}
+
+__global__ void pool_fwd_k(View x, View y, PoolArgs p, std::int32_t* argmax, long long n, bool cl) {
   GRID_STRIDE(i, n) {
-    const long long ow = i % y.w, oh = (i / y.w) % y.h, c = (i / (y.w * y.h)) % y.c, b = i / (y.w * y.h * y.c);
+    long long b, c, oh, ow;
+    split4(y, cl, i, b, c, oh, ow);
     long long h0, h1, w0, w1;
     float inv;
     window(p, x.h, x.w, oh, ow, h0, h1, w0, w1, inv);
     if (p.kind == 0) {
       std::int32_t pos;
       st(y, off4(y, b, c, oh, ow), window_max(x, b, c, h0, h1, w0, w1, pos));
-      if (argmax) argmax[i] = pos;
+      if (argmax) argmax[((b * y.c + c) * y.h + oh) * y.w + ow] = pos;
     } else {
       float s = 0;
       for (long long h = h0; h < h1; ++h)
@@ -222,9 +492,11 @@ __device__ __forceinline__ void covering(long long i, int k, int s, int pad, lon
 // Gather: each input element sums the outputs whose windows cover it, so no two threads write one
 // element. Max pool routes each output's gradient to its window's argmax: the forward's, or found
 // again in x when there is none (argmax null).
-__global__ void pool_bwd_k(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n) {
+__global__ void pool_bwd_k(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n,
+                          bool cl) {
   GRID_STRIDE(i, n) {
-    const long long w = i % dx.w, h = (i / dx.w) % dx.h, c = (i / (dx.w * dx.h)) % dx.c, b = i / (dx.w * dx.h * dx.c);
+    long long b, c, h, w;
+    split4(dx, cl, i, b, c, h, w);
     long long oh0, oh1, ow0, ow1;
     covering(h, p.kh, p.sh, p.ph, dy.h, oh0, oh1);
     covering(w, p.kw, p.sw, p.pw, dy.w, ow0, ow1);
@@ -398,14 +670,28 @@ cudaError_t launch_scale(float* x, float a, std::size_t n, cudaStream_t s) {
   return cudaGetLastError();
 }
 cudaError_t launch_add(View src, View dst, float beta, cudaStream_t s) {
+  RowArgs a{};
+  a.beta = beta;
+  const View v[2] = {src, dst};
+  cudaError_t err = cudaSuccess;
+  if (launch_rows<kAdd>(a, v, 2, s, err)) return err;
   add_k<<<grid_for(numel(dst)), kThreads, 0, s>>>(src, dst, beta, numel(dst));
   return cudaGetLastError();
 }
 cudaError_t launch_relu_forward(View x, View y, cudaStream_t s) {
+  RowArgs a{};
+  const View v[2] = {x, y};
+  cudaError_t err = cudaSuccess;
+  if (launch_rows<kRelu>(a, v, 2, s, err)) return err;
   relu_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, numel(y));
   return cudaGetLastError();
 }
 cudaError_t launch_relu_backward(View y, View dy, View dx, float beta, cudaStream_t s) {
+  RowArgs a{};
+  a.beta = beta;
+  const View v[3] = {y, dy, dx};
+  cudaError_t err = cudaSuccess;
+  if (launch_rows<kReluBwd>(a, v, 3, s, err)) return err;
   relu_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(y, dy, dx, beta, numel(dx));
   return cudaGetLastError();
 }
@@ -418,6 +704,16 @@ cudaError_t launch_bn_forward_training(View x, View y, const float* gamma, const
 }
 cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, const float* beta, const float* rmean,
                                         const float* rvar, double eps, bool relu, cudaStream_t s) {
+  RowArgs a{};
+  a.gamma = gamma;
+  a.bnbeta = beta;
+  a.mean = rmean;
+  a.var = rvar;
+  a.eps = static_cast<float>(eps);
+  a.relu = relu;
+  const View v[2] = {x, y};
+  cudaError_t err = cudaSuccess;
+  if (launch_rows<kBnInfer>(a, v, 2, s, err)) return err;
   bn_infer_k<<<grid_for(numel(x)), kThreads, 0, s>>>(x, y, gamma, beta, rmean, rvar, eps, relu, numel(x));
   return cudaGetLastError();
 }
@@ -429,12 +725,16 @@ cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* ga
   return cudaGetLastError();
 }
 cudaError_t launch_pool_forward(View x, View y, PoolArgs p, std::int32_t* argmax, cudaStream_t s) {
-  pool_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, p, argmax, numel(y));
+  cudaError_t err = cudaSuccess;
+  if (launch_avgpool_cl<true>(x, y, p, 0.0f, s, err)) return err;
+  pool_fwd_k<<<grid_for(numel(y)), kThreads, 0, s>>>(x, y, p, argmax, numel(y), y.sc == 1 && y.c > 1);
   return cudaGetLastError();
 }
 cudaError_t launch_pool_backward(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax,
                                  cudaStream_t s) {
-  pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(x, dy, dx, p, beta, argmax, numel(dx));
+  cudaError_t err = cudaSuccess;
+  if (launch_avgpool_cl<false>(dy, dx, p, beta, s, err)) return err;
+  pool_bwd_k<<<grid_for(numel(dx)), kThreads, 0, s>>>(x, dy, dx, p, beta, argmax, numel(dx), dx.sc == 1 && dx.c > 1);
   return cudaGetLastError();
 }
 cudaError_t launch_add_bias(Flat y, Flat b, long long N, long long M, cudaStream_t s) {
