@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 
 #include <unistd.h>
 
@@ -40,9 +41,25 @@ struct StepResult {
   TensorMap grads;
 };
 
+// x rounded to `bits` significant bits (24: fp32, 11: fp16 and TF32, 8: bf16).
+double round_bits(double x, int bits) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  const double m = std::frexp(x, &e);
+  return std::ldexp(std::nearbyint(std::ldexp(m, bits)), e - bits);
+}
+
+// One training step from fixed weights and input. round_bits > 0: the weights and the input are
+// first rounded to that many significant bits (a reference perturbed as a reduced-precision
+// backend's storage perturbs them).
 StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_t batch, std::int64_t image,
-                    DType t = DType::f32) {
-  Graph g(be, GraphConfig{batch, l, t, 3});
+                    DType t = DType::f32, int round_to_bits = 0) {
+  GraphConfig cfg{batch, l, t, 3};
+  // fp16, Inception-v3: start the loss scale low enough that no scaled gradient overflows in this
+  // one step (the stem's filter gradient reaches ~100 at initialisation; 100 x 2^16 is far past
+  // fp16's 65504). The tiny model keeps the default 2^16: lower, its small gradients underflow.
+  if (model == "inception_v3") cfg.initial_loss_scale = 256.0f;
+  Graph g(be, cfg);
   ModelOptions o;
   o.image_size = image;
   o.dropout = 0;
@@ -50,7 +67,16 @@ StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_
   build_model(g, model, o);
   g.plan();
   init_parameters(g, 21);
-  const auto img = test::random_vec(static_cast<std::size_t>(batch * 3 * image * image), 8);
+  auto img = test::random_vec(static_cast<std::size_t>(batch * 3 * image * image), 8);
+  if (round_to_bits > 0) {
+    auto w = export_weights(g);
+    for (auto& [name, a] : w)
+      if (a.dtype == "F32")
+        for (std::int64_t i = 0; i < a.numel(); ++i)
+          a.as<float>()[i] = static_cast<float>(round_bits(a.as<float>()[i], round_to_bits));
+    import_weights(g, w);
+    for (auto& v : img) v = round_bits(v, round_to_bits);
+  }
   const std::vector<float> f(img.begin(), img.end());
   g.set_input_nchw(f.data());
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
@@ -95,7 +121,10 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   if (c.tf32) gpu->set_tensor_math(true);
   auto cpu = make_cpu_backend();
   const bool inc = c.model == "inception_v3";
-  const std::int64_t batch = inc ? 2 : 8, image = inc ? 299 : 32;
+  // Inception-v3 in reduced precision at batch 8: at batch 2 its training-mode batch norms (the aux
+  // head's sees 2 values per channel) amplify TF32's and 16-bit rounding into O(1) gradient errors
+  const bool reduced = c.tf32 || c.dtype != DType::f32;
+  const std::int64_t batch = inc ? (reduced ? 8 : 2) : 8, image = inc ? 299 : 32;
   try {
     gpu->require(c.dtype);
   } catch (const UnsupportedError& e) {
@@ -103,21 +132,65 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   }
   const auto a = one_step(*gpu, c.model, c.layout, batch, image, c.dtype);
   const auto b = one_step(*cpu, c.model, c.layout, batch, image);  // the fp32 CPU step is the reference
-  const bool half = c.dtype != DType::f32;
-  const double out_tol = half ? 5e-2 : c.tf32 ? 2e-2 : 1e-4, grad_tol = half ? 1e-1 : c.tf32 ? 5e-2 : 1e-3;
-  EXPECT_CLOSE(as_vec(a.logits_eval), as_vec(b.logits_eval), out_tol);
-  EXPECT_CLOSE(as_vec(a.logits_train), as_vec(b.logits_train), out_tol);
-  EXPECT_NEAR(a.loss, b.loss, out_tol * std::abs(b.loss));
   ASSERT_EQ(a.grads.size(), b.grads.size());
-  std::vector<double> errs;
-  for (const auto& [name, ga] : a.grads) {
-    const double e = test::rel_error(as_vec(ga), as_vec(b.grads.at(name)));
-    errs.push_back(e);
-    if (!inc) EXPECT_LE(e, grad_tol) << name;
-    EXPECT_LE(e, 0.5) << name;  // a wrong or missing gradient shows as ~1
+  if (!reduced) {
+    // fp32: the same arithmetic up to summation order
+    const double out_tol = 1e-4, grad_tol = 1e-3;
+    EXPECT_CLOSE(as_vec(a.logits_eval), as_vec(b.logits_eval), out_tol);
+    EXPECT_CLOSE(as_vec(a.logits_train), as_vec(b.logits_train), out_tol);
+    EXPECT_NEAR(a.loss, b.loss, out_tol * std::abs(b.loss));
+    std::vector<double> errs;
+    for (const auto& [name, ga] : a.grads) {
+      const double e = test::rel_error(as_vec(ga), as_vec(b.grads.at(name)));
+      errs.push_back(e);
+      if (!inc) EXPECT_LE(e, grad_tol) << name;
+      EXPECT_LE(e, 0.5) << name;  // a wrong or missing gradient shows as ~1
+    }
+    std::sort(errs.begin(), errs.end());
+    if (inc) EXPECT_LE(errs[errs.size() / 2], 0.05) << "median gradient error";
+    return;
   }
-  std::sort(errs.begin(), errs.end());
-  if (inc) EXPECT_LE(errs[errs.size() / 2], half || c.tf32 ? 0.2 : 0.05) << "median gradient error";
+  // TF32, bf16, fp16: how far each output moves is set by how sensitive it is to rounding. The CPU
+  // step run again on weights and input rounded to the GPU's significand (p) measures that per
+  // tensor; the GPU, which also rounds every activation, may differ from the reference by a
+  // multiple of it, or by the precision's floor where the tensor is insensitive. A wrong gradient
+  // (zero, doubled, transposed) is off by ~1 and fails wherever rounding alone moves it by < 10%.
+  const int bits = c.dtype == DType::bf16 ? 8 : 11;
+  const auto p = one_step(*cpu, c.model, c.layout, batch, image, DType::f32, bits);
+  const double floor = c.dtype == DType::bf16 ? 5e-2 : 2e-2, k = 10;
+  auto check = [&](const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& moved,
+                   const std::string& what) {
+    const double e = test::rel_error(got, want), es = test::rel_error(moved, want);
+    EXPECT_LE(e, std::max(floor, k * es)) << what << ": rounding the inputs alone moves it by " << es;
+    return std::pair{e, es};
+  };
+  // Inference at initialisation uses untrained running statistics (mean 0, variance 1): Inception's
+  // activations then grow past fp16's range before the logits, which only says that fp16 needs
+  // normalised activations. The training forward, with batch statistics, is always compared.
+  double max_eval = 0;
+  for (float v : b.logits_eval) max_eval = std::max(max_eval, static_cast<double>(std::abs(v)));
+  if (c.dtype != DType::f16 || max_eval < 1e3)
+    check(as_vec(a.logits_eval), as_vec(b.logits_eval), as_vec(p.logits_eval), "eval logits");
+  else
+    std::cout << "fp16 eval logits not compared: the fp32 reference reaches |logit| = " << max_eval << "\n";
+  check(as_vec(a.logits_train), as_vec(b.logits_train), as_vec(p.logits_train), "train logits");
+  EXPECT_NEAR(a.loss, b.loss, std::max(floor, k * std::abs(p.loss - b.loss) / std::abs(b.loss)) * std::abs(b.loss));
+  std::vector<double> ratios;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, ga] : a.grads) {
+    const auto [e, es] = check(as_vec(ga), as_vec(b.grads.at(name)), as_vec(p.grads.at(name)), name);
+    ratios.push_back(e / std::max(es, 1e-3));
+    if (ratios.back() > worst) {
+      worst = ratios.back();
+      worst_name = name;
+    }
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double median = ratios[ratios.size() / 2];
+  std::cout << "gradient error / error from rounding the inputs: median " << median << ", largest " << worst
+            << " (" << worst_name << ")\n";
+  EXPECT_LE(median, 5.0) << "median over tensors of the GPU's gradient error / the error from rounding the inputs";
 }
 INSTANTIATE_TEST_SUITE_P(Models, CudaStep,
                          testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},

@@ -147,14 +147,14 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
   g.cross_entropy(f, 1.0f, "logits");
   g.plan();
   init_parameters(g, 5);
-  test::DevTensor in(*be, {2, 3, 6, 6}, GetParam().layout);
+  test::DevTensor in(*be, {2, 3, 6, 6}, GetParam().layout, GetParam().dtype);  // the graph's input type
   in.upload(test::random_vec(2 * 3 * 36, 4));
   auto& s = be->default_stream();
   be->copy(s, g.input_tensor().data, in.t().data, g.input_tensor().desc.bytes());
   g.forward(s, true);
   g.backward(s);
   const Shape us = g.value(u).shape();
-  test::DevTensor du(*be, us, GetParam().layout), dcat(*be, {2, 8, 6, 6}, GetParam().layout);
+  test::DevTensor du(*be, us, GetParam().layout, GetParam().dtype), dcat(*be, {2, 8, 6, 6}, GetParam().layout, GetParam().dtype);
   be->copy(s, const_cast<void*>(du.t().data), g.grad(u).data, g.grad(u).desc.bytes());
   be->copy(s, const_cast<void*>(dcat.t().data), g.grad(cat).data, g.grad(cat).desc.bytes());
   const auto gu = du.download(), gc = dcat.download();

@@ -4,10 +4,12 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -70,6 +72,32 @@ inline std::vector<double> random_vec(std::size_t n, std::uint32_t seed, double 
   std::vector<double> v(n);
   for (auto& x : v) x = static_cast<float>(d(g));  // representable in fp32
   return v;
+}
+
+// Each value rounded to the storage type t (what a backend computes from after an upload in t).
+inline std::vector<double> round_to(DType t, std::vector<double> v) {
+  for (auto& x : v) {
+    const auto f = static_cast<float>(x);
+    x = t == DType::bf16 ? bf16_to_float(float_to_bf16(f)) : t == DType::f16 ? f16_to_float(float_to_f16(f)) : f;
+  }
+  return v;
+}
+// The unit roundoff of the storage type: half the distance from 1 to the next value.
+inline double unit_roundoff(DType t) { return t == DType::f32 ? 0x1p-24 : t == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+
+// n distinct values, each exact in bf16, fp16 and fp32 (magnitudes in [1/8, 8), both signs: 1536
+// of them), shuffled: max pooling over them has no ties in any precision, so which of several equal
+// maxima a backend routes the gradient to never matters.
+inline std::vector<double> distinct_vec(std::size_t n, std::uint32_t seed) {
+  std::vector<double> pool;
+  for (int e = -3; e < 3; ++e)
+    for (int m = 0; m < 128; ++m)
+      for (double sign : {1.0, -1.0}) pool.push_back(sign * std::ldexp(1.0 + m / 128.0, e));
+  if (n > pool.size()) throw std::invalid_argument("distinct_vec: at most 1536 values");
+  std::mt19937 g(seed);
+  std::shuffle(pool.begin(), pool.end(), g);
+  pool.resize(n);
+  return pool;
 }
 
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
