@@ -127,7 +127,7 @@ void check_units(const test::Config& cfg, bool with_block_e) {
   SmallNet net(*be, cfg.layout, cfg.dtype, with_block_e);
   net.loss();
   net.g->backward(be->default_stream());
-  test::expect_units_match_oracle(*net.g, test::tolerance(cfg));
+  test::expect_units_match_oracle(*net.g, test::error_model(cfg));
 }
 TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlace) { check_units(GetParam(), false); }
 TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlaceWithBlockE) { check_units(GetParam(), true); }
@@ -164,7 +164,11 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
       for (std::int64_t h = 0; h < us.h; ++h)
         for (std::int64_t w = 0; w < us.w; ++w)
           want[ref::idx(us, n, c, h, w)] = gc[ref::idx({2, 8, 6, 6}, n, c, h, w)] + gc[ref::idx({2, 8, 6, 6}, n, c + 4, h, w)];
-  EXPECT_CLOSE(gu, want, test::tolerance(GetParam()));
+  // the identity pools copy their gradient (stored in the dtype); the fan-out adds two of them
+  const auto m = test::error_model(GetParam());
+  ref::Vec bound(want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) bound[i] = (m.u_acc + 2 * m.u_out) * 2 * std::abs(want[i]) + 1e-30;
+  EXPECT_WITHIN(gu, want, bound);
   double norm = 0;
   for (double v : want) norm += v * v;
   EXPECT_GT(norm, 0.0);

@@ -83,7 +83,7 @@ TEST_P(InceptionUnits, EveryUnitMatchesTheOracleInPlace) {
   g.set_labels(labels);
   g.forward(be->default_stream(), true);
   g.backward(be->default_stream());
-  test::expect_units_match_oracle(g, 1e-4);
+  test::expect_units_match_oracle(g, test::error_model(test::Config{"cpu", GetParam(), DType::f32}));
 }
 INSTANTIATE_TEST_SUITE_P(Layouts, InceptionUnits, testing::Values(Layout::nchw, Layout::nhwc),
                          [](const auto& i) { return std::string(to_string(i.param)); });

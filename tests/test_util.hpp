@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "error_model.hpp"
 #include "reference.hpp"
 #include "stepbench/backend.hpp"
 #include "stepbench/error.hpp"
@@ -43,10 +44,6 @@ inline std::vector<Config> all_configs() {
   return v;
 }
 
-// Tolerance on max|a - b| / max|b| per tensor, by precision.
-inline double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::bf16 ? 2e-2 : 5e-3; }
-// TF32 rounds the inputs of each product to fp16's 10-bit mantissa: fp16's tolerance.
-inline double tolerance(const Config& c) { return c.tf32 ? tolerance(DType::f16) : tolerance(c.dtype); }
 
 // Returns the backend, or nullptr after GTEST_SKIP-worthy reason in `why`.
 inline std::unique_ptr<Backend> try_backend(const Config& c, std::string& why) {
@@ -101,6 +98,7 @@ inline std::vector<double> distinct_vec(std::size_t n, std::uint32_t seed) {
 }
 
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;  // nothing or the wrong thing to compare
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
     num = std::max(num, std::abs(a[i] - b[i]));
@@ -212,7 +210,9 @@ std::vector<double> read_nchw(Backend& be, const Tensor& t);
 
 // After forward(training) and backward: every conv-BN-ReLU unit of g, checked in place against the
 // oracle from its input value and the gradient at its output (the weight, gamma, beta gradients).
-void expect_units_match_oracle(Graph& g, double tol);
+// Every conv-BN-ReLU unit's output and parameter gradients, and the gradient of every value, against
+// the oracle recomputed from the unit's own inputs in the graph; bounds from the error model.
+void expect_units_match_oracle(Graph& g, const ErrorModel& m);
 
 // Reorders an O,I,KH,KW filter into the backend's storage format for layout l.
 std::vector<double> filter_for(const Backend& be, Layout l, const std::vector<double>& oihw, std::int64_t O,

@@ -96,17 +96,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)
     ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "tiny"])
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="default: 8 for inception_v3 (its aux head normalises 1x1 maps: batch values per channel), 8 for tiny")
     ap.add_argument("--image-size", type=int, default=299)
-    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--tol", type=float, default=1e-4, help="--strict-grads: every gradient within this of fp64")
     ap.add_argument("--noise-factor", type=float, default=2.0)
     ap.add_argument("--max-grad-error", type=float, default=0.5)
+    ap.add_argument("--max-grad-ratio", type=float, default=32.0,
+                    help="no gradient's error above this many times PyTorch fp32's (a wrong gradient is orders of magnitude off)")
     ap.add_argument("--formats", default="nchw,nhwc")
     ap.add_argument("--strict-grads", action=argparse.BooleanOptionalAction, default=None,
                     help="every gradient within --tol of fp64 (default for the well-conditioned tiny model)")
     args = ap.parse_args()
     if args.strict_grads is None:
         args.strict_grads = args.model == "tiny"
+    if args.batch <= 0:
+        args.batch = 8
+    if args.model == "inception_v3" and args.batch < 8:
+        print(f"note: batch {args.batch}: the aux head's batch norms normalise {args.batch} values per channel, "
+              "which makes its outputs ill-conditioned; the rules below assume 8 or more", file=sys.stderr)
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -137,11 +145,13 @@ def main():
         with torch.no_grad():
             return m(x.to(dtype)).double().numpy()
 
-    def train_step(dtype):
+    def train_step(dtype, channels_last=False):
         m = copy.deepcopy(model).to(dtype)
+        if channels_last:
+            m = m.to(memory_format=torch.channels_last)
         m.train()
         m.dropout = torch.nn.Identity()  # stepbench check runs train mode without dropout by default
-        out = m(x.to(dtype))
+        out = m(x.to(dtype).contiguous(memory_format=torch.channels_last) if channels_last else x.to(dtype))
         ce = torch.nn.functional.cross_entropy
         logits, aux = (out.logits, out.aux_logits) if hasattr(out, "logits") else (out, None)
         loss = ce(logits, y) + (0.4 * ce(aux, y) if aux is not None else 0)
@@ -149,30 +159,34 @@ def main():
         return (logits.detach().double().numpy(), None if aux is None else aux.detach().double().numpy(),
                 loss.detach().double().numpy(), {k: p.grad.double().numpy() for k, p in m.named_parameters()})
 
-    # The reference is PyTorch in float64, and PyTorch's own float32 result is the yardstick.
-    # Gradients of a randomly initialised Inception-v3 in train mode at batch 2 are badly
-    # conditioned (batch statistics over few samples, ReLU masks flipped by rounding, 94 layers):
-    # PyTorch's fp32 gradients differ from its fp64 ones by up to ~20% on some tensors, and which
-    # tensors is luck. So:
-    #  - outputs (logits, aux logits, loss): each within --tol of fp64, or no worse than
-    #    --noise-factor x PyTorch fp32's error;
-    #  - gradients, as a population: the median of err(stepbench) / max(err(PyTorch fp32), tol) is at
-    #    most --noise-factor, no more tensors are worse than 4x PyTorch's than 2x the number where
-    #    PyTorch is 4x worse (plus 2), and no tensor is off by more than --max-grad-error (a wrong
-    #    or missing gradient shows as ~1).
-    #  - with --model tiny (shallow, batch 8: well conditioned), every gradient within --tol instead.
-    # Every layer's gradient is checked exactly against the oracle by the C++ tests
-    # (InceptionUnits.EveryUnitMatchesTheOracleInPlace); this script checks the model end to end.
+    # The reference is PyTorch in float64; the yardstick is how far a correct float32 computation of
+    # the same step lands from it, measured twice: PyTorch fp32 in NCHW and in channels_last (other
+    # kernels, other summation orders); per tensor the larger of the two is its conditioning.
+    # Gradients of a randomly initialised Inception-v3 are badly conditioned (ReLU masks flipped by
+    # rounding, 94 layers): PyTorch's fp32 gradients differ from fp64 by up to ~20% on some tensors,
+    # and which tensors is luck. At batch 8 no batch norm normalises fewer than 8 values (at batch 2
+    # the aux head's sees 2 per channel, and one output's error against a 2x bound was luck too). So:
+    #  - outputs (logits, aux logits, loss): within --noise-factor x the yardstick (at least
+    #    64 fp32 roundings, 2^-18, for outputs both PyTorch runs happen to get nearly exact);
+    #  - gradients, as a population: the median of err(stepbench) / yardstick is at most
+    #    --noise-factor and the 90th percentile at most twice that; each tensor within
+    #    --max-grad-ratio x its yardstick and --max-grad-error (a wrong, doubled or missing gradient
+    #    is off by ~1, orders of magnitude above a yardstick of ~1e-4..1e-2);
+    #  - with --model tiny (shallow, well conditioned), every gradient within --tol instead.
+    # Every layer's gradient is checked against the oracle, within the error model's bounds, by the
+    # C++ tests (InceptionUnits.EveryUnitMatchesTheOracleInPlace); this script checks the model end to end.
     ref_eval, eval32 = eval_logits(torch.float64), eval_logits(torch.float32)
     logits64, aux64, loss64, grads64 = train_step(torch.float64)
     logits32, aux32, loss32, grads32 = train_step(torch.float32)
+    logits32c, aux32c, loss32c, grads32c = train_step(torch.float32, channels_last=True)
+    floor = 2.0 ** -18
     failed, outputs, grad_rows = [], [], []
     verbose = bool(os.environ.get("PARITY_VERBOSE"))
 
-    def output(name, got, want64, torch32):
-        err, base = rel(got, want64), rel(torch32, want64)
+    def output(name, got, want64, torch32, torch32c):
+        err, base = rel(got, want64), max(rel(torch32, want64), rel(torch32c, want64))
         outputs.append((name, err, base))
-        if not err <= max(args.tol, args.noise_factor * base):
+        if not err <= args.noise_factor * max(base, floor):
             failed.append(f"{name}: {err:.3g} (PyTorch fp32: {base:.3g})")
 
     for fmt in args.formats.split(","):
@@ -184,18 +198,19 @@ def main():
             subprocess.run(cmd, check=True)
             got = read_safetensors(opath)
             if mode == "eval":
-                output(f"{fmt}/eval/logits", got["logits"], ref_eval, eval32)
+                output(f"{fmt}/eval/logits", got["logits"], ref_eval, eval32, eval32)
                 continue
-            output(f"{fmt}/train/logits", got["logits"], logits64, logits32)
+            output(f"{fmt}/train/logits", got["logits"], logits64, logits32, logits32c)
             if aux64 is not None:
-                output(f"{fmt}/train/aux_logits", got["aux_logits"], aux64, aux32)
-            output(f"{fmt}/train/loss", got["loss"], loss64, loss32)
+                output(f"{fmt}/train/aux_logits", got["aux_logits"], aux64, aux32, aux32c)
+            output(f"{fmt}/train/loss", got["loss"], loss64, loss32, loss32c)
             missing = set(grads64) - set(got)
             if missing:
                 failed.append(f"{fmt}: gradients missing for {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
             for k in grads64:
                 if k in got:
-                    grad_rows.append((f"{fmt}/grad/{k}", rel(got[k], grads64[k]), rel(grads32[k], grads64[k])))
+                    grad_rows.append((f"{fmt}/grad/{k}", rel(got[k], grads64[k]),
+                                      max(rel(grads32[k], grads64[k]), rel(grads32c[k], grads64[k]))))
 
     print(f"parity vs torchvision {torchvision.__version__} (PyTorch {torch.__version__}), reference in float64, "
           f"batch {n}, {s}x{s}; metric max|a-b|/max|b| per tensor")
@@ -212,22 +227,21 @@ def main():
             if not err <= args.tol:
                 failed.append(f"{name}: {err:.3g} > {args.tol:g} (PyTorch fp32: {base:.3g})")
     elif grad_rows:
-        ratios = [err / max(base, args.tol) for _, err, base in grad_rows]
-        med = float(np.median(ratios))
-        ours_worse = sum(r > 4 for r in ratios)
-        theirs_worse = sum(err * 4 < base for _, err, base in grad_rows)
+        ratios = [err / max(base, floor) for _, err, base in grad_rows]
+        med, p90 = float(np.median(ratios)), float(np.percentile(ratios, 90))
         worst = max(grad_rows, key=lambda r: r[1])
-        print(f"  gradients: {len(grad_rows)} tensors; median err(stepbench)/err(PyTorch fp32) {med:.3f}; "
-              f"stepbench 4x worse on {ours_worse}, PyTorch fp32 4x worse on {theirs_worse}; "
+        worst_ratio = max(zip(ratios, grad_rows), key=lambda t: t[0])
+        print(f"  gradients: {len(grad_rows)} tensors; err(stepbench)/err(PyTorch fp32): median {med:.3f}, "
+              f"90th percentile {p90:.3f}, largest {worst_ratio[0]:.3g} ({worst_ratio[1][0]}); "
               f"largest error {worst[1]:.3g} ({worst[0]}, PyTorch fp32 {worst[2]:.3g})")
         if med > args.noise_factor:
             failed.append(f"gradients: median error ratio {med:.3f} > {args.noise_factor:g}")
-        if ours_worse > 2 * theirs_worse + 2:
-            failed.append(f"gradients: stepbench 4x worse than PyTorch fp32 on {ours_worse} tensors, "
-                          f"PyTorch 4x worse on only {theirs_worse}")
-        for name, err, base in grad_rows:
-            if not err <= args.max_grad_error:
-                failed.append(f"{name}: {err:.3g} > {args.max_grad_error:g} (PyTorch fp32: {base:.3g})")
+        if p90 > 2 * args.noise_factor:
+            failed.append(f"gradients: 90th percentile of the error ratio {p90:.3f} > {2 * args.noise_factor:g}")
+        for (name, err, base), r in zip(grad_rows, ratios):
+            if not (err <= args.max_grad_error and r <= args.max_grad_ratio):
+                failed.append(f"{name}: {err:.3g}, {r:.3g} x PyTorch fp32's {base:.3g} "
+                              f"(limits {args.max_grad_error:g}, {args.max_grad_ratio:g}x)")
     if failed:
         print("MISMATCH:\n  " + "\n  ".join(failed[:20]))
         return 1
