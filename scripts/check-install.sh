@@ -26,10 +26,12 @@ trap 'rm -f "$files" "$files.owners" "$files.closure"' EXIT
   sed -n 's/^[A-Za-z0-9_]*:\(FILEPATH\|PATH\)=\(\/.*\)$/\2/p' "$BUILD_DIR/CMakeCache.txt"
   # shared libraries the binaries load
   for b in "$BUILD_DIR"/bin/*; do
-    [ -x "$b" ] && ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+    if [ -x "$b" ]; then ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' || true; fi
   done
-} | grep -v '^/usr/local/' | grep -v "^$BUILD_DIR" | grep -v "^$STEPBENCH_ROOT" | sort -u |
-  while read -r f; do [ -e "$f" ] && readlink -f "$f" && echo "$f"; done | sort -u > "$files"
+} | { grep -v -e '^/usr/local/' -e "^$BUILD_DIR" -e "^$STEPBENCH_ROOT" || true; } | sort -u |
+  while read -r f; do
+    if [ -f "$f" ]; then readlink -f "$f"; echo "$f"; fi  # files: a directory belongs to many packages
+  done | sort -u > "$files"
 
 # owners: "pkg[:arch][, pkg2]: /path"; a file no package owns (generated, pip, by hand) is reported
 xargs -a "$files" dpkg-query -S 2>/dev/null | sed 's/: \//\t\//' > "$files.owners" || true

@@ -81,6 +81,11 @@ sb_build "$BUILD_DIR" -DSTEPBENCH_CUDA=ON -DSTEPBENCH_MPI=OFF -DSTEPBENCH_BUILD_
 grep -q '^STEPBENCH_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" ||
   { echo "gpu-bundle: $BUILD_DIR was configured without CUDA" >&2; exit 1; }
 
+# replace only an earlier bundle or an empty folder
+if [ -e "$OUT_DIR" ] && [ ! -f "$OUT_DIR/BUNDLE.txt" ] && [ -n "$(ls -A "$OUT_DIR" 2>/dev/null)" ]; then
+  echo "gpu-bundle: $OUT_DIR exists and is not a bundle; give an empty or new folder" >&2
+  exit 2
+fi
 rm -rf "$OUT_DIR"
 mkdir -p "$OUT_DIR/bin" "$OUT_DIR/lib" "$OUT_DIR/bench" "$OUT_DIR/tests/parity"
 for b in stepbench stepbench_tests; do
@@ -106,9 +111,14 @@ cp "$STEPBENCH_ROOT/scripts/gpu-check.sh" "$OUT_DIR/gpu-check.sh"
   echo "commit: $(git -C "$STEPBENCH_ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
   echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname)"
   echo "cuda architectures: $ARCH"
-  echo "nvcc: $(grep -m1 '^CMAKE_CUDA_COMPILER_VERSION\|CMAKE_CUDA_COMPILER:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)"
-  echo "built against: cuDNN $(sed -n 's/^CUDNN_VERSION:.*=//p' "$BUILD_DIR/CMakeCache.txt")" \
-       "NCCL $(sed -n 's/^NCCL_VERSION:.*=//p' "$BUILD_DIR/CMakeCache.txt")"
+  nvcc_bin=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+  echo "nvcc: $("$nvcc_bin" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  hdr() { sed -n "s/^#define $2 \([0-9]*\).*/\1/p" "$1" | head -1; }
+  inc=$(sed -n 's/^CUDNN_INCLUDE_DIR:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+  ninc=$(sed -n 's/^NCCL_INCLUDE_DIR:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+  echo "built against: cuDNN $(hdr "$inc/cudnn_version.h" CUDNN_MAJOR).$(hdr "$inc/cudnn_version.h" CUDNN_MINOR)" \
+       "NCCL $(hdr "$ninc/nccl.h" NCCL_MAJOR).$(hdr "$ninc/nccl.h" NCCL_MINOR).$(hdr "$ninc/nccl.h" NCCL_PATCH)"
+  echo "needs on the GPU machine: glibc >= 2.34 and libstdc++ >= GCC 12's (GLIBCXX_3.4.30), not carried"
   echo "mpi: off (not carried)"
   echo "carried libraries:"
   (cd "$OUT_DIR/lib" && ls -l | awk 'NR > 1 {printf "  %s %d\n", $9, $5}')

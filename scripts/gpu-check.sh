@@ -285,7 +285,7 @@ stage_peer() {
     done
   done
   [ -n "$BENCH_JSON" ] || BENCH_JSON=$OUT_DIR/bench.json
-  "$PY" - "$tmp" "$BENCH_JSON" "$OUT_DIR/peer.json" "$BATCH" <<'PY'
+  "$PY" - "$tmp" "$BENCH_JSON" "$OUT_DIR/peer.json" "$BATCH" <<'PY' || rc=1
 import json, os, sys
 tmp, bench_path, out, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 bench = {}
@@ -296,7 +296,10 @@ peer = {}
 for f in sorted(os.listdir(tmp)):
     if f.endswith(".json"):
         _, mode, prec, fmt = f[:-5].split("-")
-        peer[(mode, prec, fmt)] = json.load(open(os.path.join(tmp, f)))
+        try:
+            peer[(mode, prec, fmt)] = json.load(open(os.path.join(tmp, f)))
+        except Exception as e:  # a run cut off or printing something else last
+            peer[(mode, prec, fmt)] = {"error": f"no JSON from the peer ({e})"}
 json.dump({"batch": batch, "peer": {"-".join(k): v for k, v in peer.items()},
            "stepbench": {"-".join(k): v for k, v in bench.items()}}, open(out, "w"), indent=1)
 nan = float("nan")

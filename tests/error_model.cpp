@@ -15,7 +15,7 @@ double ErrorModel::sum(std::int64_t K) const {
   return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_acc;
 }
 double ErrorModel::conv(std::int64_t K) const {
-  return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_acc * transform;
+  return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_conv_acc * transform;
 }
 
 ErrorModel error_model(const Config& c) {
@@ -23,6 +23,7 @@ ErrorModel error_model(const Config& c) {
   m.u_in = c.tf32 ? 0x1p-11 : 0.0;
   m.u_out = unit_roundoff(c.dtype);
   m.transform = c.backend == "cuda" ? kTransform : 1.0;
+  m.u_conv_acc = c.backend == "cuda" && c.dtype != DType::f32 ? m.u_out : m.u_acc;
   return m;
 }
 

@@ -38,6 +38,9 @@ struct ErrorModel {
   double u_acc = 0x1p-24;   // fp32 accumulation
   double u_out = 0x1p-24;   // the storage type of results
   double transform = 1;     // kTransform on cuda
+  // cuDNN's non-deterministic 16-bit convolution algorithms add partial results atomically into
+  // the output, in its 16-bit type: on cuda in bf16/fp16 a convolution accumulates at u_out
+  double u_conv_acc = 0x1p-24;
   // A sum of K terms: its error relative to the sum of its terms' absolute values.
   double sum(std::int64_t K) const;
   // The same for a convolution (which cuDNN may compute through a transform).

@@ -61,10 +61,10 @@ std::vector<double> read_floats(Backend& be, const float* p, std::size_t n) {
 void expect_units_match_oracle(Graph& g, const ErrorModel& model) {
   Backend& be = g.backend();
   const Layout l = g.config().layout;
-  // A 16-bit graph convolves 16-bit copies of its fp32 master weights (read here): the operands'
-  // rounding enters every product.
-  ErrorModel m = model;
-  if (g.config().dtype != DType::f32) m.u_in = std::max(m.u_in, m.u_out);
+  // A 16-bit graph convolves 16-bit copies of its fp32 master weights (read here, then rounded to
+  // the copies' values, round to nearest as the cast kernel does).
+  const ErrorModel& m = model;
+  const DType t = g.config().dtype;
   int checked = 0;
   // The gradient each consumed value should hold: the sum over its consumers of what each one's
   // backward sends it, recomputed by the oracle from the gradient at the consumer's output, with
@@ -96,7 +96,8 @@ void expect_units_match_oracle(Graph& g, const ErrorModel& model) {
       const Tensor xt = g.value(u.in[0]), yt = g.value(u.out);
       const auto& we = g.param(u.name + ".weight");
       const std::int64_t N = xt.shape().n, K = xt.shape().c, M = yt.shape().c;
-      const auto x = read_nchw(be, xt), w = read_floats(be, g.data_of(we), we.count), dy = read_nchw(be, g.grad(u.out));
+      const auto x = read_nchw(be, xt), w = round_to(t, read_floats(be, g.data_of(we), we.count)),
+                 dy = read_nchw(be, g.grad(u.out));
       ref::Vec dx, dw, db, adx, adw, adb;
       ref::linear_backward(N, K, M, x, w, dy, dx, dw, db);
       ref::linear_backward(N, K, M, absv(x), absv(w), absv(dy), adx, adw, adb);
@@ -113,7 +114,8 @@ void expect_units_match_oracle(Graph& g, const ErrorModel& model) {
     const auto& we = g.param(u.name + ".conv.weight");
     const auto& ge = g.param(u.name + ".bn.weight");
     const auto& be_ = g.param(u.name + ".bn.bias");
-    const auto w = filter_back(be, l, read_floats(be, g.data_of(we), we.count), ys.c, xs.c, u.conv.kh, u.conv.kw);
+    const auto w =
+        round_to(t, filter_back(be, l, read_floats(be, g.data_of(we), we.count), ys.c, xs.c, u.conv.kh, u.conv.kw));
     const auto gamma = read_floats(be, g.data_of(ge), ge.count), beta = read_floats(be, g.data_of(be_), be_.count);
     const auto x = read_nchw(be, xt), y = read_nchw(be, yt), dy = read_nchw(be, dyt);
     ref::Vec z, y_ref, dz, dgamma, dbeta, dw, dx;

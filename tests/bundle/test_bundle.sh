@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest bundle.self_contained: makes the GPU bundle (scripts/gpu-bundle.sh, its own build folder),
-# checks that it is self-contained and small enough to carry, runs its binaries on the cpu backend
-# with nothing but the bundle's lib/ and glibc's folders to load from, and checks that its
+# checks that it is self-contained and small enough to carry, that ldd resolves every library not on
+# the allow-list inside the bundle's lib/, runs its binaries on the cpu backend, and checks that its
 # gpu-check.sh refuses clearly (exit 2) on a machine without a GPU.
 #   tests/bundle/test_bundle.sh SOURCE_DIR WORK_DIR
 set -uo pipefail
