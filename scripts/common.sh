@@ -7,6 +7,7 @@ STEPBENCH_PACKAGES=(
   libgtest-dev libopenmpi-dev openmpi-bin libturbojpeg0-dev
   ocl-icd-opencl-dev  # libdnnl-dev only recommends it, but its CMake config requires OpenCL
   patchelf            # scripts/gpu-bundle.sh: the bundle's RUNPATH
+  clang-format clang-tidy  # scripts/lint.sh: format and static checks in CI
   python3 python3-numpy python3-torch python3-torchvision python3-scipy python3-matplotlib
 )
 

@@ -7,8 +7,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 sb_install_deps
 BUILD_DIR=${STEPBENCH_BUILD_DIR:-$STEPBENCH_ROOT/build}
-sb_build "$BUILD_DIR" "$@"
+# warnings are errors here (CI runs this script); scripts/bench.sh builds without -Werror
+sb_build "$BUILD_DIR" -DSTEPBENCH_WERROR=ON "$@"
 # everything the build used must come from the install list, or a fresh machine fails where this passes
 "$STEPBENCH_ROOT/scripts/check-install.sh" "$BUILD_DIR"
+# layers, format and clang-tidy (scripts/lint.sh)
+"$STEPBENCH_ROOT/scripts/lint.sh" "$BUILD_DIR"
 cd "$BUILD_DIR"
 ctest --output-on-failure --parallel "$(nproc)"

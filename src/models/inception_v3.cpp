@@ -1,8 +1,8 @@
 // torchvision.models.inception_v3, layer by layer (shared/reference/inception_v3.md).
 #include <fmt/format.h>
 
-#include "stepbench/error.hpp"
-#include "stepbench/models.hpp"
+#include "tensor/error.hpp"
+#include "models/models.hpp"
 
 namespace stepbench {
 namespace {

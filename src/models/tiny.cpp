@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "stepbench/error.hpp"
-#include "stepbench/models.hpp"
+#include "tensor/error.hpp"
+#include "models/models.hpp"
 
 namespace stepbench {
 
@@ -27,27 +27,6 @@ ModelInfo build_tiny(Graph& g, const ModelOptions& o) {
   info.logits = g.linear("fc", x, o.num_classes);
   g.cross_entropy(info.logits, 1.0f, "logits");
   return info;
-}
-
-ModelInfo build_pool_fc(Graph& g, const ModelOptions& o) {
-  if (o.image_size < 8)
-    throw UsageError(fmt::format("--image-size {} is too small for the pool_fc model (at least 8)", o.image_size));
-  auto x = g.input(3, o.image_size, o.image_size);
-  x = g.pool(x, {PoolKind::max, 3, 3, 2, 2, 0, 0});
-  x = g.pool(x, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1});
-  x = g.global_avg_pool(x);
-  x = g.linear("fc1", x, 16);
-  ModelInfo info{"pool_fc", o.image_size};
-  info.logits = g.linear("fc2", x, o.num_classes);
-  g.cross_entropy(info.logits, 1.0f, "logits");
-  return info;
-}
-
-ModelInfo build_model(Graph& g, const std::string& name, const ModelOptions& o) {
-  if (name == "inception_v3") return build_inception_v3(g, o);
-  if (name == "tiny") return build_tiny(g, o);
-  if (name == "pool_fc") return build_pool_fc(g, o);
-  throw UsageError(fmt::format("unknown model '{}': use inception_v3 or tiny", name));  // pool_fc: tests only
 }
 
 }  // namespace stepbench

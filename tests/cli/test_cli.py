@@ -104,6 +104,16 @@ class Flags(unittest.TestCase):
                              "--output", os.path.join(d, "o.safetensors"))
             self.assertIn(rc, (1, 2), err)
             self.assertIn("x.npy", err)
+            # check takes the main command's model flags: tf32 is tensor math on the cuda backend
+            # (BackendOptions; Registry.PrecisionTf32TurnsTensorMathOn), a usage error on the cpu
+            rc, _, err = run("check", "--backend", "cpu", "--model", "tiny", "--precision", "tf32", "--weights", bad,
+                             "--input", x, "--output", os.path.join(d, "o.safetensors"))
+            self.assertEqual(rc, 2, err)
+            self.assertIn("--precision tf32 needs the cuda backend", err)
+            rc, _, err = run("check", "--backend", "cpu", "--precision", "fp64", "--weights", bad, "--input", x,
+                             "--output", os.path.join(d, "o.safetensors"))
+            self.assertEqual(rc, 2, err)
+            self.assertIn("fp32", err)
 
 
 class Presets(unittest.TestCase):

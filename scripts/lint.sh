@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The habits CI keeps (scripts/test.sh runs this after the build):
+#   - layers: no include with "..", which would get around the per-layer include roots
+#     (cmake/StepbenchLayer.cmake); no file in src/ over 450 lines; no getenv/exit in the library;
+#   - format: clang-format --dry-run --Werror over src/ and tests/ (.clang-format);
+#   - clang-tidy over every C++ file of src/ with the build's compile_commands.json (.clang-tidy),
+#     no findings allowed.
+#   scripts/lint.sh BUILD_DIR
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:?usage: scripts/lint.sh BUILD_DIR (a configured build with compile_commands.json)}
+[ -f "$BUILD/compile_commands.json" ] || { echo "lint: $BUILD/compile_commands.json missing; build first" >&2; exit 2; }
+cd "$ROOT"
+fail=0
+
+if grep -rnE '#include "[^"]*\.\./' src tests --include='*.cpp' --include='*.hpp' --include='*.cu'; then
+  echo "lint: includes with '..' (include by the path below src/, e.g. \"graph/graph.hpp\")" >&2
+  fail=1
+fi
+while read -r n f; do
+  [ "$f" = total ] && continue
+  if [ "$n" -gt 450 ]; then echo "lint: $f has $n lines (at most about 400: split it by what it does)" >&2; fail=1; fi
+done < <(find src -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' | xargs wc -l)
+# the library reads no environment variables and never exits: the command line does (src/cli/main.cpp)
+if grep -rnE '\b(getenv|exit|_Exit|quick_exit)\s*\(' src --include='*.cpp' --include='*.hpp' --include='*.cu' \
+   | grep -v '^src/cli/'; then
+  echo "lint: environment reads or exit() in the library; read it in src/cli and pass it down" >&2
+  fail=1
+fi
+
+mapfile -t fmt_files < <(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' | sort)
+if ! clang-format --dry-run --Werror "${fmt_files[@]}"; then
+  echo "lint: not formatted; run: clang-format -i \$(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu')" >&2
+  fail=1
+fi
+
+mapfile -t tidy_files < <(find src -name '*.cpp' | sort)
+if ! printf '%s\n' "${tidy_files[@]}" | xargs -P "$(nproc)" -n 4 clang-tidy -p "$BUILD" --quiet 2> >(grep -v 'warnings generated' >&2); then
+  echo "lint: clang-tidy findings above (.clang-tidy lists the checks)" >&2
+  fail=1
+fi
+[ $fail -eq 0 ] && echo "lint: ok (layers, format, clang-tidy)"
+exit $fail

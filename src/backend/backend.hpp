@@ -1,0 +1,306 @@
+// The abstract Backend: memory, streams and events, and every op of a CNN training step, forward
+// and backward. Layers never branch on the device; they call these methods.
+//
+// Ops are objects planned once with the descriptors they will run on (cuDNN algorithm search,
+// oneDNN primitive creation happen in make_*). Their execute methods only launch work, never
+// allocate. Data pointers may change between calls; descriptors may not.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tensor/tensor.hpp"
+
+namespace stepbench {
+
+enum class DeviceKind { cpu, cuda };
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // The library's own handle (cudaStream_t on the cuda backend), for collectives that enqueue on it
+  // (NCCL); nullptr on the cpu backend.
+  virtual void* native_handle() { return nullptr; }
+};
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// Work recorded once and replayed as one launch (a CUDA Graph).
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay(Stream& s) = 0;
+};
+
+// ---- op descriptors ------------------------------------------------------------------------------
+struct ConvParams {
+  int kh = 1, kw = 1;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;  // per dimension, so 1x7 with pad (0, 3) is expressible
+};
+Shape conv_output_shape(const Shape& x, std::int64_t cout, const ConvParams& p);
+
+enum class PoolKind { max, avg_include_pad, avg_exclude_pad };
+struct PoolParams {
+  PoolKind kind = PoolKind::max;
+  int kh = 3, kw = 3;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+};
+Shape pool_output_shape(const Shape& x, const PoolParams& p);  // floor mode, as PyTorch's default
+
+// How a convolution filter is laid out in the parameter arena. Logical shape is always
+// O x I x KH x KW (PyTorch's); the storage order is the backend's choice per activation layout.
+enum class FilterFormat { oihw, hwio, ohwi };
+constexpr auto enum_names(FilterFormat) {
+  return std::array<EnumName<FilterFormat>, 3>{
+      {{FilterFormat::oihw, "oihw"}, {FilterFormat::hwio, "hwio"}, {FilterFormat::ohwi, "ohwi"}}};
+}
+
+struct BatchNormParams {
+  double eps = 1e-3;       // torchvision's BasicConv2d
+  double momentum = 0.1;   // running = (1 - m) * running + m * batch; running_var uses unbiased var
+  bool relu = true;        // fuse the ReLU that follows
+};
+
+enum class OptimizerKind { sgd, momentum, rmsprop };
+constexpr auto enum_names(OptimizerKind) {
+  return std::array<EnumName<OptimizerKind>, 3>{
+      {{OptimizerKind::momentum, "momentum"}, {OptimizerKind::sgd, "sgd"}, {OptimizerKind::rmsprop, "rmsprop"}}};
+}
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::momentum;
+  float lr = 0.01f;
+  float momentum = 0.9f;      // momentum SGD, and RMSProp's momentum
+  float weight_decay = 0.0f;  // L2, added to the gradient (PyTorch's and TF's convention)
+  float rms_decay = 0.9f;     // RMSProp
+  float epsilon = 1.0f;       // RMSProp: the Inception recipe's 1.0
+};
+
+// ---- ops -----------------------------------------------------------------------------------------
+// `ws` is scratch shared between ops (at least workspace_bytes()), valid only during one call.
+// `reserve` is per-layer memory kept from forward to backward (reserve_bytes()).
+// `beta` on a gradient output: 0 overwrites it, 1 adds to it (fan-out accumulation).
+
+class ConvOp {
+ public:
+  virtual ~ConvOp() = default;
+  virtual std::size_t workspace_bytes() const = 0;
+  virtual std::string algorithm() const = 0;  // what the backend picked, for reports
+  virtual void forward(Stream&, const Tensor& x, const void* w, const Tensor& y, void* ws) = 0;
+  virtual void backward_data(Stream&, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) = 0;
+  virtual void backward_filter(Stream&, const Tensor& x, const Tensor& dy, void* dw, void* ws) = 0;
+};
+
+class BatchNormOp {
+ public:
+  virtual ~BatchNormOp() = default;
+  // Scratch shared with other ops (valid during one call), and per-layer memory kept from
+  // forward_training to backward (the cuda backend's fused BN+ReLU keeps its ReLU mask there).
+  virtual std::size_t workspace_bytes() const { return 0; }
+  virtual std::size_t reserve_bytes() const { return 0; }
+  // What runs it, for reports ("cudnn spatial persistent, relu fused"); may change after the first step
+  // where a library declines a configuration.
+  virtual std::string implementation() const { return "stepbench kernel"; }
+  // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
+  // the running statistics in place.
+  virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                                float* running_mean, float* running_var, float* save_mean, float* save_invstd,
+                                void* ws, void* reserve) = 0;
+  virtual void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, void* ws) = 0;
+  // y is the forward output (for the fused ReLU's mask). dgamma/dbeta are overwritten.
+  virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
+                        const float* gamma, const float* beta, const float* save_mean, const float* save_invstd,
+                        float* dgamma, float* dbeta, float beta_dx, void* ws, const void* reserve) = 0;
+};
+
+class PoolOp {
+ public:
+  virtual ~PoolOp() = default;
+  virtual std::size_t reserve_bytes() const = 0;  // max pool's argmax; may be 0
+  virtual std::string implementation() const { return "stepbench kernel"; }  // for reports
+  virtual void forward(Stream&, const Tensor& x, const Tensor& y, void* reserve) = 0;
+  virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta,
+                        const void* reserve) = 0;
+};
+
+class ReluOp {
+ public:
+  virtual ~ReluOp() = default;
+  virtual void forward(Stream&, const Tensor& x, const Tensor& y) = 0;
+  virtual void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) = 0;
+};
+
+// Fully connected: x is N x K (an N x K x 1 x 1 tensor), w is M x K row-major (PyTorch's Linear),
+// b has M entries, y is N x M.
+class LinearOp {
+ public:
+  virtual ~LinearOp() = default;
+  virtual std::size_t workspace_bytes() const = 0;
+  virtual void forward(Stream&, const Tensor& x, const void* w, const void* b, const Tensor& y, void* ws) = 0;
+  virtual void backward_data(Stream&, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) = 0;
+  virtual void backward_weights(Stream&, const Tensor& x, const Tensor& dy, void* dw, void* db, void* ws) = 0;
+};
+
+// Inverted dropout (scale kept elements by 1 / (1 - p)), training mode only. The mask comes from a
+// counter-based hash of (seed, step, element), so it is reproducible and independent of threads.
+class DropoutOp {
+ public:
+  virtual ~DropoutOp() = default;
+  virtual std::size_t reserve_bytes() const = 0;  // the mask
+  virtual void forward(Stream&, const Tensor& x, const Tensor& y, void* reserve, std::uint64_t seed,
+                       std::uint64_t step) = 0;
+  virtual void backward(Stream&, const Tensor& dy, const Tensor& dx, float beta, const void* reserve) = 0;
+};
+
+// Softmax cross-entropy, mean over the batch. logits: N x M. labels: N int32 in [0, M) in device
+// memory. forward writes the mean loss to *loss (device memory) and keeps the probabilities.
+// backward writes dlogits = scale * (softmax - onehot) / N, times *loss_scale (device memory) when
+// that is given (dynamic loss scaling).
+class SoftmaxCrossEntropyOp {
+ public:
+  virtual ~SoftmaxCrossEntropyOp() = default;
+  virtual std::size_t reserve_bytes() const = 0;
+  virtual void forward(Stream&, const Tensor& logits, const std::int32_t* labels, float* loss, void* reserve) = 0;
+  virtual void backward(Stream&, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
+                        const void* reserve, const float* loss_scale) = 0;
+};
+
+// Dynamic loss scaling (fp16, as PyTorch's GradScaler), kept in device memory so that no step waits
+// for the host: [0] the scale, [1] found_inf (0 or 1), [2] good steps since the scale last changed.
+struct LossScaler {
+  static constexpr float kInitialScale = 65536.0f;  // 2^16
+  static constexpr int kGrowthInterval = 2000;      // steps without overflow before the scale doubles
+  static constexpr std::size_t kFloats = 3;
+};
+
+// ---- the backend ---------------------------------------------------------------------------------
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;         // "cpu", "cuda"
+  virtual std::string device_name() const = 0;  // "AMD EPYC (2 threads)", "NVIDIA H100 80GB HBM3"
+  virtual std::map<std::string, std::string> versions() const = 0;  // library versions, for reports
+  // Throws UnsupportedError with the reason when this backend cannot run `t` here.
+  virtual void require(DType t) const = 0;
+  virtual FilterFormat filter_format(Layout l) const = 0;
+  // The CUDA device ordinal; -1 on the cpu backend.
+  virtual int device() const { return -1; }
+  // Allow TF32 tensor-op math for fp32 convolutions and GEMMs (--precision tf32); a no-op where it
+  // means nothing. Call before making ops.
+  virtual void set_tensor_math(bool allow_tf32) { tensor_math_ = allow_tf32; }
+  bool tensor_math() const { return tensor_math_; }
+  // The most scratch memory one convolution's algorithm may use (--workspace-mb): cudnnFind* only
+  // considers algorithms that fit. A no-op where it means nothing. Call before making ops.
+  virtual void set_workspace_limit(std::size_t bytes) { (void)bytes; }
+
+  // memory
+  virtual void* allocate(std::size_t bytes) = 0;  // device memory (host memory on the CPU backend)
+  virtual void deallocate(void* p) = 0;
+  virtual void* allocate_host(std::size_t bytes) = 0;  // pinned where that means something
+  virtual void deallocate_host(void* p) = 0;
+  // Whether `p` is page-locked host memory the device can DMA from (false on the cpu backend).
+  virtual bool is_pinned(const void* p) const { (void)p; return false; }
+  // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
+  virtual std::size_t memory_available() const = 0;
+
+  // streams and events; on the CPU backend work runs synchronously and events hold host times
+  virtual Stream& default_stream() = 0;
+  virtual std::unique_ptr<Stream> create_stream() = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+  virtual void record(Event& e, Stream& s) = 0;
+  virtual void wait(Stream& s, Event& e) = 0;  // s waits for e
+  virtual void synchronize(Stream& s) = 0;
+  // Whether everything launched on `s` has finished, without waiting (polling loops that must be
+  // able to give up: a hung collective). Always true on the cpu backend.
+  virtual bool query(Stream& s) { (void)s; return true; }
+  virtual double elapsed_ms(Event& start, Event& stop) = 0;
+
+  // Capture (--cuda-graph): the work launched on `s`, and on streams that joined it through events,
+  // between begin_capture and end_capture is recorded instead of run. Nothing in between may
+  // allocate or synchronise. UnsupportedError where the backend cannot capture (the cpu backend).
+  virtual void begin_capture(Stream& s);
+  virtual std::unique_ptr<CapturedWork> end_capture(Stream& s);
+
+  // copies (host<->device and device<->device) and simple fills, ordered on `s`
+  virtual void copy(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void memset_zero(Stream& s, void* dst, std::size_t bytes) = 0;
+  virtual void fill(Stream& s, float* dst, float value, std::size_t count) = 0;
+
+  // ops
+  virtual std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) = 0;
+  virtual std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc& y,
+                                                       const BatchNormParams& p) = 0;
+  virtual std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) = 0;
+  virtual std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc& y) = 0;
+  virtual std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) = 0;
+  virtual std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) = 0;
+  virtual std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDesc& logits) = 0;
+
+  // elementwise over tensors of one shape (any strides): dst = src + beta * dst
+  virtual void add(Stream& s, const Tensor& src, const Tensor& dst, float beta) = 0;
+  // x *= alpha over a flat float buffer (gradient averaging)
+  virtual void scale(Stream& s, float* x, float alpha, std::size_t count) = 0;
+  // One update over a whole flat parameter arena. state0/state1: optimizer state of the same size
+  // (momentum buffer; RMSProp's mean square and momentum), unused ones may be null. With a loss
+  // scaler (device memory, LossScaler's layout) the gradients are divided by its scale, and nothing
+  // changes when its found_inf is set.
+  virtual void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads,
+                                float* state0, float* state1, std::size_t count, const float* scaler) = 0;
+
+  // Mixed precision: `count` elements converted from `from` to `to` (f32, bf16, f16; round to
+  // nearest even), device memory.
+  virtual void cast(Stream& s, const void* src, DType from, void* dst, DType to, std::size_t count) = 0;
+  // Sets scaler[1] (found_inf) when any of x[0, count) is not finite; never clears it.
+  virtual void check_finite(Stream& s, const float* x, std::size_t count, float* scaler) = 0;
+  // After the update: found_inf halves the scale and restarts the count; otherwise a good step is
+  // counted and the scale doubles after `growth_interval` of them. Clears found_inf.
+  virtual void update_loss_scale(Stream& s, float* scaler, int growth_interval) = 0;
+
+ protected:
+  bool tensor_math_ = false;
+};
+
+// RAII owner of a backend allocation: Buffer (device memory) and HostBuffer (host memory, pinned on
+// the cuda backend, so copies to the device are asynchronous and run at full speed).
+template <void* (Backend::*Allocate)(std::size_t), void (Backend::*Free)(void*)>
+class OwnedMemory {
+ public:
+  OwnedMemory() = default;
+  OwnedMemory(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? (be.*Allocate)(bytes) : nullptr) {}
+  OwnedMemory(OwnedMemory&& o) noexcept { *this = std::move(o); }
+  OwnedMemory& operator=(OwnedMemory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
+      o.p_ = nullptr; o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~OwnedMemory() { reset(); }
+  void reset() {
+    if (p_) (be_->*Free)(p_);
+    p_ = nullptr; bytes_ = 0;
+  }
+  void* get() const { return p_; }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* be_ = nullptr;
+  std::size_t bytes_ = 0;
+  void* p_ = nullptr;
+};
+using Buffer = OwnedMemory<&Backend::allocate, &Backend::deallocate>;
+using HostBuffer = OwnedMemory<&Backend::allocate_host, &Backend::deallocate_host>;
+
+}  // namespace stepbench

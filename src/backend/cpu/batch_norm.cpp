@@ -1,0 +1,213 @@
+// Batch normalisation (with the fused ReLU of conv_bn_relu) on hand-written kernels: batch
+// statistics in two passes with double accumulators, then one affine pass; any strides, so
+// channel slices of a concat work in place.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/common.hpp"
+
+namespace stepbench::cpu {
+namespace {
+
+// Per-channel sums over all pixels of f(pixel pointer offsets...) into out[C], with per-thread
+// double accumulators in scratch (threads x C x K).
+template <bool CL, int K, class F>
+void channel_sums(const Shape& s, double* scratch, double* out, F&& f) {
+  const std::int64_t C = s.c;
+  const int T = omp_get_max_threads();
+  std::fill(scratch, scratch + static_cast<std::size_t>(T) * C * K, 0.0);
+#pragma omp parallel
+  {
+    double* acc = scratch + static_cast<std::size_t>(omp_get_thread_num()) * C * K;
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) f(acc, n, h, w);
+  }
+  std::fill(out, out + C * K, 0.0);
+  for (int t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < C * K; ++i) out[i] += scratch[static_cast<std::size_t>(t) * C * K + i];
+}
+
+// y = relu?(a[c] * x + b[c]): channel-contiguous per pixel for NHWC, plane by plane for NCHW (each
+// (n, c) row of w is contiguous even in a channel slice), so both layouts stream through memory.
+void affine_per_channel(const Tensor& x, const Tensor& y, const float* a, const float* b, bool relu) {
+  const Shape& s = x.shape();
+  const std::int64_t C = s.c;
+  const float* X = x.as<float>();
+  float* Y = y.as<float>();
+  if (x.desc.layout == Layout::nhwc) {
+    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      float* py = Y + y.desc.offset(n, 0, h, w);
+      if (relu) {
+        for (std::int64_t c = 0; c < C; ++c) py[c] = std::max(a[c] * px[c] + b[c], 0.0f);
+      } else {
+        for (std::int64_t c = 0; c < C; ++c) py[c] = a[c] * px[c] + b[c];
+      }
+    });
+    return;
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float ac = a[c], bc = b[c];
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* px = X + x.desc.offset(n, c, h, 0);
+        float* py = Y + y.desc.offset(n, c, h, 0);
+        if (relu) {
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = std::max(ac * px[w] + bc, 0.0f);
+        } else {
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = ac * px[w] + bc;
+        }
+      }
+    }
+}
+
+// scratch: at least bn_scratch_doubles(C) doubles, reused across calls.
+std::size_t bn_scratch_doubles(std::int64_t channels) {
+  return static_cast<std::size_t>(omp_get_max_threads() + 1) * channels * 2;
+}
+
+void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* running_mean,
+                         float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p,
+                         double* scratch) {
+  check_f32(x, "batch norm");
+  const Shape& s = x.shape();
+  const std::int64_t C = s.c;
+  const double M = static_cast<double>(s.n * s.h * s.w);
+  double* totals = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 2;
+  const float* X = x.as<float>();
+  dispatch_layout(x, [&](auto cl) {
+    constexpr bool CL = decltype(cl)::value;
+    const std::int64_t xc = cstride<CL>(x);
+    // pass 1: mean
+    channel_sums<CL, 1>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) acc[c] += px[c * xc];
+    });
+    for (std::int64_t c = 0; c < C; ++c) save_mean[c] = static_cast<float>(totals[c] / M);
+    // pass 2: variance around the mean (two passes: no cancellation)
+    channel_sums<CL, 1>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double d = px[c * xc] - save_mean[c];
+        acc[c] += d * d;
+      }
+    });
+  });
+  float* a = reinterpret_cast<float*>(scratch);  // scratch is free again: reuse for scale/shift
+  float* b = a + C;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const double var = totals[c] / M;
+    const double invstd = 1.0 / std::sqrt(var + p.eps);
+    save_invstd[c] = static_cast<float>(invstd);
+    const double unbiased = M > 1 ? var * M / (M - 1) : var;
+    running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * save_mean[c]);
+    running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
+    a[c] = static_cast<float>(gamma[c] * invstd);
+    b[c] = static_cast<float>(beta[c] - save_mean[c] * gamma[c] * invstd);
+  }
+  affine_per_channel(x, y, a, b, p.relu);
+}
+
+void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                          const float* running_mean, const float* running_var, const BatchNormParams& p,
+                          double* scratch) {
+  check_f32(x, "batch norm");
+  const std::int64_t C = x.shape().c;
+  float* a = reinterpret_cast<float*>(scratch);
+  float* b = a + C;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + p.eps);
+    a[c] = static_cast<float>(gamma[c] * invstd);
+    b[c] = static_cast<float>(beta[c] - running_mean[c] * gamma[c] * invstd);
+  }
+  affine_per_channel(x, y, a, b, p.relu);
+}
+
+void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
+                 const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx,
+                 bool relu, double* scratch) {
+  check_f32(x, "batch norm backward");
+  const Shape& s = x.shape();
+  const std::int64_t C = s.c;
+  const double M = static_cast<double>(s.n * s.h * s.w);
+  double* totals = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 2;
+  const float *X = x.as<float>(), *Y = y.as<float>(), *DY = dy.as<float>();
+  float* DX = dx.as<float>();
+  dispatch_layout(x, [&](auto cl) {
+    constexpr bool CL = decltype(cl)::value;
+    const std::int64_t xc = cstride<CL>(x), yc = cstride<CL>(y), dyc = cstride<CL>(dy), dxc = cstride<CL>(dx);
+    // totals[2c] = sum(dy'), totals[2c+1] = sum(dy' * xhat), dy' = dy masked by the fused ReLU
+    channel_sums<CL, 2>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      const float* py = Y + y.desc.offset(n, 0, h, w);
+      const float* pdy = DY + dy.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float g = (!relu || py[c * yc] > 0.0f) ? pdy[c * dyc] : 0.0f;
+        acc[2 * c] += g;
+        acc[2 * c + 1] += g * (px[c * xc] - save_mean[c]) * save_invstd[c];
+      }
+    });
+    float* k1 = reinterpret_cast<float*>(scratch);
+    float* k2 = k1 + C;
+    float* k3 = k2 + C;
+    for (std::int64_t c = 0; c < C; ++c) {
+      dbeta[c] = static_cast<float>(totals[2 * c]);
+      dgamma[c] = static_cast<float>(totals[2 * c + 1]);
+      // dx = gamma*invstd * (dy' - sum(dy')/M - xhat * sum(dy' xhat)/M)
+      k1[c] = gamma[c] * save_invstd[c];
+      k2[c] = static_cast<float>(totals[2 * c] / M);
+      k3[c] = static_cast<float>(totals[2 * c + 1] / M) * save_invstd[c];
+    }
+    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* px = X + x.desc.offset(n, 0, h, w);
+      const float* py = Y + y.desc.offset(n, 0, h, w);
+      const float* pdy = DY + dy.desc.offset(n, 0, h, w);
+      float* pdx = DX + dx.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float g = (!relu || py[c * yc] > 0.0f) ? pdy[c * dyc] : 0.0f;
+        const float v = k1[c] * (g - k2[c] - (px[c * xc] - save_mean[c]) * k3[c]);
+        pdx[c * dxc] = beta_dx == 0.0f ? v : v + beta_dx * pdx[c * dxc];
+      }
+    });
+  });
+}
+
+class CpuBatchNorm final : public BatchNormOp {
+ public:
+  CpuBatchNorm(const TensorDesc& x, const BatchNormParams& p) : p_(p), scratch_(bn_scratch_doubles(x.shape.c)) {
+    if (x.dtype != DType::f32) throw UnsupportedError("batch norm: the cpu backend computes in fp32 only");
+  }
+  void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
+                        float* rv, float* sm, float* si, void*, void*) override {
+    bn_forward_training(x, y, gamma, beta, rm, rv, sm, si, p_, scratch_.data());
+  }
+  void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                         const float* rm, const float* rv, void*) override {
+    bn_forward_inference(x, y, gamma, beta, rm, rv, p_, scratch_.data());
+  }
+  void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
+                const float*, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx, void*,
+                const void*) override {
+    bn_backward(x, y, dy, dx, gamma, sm, si, dgamma, dbeta, beta_dx, p_.relu, scratch_.data());
+  }
+
+ private:
+  BatchNormParams p_;
+  std::vector<double> scratch_;  // sized at planning time
+};
+
+}  // namespace
+
+std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const BatchNormParams& p) {
+  return std::make_unique<CpuBatchNorm>(x, p);
+}
+
+}  // namespace stepbench::cpu

@@ -1,0 +1,83 @@
+// Elementwise ops: ReLU (the op and its kernels), and the kernels behind the backend's add, scale,
+// fill and cast.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+
+#include "backend/cpu/common.hpp"
+
+namespace stepbench::cpu {
+namespace {
+
+// body(const float* a, const float* b, float* out, c-strides...) over pixels; the three tensors
+// share one shape and layout.
+template <class F>
+void zip3(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
+  const std::int64_t C = out.shape().c;
+  dispatch_layout(out, [&](auto cl) {
+    constexpr bool CL = decltype(cl)::value;
+    const std::int64_t ac = cstride<CL>(a), bc = cstride<CL>(b), oc = cstride<CL>(out);
+    for_each_pixel(out.shape(), [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+      const float* pa = a.as<float>() + a.desc.offset(n, 0, h, w);
+      const float* pb = b.as<float>() + b.desc.offset(n, 0, h, w);
+      float* po = out.as<float>() + out.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) po[c * oc] = f(pa[c * ac], pb[c * bc], po[c * oc]);
+    });
+  });
+}
+
+void relu_forward(const Tensor& x, const Tensor& y) {
+  check_f32(x, "relu");
+  zip3(x, x, y, [](float a, float, float) { return std::max(a, 0.0f); });
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) {
+  check_f32(y, "relu backward");
+  zip3(y, dy, dx, [beta](float yv, float g, float o) {
+    const float v = yv > 0.0f ? g : 0.0f;
+    return beta == 0.0f ? v : v + beta * o;
+  });
+}
+
+class CpuRelu final : public ReluOp {
+ public:
+  void forward(Stream&, const Tensor& x, const Tensor& y) override { relu_forward(x, y); }
+  void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) override {
+    relu_backward(y, dy, dx, beta);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ReluOp> make_relu(const TensorDesc& x) {
+  if (x.dtype != DType::f32) throw UnsupportedError("relu: the cpu backend computes in fp32 only");
+  return std::make_unique<CpuRelu>();
+}
+
+void add(const Tensor& src, const Tensor& dst, float beta) {
+  check_f32(src, "add");
+  SB_CHECK(src.shape() == dst.shape(), "add: shapes differ");
+  zip3(src, src, dst, [beta](float s, float, float o) { return beta == 0.0f ? s : s + beta * o; });
+}
+
+void scale(float* x, float alpha, std::size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(n); ++i) x[i] *= alpha;
+}
+
+void fill(float* x, float v, std::size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(n); ++i) x[i] = v;
+}
+
+void cast(const void* src, DType from, void* dst, DType to, std::size_t count) {
+  const auto n = static_cast<std::int64_t>(count);
+  const std::int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; i += chunk)
+    convert(static_cast<const char*>(src) + static_cast<std::size_t>(i) * dtype_size(from), from,
+            static_cast<char*>(dst) + static_cast<std::size_t>(i) * dtype_size(to), to,
+            static_cast<std::size_t>(std::min(chunk, n - i)));
+}
+
+}  // namespace stepbench::cpu

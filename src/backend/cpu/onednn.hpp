@@ -1,0 +1,53 @@
+// What the oneDNN ops share: convolution (conv.cpp) and fully connected (linear.cpp) on oneDNN 2.6
+// (v2 API), on the one engine and stream the backend creates (backend.cpp). All primitives are
+// created at planning time; execute calls re-point memory objects at the caller's buffers and run.
+#pragma once
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "backend/backend.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench::cpu {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+
+std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y,
+                                       const ConvParams& p, FilterFormat ff);  // conv.cpp
+std::unique_ptr<LinearOp> make_dnnl_linear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                           const TensorDesc& y);  // linear.cpp
+
+inline tag act_tag(Layout l) { return l == Layout::nchw ? tag::nchw : tag::nhwc; }
+inline tag filter_tag(FilterFormat f) {
+  switch (f) {
+    case FilterFormat::oihw: return tag::oihw;
+    case FilterFormat::hwio: return tag::hwio;
+    case FilterFormat::ohwi: return tag::ohwi;
+  }
+  return tag::oihw;
+}
+inline memory::dims dims4(const Shape& s) { return {s.n, s.c, s.h, s.w}; }
+
+inline void require_dense_f32(const TensorDesc& d, const char* op) {
+  if (d.dtype != DType::f32) throw UnsupportedError(fmt::format("{}: the cpu backend computes in fp32 only", op));
+  SB_CHECK(d.is_dense(),
+           fmt::format("{}: the cpu backend needs a dense {} tensor, got a strided view", op, to_string(d.layout)));
+}
+
+// Re-points a memory object (created with DNNL_MEMORY_NONE) at the caller's buffer.
+inline void point(memory& m, const void* p) { m.set_data_handle(const_cast<void*>(p)); }
+
+// A memory object for a user-managed scratchpad of `bytes` (at least one), pointed at the
+// workspace when the primitive runs.
+inline memory scratchpad_memory(dnnl::engine& eng, std::size_t bytes) {
+  return memory(memory::desc({static_cast<memory::dim>(std::max<std::size_t>(bytes, 1))}, dt::u8, tag::a), eng,
+                DNNL_MEMORY_NONE);
+}
+
+}  // namespace stepbench::cpu

@@ -1,0 +1,44 @@
+// Backends by kind, with the settings every run applies before it makes ops.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "tensor/names.hpp"
+
+namespace stepbench {
+
+enum class BackendKind { automatic, cpu, cuda };
+constexpr auto enum_names(BackendKind) {
+  return std::array<EnumName<BackendKind>, 3>{
+      {{BackendKind::automatic, "auto"}, {BackendKind::cpu, "cpu"}, {BackendKind::cuda, "cuda"}}};
+}
+
+struct BackendOptions {
+  BackendKind kind = BackendKind::cpu;
+  int device = 0;                                        // CUDA device ordinal
+  Precision precision = Precision::fp32;                 // tf32 turns tensor-op math on
+  std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
+  bool own_kernels = false;                              // cuda: see CudaBackendOptions
+};
+
+// automatic: cuda when a GPU is visible, else cpu. Throws UnsupportedError when the backend cannot
+// run here (no GPU, CUDA support not built).
+std::unique_ptr<Backend> make_backend(const BackendOptions& o);
+inline std::unique_ptr<Backend> make_backend(BackendKind kind, int device = 0) {
+  BackendOptions o;
+  o.kind = kind;
+  o.device = device;
+  return make_backend(o);
+}
+std::unique_ptr<Backend> make_cpu_backend();
+// automatic resolved against this machine: cuda when a GPU is usable, else cpu.
+BackendKind resolve(BackendKind kind);
+// Number of visible CUDA devices; 0 when none (or when built without CUDA). Never throws.
+int cuda_device_count();
+// Why no GPU is usable, or "" when one is.
+std::string cuda_unavailable_reason();
+
+}  // namespace stepbench

@@ -1,0 +1,301 @@
+#include "bench/bench.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "bench/feeder.hpp"
+#include "bench/nvtx.hpp"
+#include "bench/peer.hpp"
+#include "bench/per_layer.hpp"
+#include "bench/phases.hpp"
+#include "bench/region_timer.hpp"
+#include "bench/report.hpp"
+
+namespace stepbench {
+namespace {
+
+benchmark::Counter avg(double total) { return benchmark::Counter(total, benchmark::Counter::kAvgIterations); }
+benchmark::Counter rate(double per_iteration) {
+  return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+bool has(const std::vector<Phase>& v, Phase p) { return std::find(v.begin(), v.end(), p) != v.end(); }
+
+// The work per image, for TFLOP/s.
+struct Flops {
+  double forward, train_forward;  // per image; backward counts as twice the forward
+};
+
+// Google Benchmark's flags first, so that a bad one fails before minutes of set-up. False: one was
+// not recognised (reported on stderr).
+bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0) {
+  // Google Benchmark keeps pointers into argv (the program name it prints): they must outlive the run.
+  static std::vector<std::string> args;
+  static std::vector<char*> argv;
+  args = {argv0};
+  for (const auto& a : c.benchmark_args) args.push_back(a);
+  if (!c.json.empty() && root) {
+    args.push_back("--benchmark_out=" + c.json);
+    args.push_back("--benchmark_out_format=json");
+  }
+  argv.clear();
+  for (auto& a : args) argv.push_back(a.data());
+  int argc = static_cast<int>(argv.size());
+  benchmark::Initialize(&argc, argv.data());
+  return !benchmark::ReportUnrecognizedArguments(argc, argv.data());
+}
+
+// The names this configuration registers, without running anything (--list).
+void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases,
+                const std::string& prefix, const Feeder& feeder, bool data_step) {
+  for (Phase p : phases)
+    if (p != Phase::grad_sync || towers.sync_bytes() > 0) std::cout << prefix << "/" << to_string(p) << "\n";
+  if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
+  if (c.cuda_graph)
+    for (Phase p : {Phase::forward, Phase::step})
+      if (has(phases, p)) std::cout << prefix << "/" << to_string(p) << ":cuda_graph\n";
+  if (c.per_layer)
+    for (const auto& cs : distinct_convs(towers.graph(0)))
+      for (const char* k : {"fwd", "bwd_data", "bwd_filter"}) std::cout << prefix << "/" << cs.name() << "/" << k << "\n";
+}
+
+void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl) {
+  switch (p) {
+    case Phase::forward:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * fl.forward / 1e12);
+      break;
+    case Phase::forward_train:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * fl.train_forward / 1e12);
+      break;
+    case Phase::forward_backward:
+    case Phase::step:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * 3.0 * fl.train_forward / 1e12);
+      break;
+    case Phase::grad_sync: {
+      const double gb = static_cast<double>(towers.sync_bytes()) / 1e9;
+      st.counters["algbw_GB/s"] = rate(gb);
+      st.counters["busbw_GB/s"] = rate(gb * towers.bus_factor());
+      st.counters["bytes"] = static_cast<double>(towers.sync_bytes());
+      st.counters["buckets"] = static_cast<double>(towers.bucket_count());
+      break;
+    }
+    case Phase::update:
+      st.counters["params/s"] = rate(static_cast<double>(towers.graph(0).num_parameters()) * towers.size());
+      break;
+    case Phase::input_pipeline: break;
+  }
+}
+
+}  // namespace
+
+int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* argv0,
+                   const std::vector<std::string>& peer_dirs) {
+  const auto& r = c.run;
+  const bool root = group.rank() == 0;
+  // Under mpirun every process builds its towers; names, images/s and the summary count them all.
+  const int gpus = r.towers * group.size();
+  const std::string prefix = fmt::format("{}/{}/{}/gpus:{}/batch:{}", to_string(r.model), to_string(r.precision),
+                                         to_string(r.layout), gpus, r.batch_per_tower);
+  if (!init_google_benchmark(c, root, argv0)) return 2;
+
+  std::vector<Phase> phases = c.phases;
+  if (phases.empty())
+    for (const auto& n : names_of<Phase>()) phases.push_back(*try_parse_enum<Phase>(n));
+  if (c.data == DataKind::synthetic) std::erase(phases, Phase::input_pipeline);
+  if (root)
+    std::cerr << fmt::format("stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", gpus,
+                             to_string(r.model), to_string(r.backend),
+                             group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", group.size(), r.towers)
+                                              : "",
+                             r.batch_per_tower, r.model_options.image_size, r.model_options.image_size,
+                             to_string(r.precision), to_string(r.layout),
+                             c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
+  Towers towers(r);
+  towers.set_synthetic_batch(42);
+  const Graph& g0 = towers.graph(0);
+  const Flops fl{2.0 * static_cast<double>(g0.forward_macs_per_image(false)),
+                 2.0 * static_cast<double>(g0.forward_macs_per_image(true))};
+  const double images = static_cast<double>(r.batch_per_tower * gpus);
+
+  Feeder feeder(c, towers);
+  const bool data_step = feeder.active() && has(phases, Phase::step);
+  if (c.list) {
+    if (root) list_names(c, towers, phases, prefix, feeder, data_step);
+    return 0;
+  }
+
+  // Warm-up: algorithm choice, first touch of every buffer, caches. Never fewer than one step.
+  for (int i = 0; i < std::max(c.warmup, 1); ++i) {
+    NvtxRange nv("warmup");
+    towers.step();
+    towers.forward_inference();
+  }
+  towers.synchronize();
+  if (!std::isfinite(towers.loss(0)))
+    std::cerr << "stepbench: warning: the loss is not finite after warm-up (" << towers.loss(0) << ")\n";
+  add_context(c, towers);
+
+  auto reg = [&](const std::string& name, auto body) {
+    benchmark::RegisterBenchmark(name.c_str(), body)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Repetitions(c.repetitions);  // mean, median, stddev and cv aggregates
+  };
+
+  for (Phase ph : phases) {
+    const PhaseDef* def = find_phase(ph);
+    if (!def) continue;                                                 // input_pipeline: below
+    if (ph == Phase::grad_sync && towers.sync_bytes() == 0) continue;  // nothing moves: said in the summary
+    const std::string name(to_string(ph));
+    reg(prefix + "/" + name, [&, def, name](benchmark::State& st) {
+      RegionTimer rt(towers, def->points);
+      const bool split = def->points > 2;  // forward_backward, step: forward | backward (| sync | update)
+      const int last = def->points - 1;
+      double host = 0, dev = 0, f = 0, b = 0, s = 0, u = 0;
+      for (auto _ : st) {
+        NvtxRange nv(name);
+        rt.start();
+        def->run(towers, rt);
+        rt.stop();
+        const double d = rt.device_ms(0, last);
+        st.SetIterationTime(group.allreduce_max(d) / 1e3);  // every process agrees: the slowest
+        dev += d;
+        host += rt.host_ms();
+        if (split) {
+          f += rt.device_ms(0, 1);
+          b += rt.device_ms(1, 2);
+        }
+        if (def->points == 5) {
+          s += rt.device_ms(2, 3);
+          u += rt.device_ms(3, 4);
+        }
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["gap_ms"] = avg(host - dev);
+      if (split) {
+        st.counters["forward_ms"] = avg(f);
+        st.counters["backward_ms"] = avg(b);
+      }
+      if (def->points == 5) {
+        st.counters["sync_ms"] = avg(s);
+        st.counters["update_ms"] = avg(u);
+      }
+      set_rate_counters(st, def->phase, towers, images, fl);
+    });
+  }
+
+  // CUDA Graphs: the same step and forward, captured once after warm-up and replayed as one launch,
+  // so the difference to the rows above is the launch overhead the graph removes.
+  if (c.cuda_graph) {
+    for (Phase ph : {Phase::forward, Phase::step}) {
+      if (!has(phases, ph)) continue;
+      const bool is_step = ph == Phase::step;
+      const std::string name = std::string(to_string(ph)) + ":cuda_graph";
+      towers.capture(is_step);
+      towers.replay(is_step);  // once untimed: the first launch uploads the graph
+      towers.synchronize();
+      reg(prefix + "/" + name, [&, is_step, name](benchmark::State& st) {
+        RegionTimer rt(towers, 2);
+        double host = 0, dev = 0;
+        for (auto _ : st) {
+          NvtxRange nv(name);
+          rt.start();
+          towers.replay(is_step);
+          rt.stop();
+          const double d = rt.device_ms(0, 1);
+          st.SetIterationTime(group.allreduce_max(d) / 1e3);
+          dev += d;
+          host += rt.host_ms();
+        }
+        st.counters["host_ms"] = avg(host);
+        st.counters["gap_ms"] = avg(host - dev);
+        st.counters["images/s"] = rate(images);
+        st.counters["TFLOP/s"] = rate(images * (is_step ? 3.0 * fl.train_forward : fl.forward) / 1e12);
+      });
+    }
+  }
+
+  // Input: the pipeline alone, then the step fed by it. Both are timed on the host clock: waiting
+  // for input is what they measure. (Registered last: afterwards the graphs read staged batches.)
+  if (feeder.active() && has(phases, Phase::input_pipeline)) {
+    reg(prefix + "/input_pipeline", [&](benchmark::State& st) {
+      double host = 0;
+      for (auto _ : st) {
+        const auto t0 = std::chrono::steady_clock::now();
+        feeder.feed();
+        towers.synchronize();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        st.SetIterationTime(group.allreduce_max(ms) / 1e3);
+        host += ms;
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["gap_ms"] = avg(0.0);
+      st.counters["images/s"] = rate(images);
+    });
+  }
+  if (data_step) {
+    reg(prefix + "/step:data=" + feeder.name(), [&](benchmark::State& st) {
+      feeder.feed();  // the first batch
+      RegionTimer rt(towers, 3);
+      double host = 0, dev = 0;
+      for (auto _ : st) {
+        const auto t0 = std::chrono::steady_clock::now();
+        rt.start();
+        towers.step();
+        rt.mark(1);
+        feeder.feed();  // on a GPU the copy overlaps the step just launched; the host waits for the batch
+        rt.stop();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        st.SetIterationTime(group.allreduce_max(ms) / 1e3);
+        host += ms;
+        dev += rt.device_ms(0, 1);
+      }
+      st.counters["host_ms"] = avg(host);
+      st.counters["device_ms"] = avg(dev);
+      st.counters["gap_ms"] = avg(host - dev);
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * 3.0 * fl.train_forward / 1e12);
+    });
+  }
+
+  std::unique_ptr<PerLayerBench> per_layer;
+  if (c.per_layer)
+    per_layer = std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions,
+                                                group);
+
+  // Colour only on a terminal: logs and CI output stay plain text.
+  SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
+                                                  : benchmark::ConsoleReporter::OO_Tabular);
+  std::ofstream devnull("/dev/null");
+  if (!root) {  // one report, from process 0 (every process times the same, slowest-rank figures)
+    reporter.SetOutputStream(&devnull);
+    reporter.SetErrorStream(&devnull);
+  }
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  if (!root) {
+    benchmark::Shutdown();
+    return reporter.errors.empty() ? 0 : 1;
+  }
+  const auto peer = group.size() > 1 ? std::map<std::string, double>{} : run_peer(c, peer_dirs);
+  print_summary(c, towers, reporter, prefix, peer, feeder);
+  if (!peer.empty())
+    std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout, precision and warm-up, timed with "
+                 "device events (CUDA) or the host clock (CPU); stepbench/PT < 1 means stepbench is faster"
+              << (gpus != 1 ? "; ratios only for --gpus 1" : "") << "\n";
+  benchmark::Shutdown();
+  return reporter.errors.empty() ? 0 : 1;
+}
+
+}  // namespace stepbench

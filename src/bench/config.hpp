@@ -1,0 +1,61 @@
+// The typed configuration of a benchmark run: the command line parses and validates it once
+// (src/cli); everything below takes it as it is.
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "tensor/names.hpp"
+#include "train/towers.hpp"
+
+namespace stepbench {
+
+// The timed phases, in run order.
+enum class Phase { forward, forward_train, forward_backward, step, grad_sync, update, input_pipeline };
+constexpr auto enum_names(Phase) {
+  return std::array<EnumName<Phase>, 7>{{{Phase::forward, "forward"},
+                                         {Phase::forward_train, "forward_train"},
+                                         {Phase::forward_backward, "forward_backward"},
+                                         {Phase::step, "step"},
+                                         {Phase::grad_sync, "grad_sync"},
+                                         {Phase::update, "update"},
+                                         {Phase::input_pipeline, "input_pipeline"}}};
+}
+
+// Where the step's input comes from: a constant batch on the device, a host batch copied every
+// step, or a JPEG folder (BenchConfig::data_dir).
+enum class DataKind { synthetic, synthetic_host, jpeg_folder };
+constexpr auto enum_names(DataKind) {
+  return std::array<EnumName<DataKind>, 3>{{{DataKind::synthetic, "synthetic"},
+                                            {DataKind::synthetic_host, "synthetic-host"},
+                                            {DataKind::jpeg_folder, "jpeg"}}};
+}
+
+enum class PeerKind { none, pytorch };
+constexpr auto enum_names(PeerKind) {
+  return std::array<EnumName<PeerKind>, 2>{{{PeerKind::none, "none"}, {PeerKind::pytorch, "pytorch"}}};
+}
+
+struct BenchConfig {
+  TowerOptions run;  // backend (resolved), towers per process (--gpus), batch per tower, model, precision, sync
+  int warmup = 10;
+  int repetitions = 5;
+  bool cuda_graph = false;
+  std::vector<Phase> phases;  // empty: all
+  DataKind data = DataKind::synthetic;
+  std::string data_dir;  // jpeg_folder
+  int data_threads = 2;
+  int prefetch = 2;
+  std::string json;  // Google Benchmark's JSON goes here ("": none)
+  bool per_layer = false;
+  bool list = false;  // print the benchmark names and return
+  PeerKind peer = PeerKind::none;
+  std::string peer_python = "/usr/bin/python3";
+  std::vector<std::string> benchmark_args;  // --benchmark_* flags for Google Benchmark
+  std::string reduced_note;                 // non-empty: the reduced CPU default was applied, and how
+
+  bool reduced() const { return !reduced_note.empty(); }
+  std::string data_name() const { return data == DataKind::jpeg_folder ? data_dir : std::string(to_string(data)); }
+};
+
+}  // namespace stepbench

@@ -1,0 +1,98 @@
+#include "bench/per_layer.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace stepbench {
+
+std::string ConvShape::name() const {
+  return fmt::format("conv:{}x{}x{}x{}>{}:k{}x{}:s{}x{}:p{}x{}", x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h,
+                     p.stride_w, p.pad_h, p.pad_w);
+}
+
+std::vector<ConvShape> distinct_convs(const Graph& g) {
+  std::vector<ConvShape> v;
+  for (const auto& l : g.layers()) {
+    if (l.kind != "conv_bn_relu") continue;
+    ConvShape s{g.shape_of(l.in[0]), g.shape_of(l.out).c, l.conv};
+    auto it = std::find_if(v.begin(), v.end(), [&](const ConvShape& o) { return o.key() == s.key(); });
+    if (it == v.end()) {
+      s.count = 1;
+      v.push_back(s);
+    } else {
+      ++it->count;
+    }
+  }
+  return v;
+}
+
+// Buffers and the op for timing one conv shape alone.
+struct PerLayerBench::Rig {
+  std::unique_ptr<ConvOp> op;
+  Buffer x, y, w, dw, ws;
+  TensorDesc xd, yd;
+  Rig(Backend& be, const ConvShape& s, Layout l, DType t) {
+    xd = TensorDesc::dense(s.x, t, l);
+    yd = TensorDesc::dense(conv_output_shape(s.x, s.cout, s.p), t, l);
+    op = be.make_conv(xd, yd, s.p);
+    x = Buffer(be, xd.bytes());
+    y = Buffer(be, yd.bytes());
+    const std::size_t wn = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
+    w = Buffer(be, wn * sizeof(float));
+    dw = Buffer(be, wn * sizeof(float));
+    ws = Buffer(be, std::max<std::size_t>(op->workspace_bytes(), 1));
+    auto& st = be.default_stream();
+    if (t == DType::f32) {
+      be.fill(st, x.as<float>(), 0.5f, static_cast<std::size_t>(xd.numel()));
+      be.fill(st, y.as<float>(), 0.25f, static_cast<std::size_t>(yd.numel()));
+    } else {
+      be.memset_zero(st, x.get(), xd.bytes());
+      be.memset_zero(st, y.get(), yd.bytes());
+    }
+    be.fill(st, w.as<float>(), 0.01f, wn);
+    be.synchronize(st);
+  }
+};
+
+PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix,
+                             int repetitions, const ProcessGroup& group) {
+  for (const auto& c : distinct_convs(g)) {
+    rigs_.push_back(std::make_unique<Rig>(be, c, l, t));
+    Rig* rig = rigs_.back().get();
+    const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * c.x.c;
+    for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
+      const std::string name = prefix + "/" + c.name() + "/" + kind;
+      benchmark::RegisterBenchmark(name.c_str(), [&be, &group, rig, kind, macs, count = c.count](benchmark::State& st) {
+        auto& s = be.default_stream();
+        auto run = [&] {
+          const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
+          if (kind == "fwd") rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
+          else if (kind == "bwd_data") rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
+          else rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
+        };
+        run();  // warm-up
+        be.synchronize(s);
+        auto e0 = be.create_event(), e1 = be.create_event();
+        for (auto _ : st) {
+          be.record(*e0, s);
+          run();
+          be.record(*e1, s);
+          be.synchronize(s);
+          st.SetIterationTime(group.allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
+        }
+        st.counters["MACs"] = macs;
+        st.counters["GFLOP/s"] = benchmark::Counter(2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+        st.counters["layers"] = count;
+      })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->Repetitions(repetitions);
+    }
+  }
+}
+
+PerLayerBench::~PerLayerBench() = default;
+
+}  // namespace stepbench

@@ -1,0 +1,41 @@
+// --per-layer: every distinct convolution shape of the model (DeepBench style), timed alone in
+// each direction (fwd, bwd_data, bwd_filter) on tower 0's backend.
+#pragma once
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/process_group.hpp"
+#include "graph/graph.hpp"
+
+namespace stepbench {
+
+struct ConvShape {
+  Shape x;
+  std::int64_t cout;
+  ConvParams p;
+  int count = 0;  // layers of this shape
+  auto key() const {
+    return std::make_tuple(x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+  }
+  std::string name() const;
+};
+
+std::vector<ConvShape> distinct_convs(const Graph& g);
+
+// The buffers and ops of the per-layer benchmarks, kept alive while they run.
+class PerLayerBench {
+ public:
+  // Registers prefix/<shape>/{fwd,bwd_data,bwd_filter} for every distinct conv shape of g.
+  PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
+                const ProcessGroup& group);
+  ~PerLayerBench();
+
+ private:
+  struct Rig;
+  std::vector<std::unique_ptr<Rig>> rigs_;
+};
+
+}  // namespace stepbench

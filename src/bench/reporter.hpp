@@ -1,0 +1,38 @@
+// Google Benchmark's console output as usual, and every repetition of every benchmark kept for the
+// summary.
+#pragma once
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace stepbench {
+
+class SummaryReporter final : public benchmark::ConsoleReporter {
+ public:
+  explicit SummaryReporter(OutputOptions opts) : ConsoleReporter(opts) {}
+  struct Rep {
+    double device_ms;
+    std::map<std::string, double> counters;
+  };
+  std::map<std::string, std::vector<Rep>> reps;  // by registered name
+  std::vector<std::string> errors;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs) {
+      if (r.error_occurred) {
+        errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));
+        continue;
+      }
+      if (r.run_type != Run::RT_Iteration) continue;
+      Rep rep{r.GetAdjustedRealTime(), {}};  // manual time, in the benchmark's unit (ms)
+      for (const auto& [k, c] : r.counters) rep.counters[k] = c.value;
+      reps[r.run_name.function_name].push_back(std::move(rep));
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+}  // namespace stepbench

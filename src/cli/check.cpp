@@ -1,0 +1,100 @@
+// stepbench check: numerics against a reference. Runs given weights (torchvision's names) on a given
+// input and writes the logits, and in train mode the loss and every parameter gradient.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <vector>
+
+#include "backend/registry.hpp"
+#include "cli/commands.hpp"
+#include "cli/flags.hpp"
+#include "io/io.hpp"
+#include "models/models.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench::cli {
+namespace {
+
+int check(const ModelFlags& c, const std::string& weights, const std::string& input, const std::string& labels_path,
+          const std::string& mode, const std::string& output, bool dropout) {
+  const HostArray x = read_npy(input);
+  if (x.dtype != "F32" || x.shape.size() != 4 || x.shape[1] != 3)
+    throw UsageError(fmt::format("--input '{}' must be a float32 array of shape N x 3 x H x W", input));
+  if (x.shape[2] != x.shape[3])
+    throw UsageError(fmt::format("--input '{}': images must be square, got {}x{}", input, x.shape[2], x.shape[3]));
+  const bool train = mode == "train";
+  if (train && labels_path.empty()) throw UsageError("--mode train needs --labels Y.npy (int64, N entries)");
+  BackendOptions bo;
+  bo.kind = c.backend;
+  bo.precision = c.precision;  // tf32: tensor-op math on, as in the benchmark run
+  auto be = make_backend(bo);
+  if (c.backend == BackendKind::automatic)
+    fmt::print(stderr, "stepbench: --backend auto picked {} ({}){}\n", be->name(), be->device_name(),
+               be->kind() == DeviceKind::cpu ? fmt::format(": {}", cuda_unavailable_reason()) : "");
+  const std::int64_t n = x.shape[0];
+  Graph g(*be, GraphConfig{n, c.layout, storage_dtype(c.precision), 1});
+  ModelOptions mo;
+  mo.image_size = x.shape[2];
+  mo.aux_logits = c.aux_logits;
+  mo.dropout = dropout ? 0.5 : 0.0;
+  build_model(g, c.model, mo);
+  g.plan();
+  import_weights(g, read_safetensors(weights));
+  g.set_input_nchw(x.as<float>());
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(n), 0);
+  if (!labels_path.empty()) {
+    const HostArray y = read_npy(labels_path);
+    if ((y.dtype != "I64" && y.dtype != "I32") || y.numel() != n)
+      throw UsageError(fmt::format("--labels '{}' must be an int64 array of {} entries", labels_path, n));
+    for (std::int64_t i = 0; i < n; ++i)
+      labels[static_cast<std::size_t>(i)] =
+          static_cast<std::int32_t>(y.dtype == "I64" ? y.as<std::int64_t>()[i] : y.as<std::int32_t>()[i]);
+  }
+  g.set_labels(labels.data());
+  auto& s = be->default_stream();
+  TensorMap out;
+  g.forward(s, train);
+  const auto logits = g.read_output("logits");
+  const std::int64_t classes = static_cast<std::int64_t>(logits.size()) / n;
+  out.emplace("logits", HostArray::f32({n, classes}, logits.data()));
+  if (train) {
+    g.backward(s);
+    if (g.has_output("aux_logits"))
+      out.emplace("aux_logits", HostArray::f32({n, classes}, g.read_output("aux_logits").data()));
+    const float loss = g.loss(s);
+    out.emplace("loss", HostArray::f32({}, &loss));
+    for (auto& [name, a] : export_gradients(g)) out.emplace(name, std::move(a));
+  }
+  write_safetensors(output, out);
+  fmt::print("stepbench check: {} mode, {} images of {}x{} on {} ({}, {}, tensor math {}), wrote {} tensors to {}\n",
+             mode, n, x.shape[2], x.shape[3], be->name(), to_string(c.layout), to_string(c.precision),
+             be->tensor_math() ? "tf32" : "off", out.size(), output);
+  return 0;
+}
+
+
+}  // namespace
+
+int check_main(int argc, char** argv) {
+  CLI::App app{"stepbench check: run given weights and input; write logits, and in train mode the loss and every "
+               "parameter gradient, to a safetensors file",
+               "stepbench check"};
+  ModelFlags cc;
+  std::string weights, input, labels, mode = "eval", output;
+  bool dropout = false;
+  add_model_flags(app, cc);
+  app.add_option("--weights", weights, "safetensors file with torchvision's state_dict names")->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--input", input, "float32 .npy, N x 3 x H x W (NCHW)")->required()->check(CLI::ExistingFile);
+  app.add_option("--labels", labels, "int64 .npy of N labels (train mode)")->check(CLI::ExistingFile);
+  app.add_option("--mode", mode, "eval (running statistics) or train (batch statistics, gradients)")
+      ->capture_default_str()->check(CLI::IsMember({"eval", "train"}));
+  app.add_option("--output", output, "safetensors file to write")->required();
+  app.add_flag("--dropout", dropout, "apply dropout in train mode (off by default, for comparisons)");
+  if (auto rc = parse_args(app, argc, argv, 2, "stepbench check")) return *rc;
+  if (cc.precision == Precision::tf32 && resolve(cc.backend) != BackendKind::cuda)
+    throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
+  return check(cc, weights, input, labels, mode, output, dropout);
+}
+
+}  // namespace stepbench::cli

@@ -1,0 +1,12 @@
+// The subcommands besides the benchmark run. Each takes the whole argv (argv[1] is its name) and
+// returns the exit code; usage errors throw UsageError.
+#pragma once
+
+namespace stepbench::cli {
+
+// stepbench check: run given weights and input; write logits, loss and gradients (safetensors).
+int check_main(int argc, char** argv);
+// stepbench make-dataset DIR: write a synthetic JPEG folder for --data DIR.
+int make_dataset_main(int argc, char** argv);
+
+}  // namespace stepbench::cli

@@ -1,0 +1,226 @@
+// Graph: the builder calls that are not a layer kind (the input, training-only sections), running
+// forward and backward over the planned layers, and the public accessors. Each layer kind and its
+// builder call is in layers/, planning in plan.cpp.
+#include "graph/graph.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/graph_impl.hpp"
+#include "graph/layers/conv_bn_relu.hpp"
+#include "graph/layers/layer.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+// ---- building ------------------------------------------------------------------------------------
+Graph::Graph(Backend& be, GraphConfig cfg) : impl_(std::make_unique<Impl>(be, cfg)) {
+  if (cfg.batch <= 0) throw UsageError(fmt::format("batch size {} must be positive", cfg.batch));
+  be.require(cfg.dtype);
+}
+Graph::~Graph() = default;
+
+ValueId Graph::input(std::int64_t c, std::int64_t h, std::int64_t w) {
+  auto& g = *impl_;
+  if (g.input >= 0) throw Error("graph: only one input");
+  g.input = g.new_value({g.cfg.batch, c, h, w}, -1);
+  g.values[g.input].needs_grad = false;
+  return g.input;
+}
+
+void Graph::set_training_only(bool on) { impl_->training_only = on; }
+
+// ---- running -------------------------------------------------------------------------------------
+void Graph::forward(Stream& s, bool training) {
+  auto& g = *impl_;
+  SB_CHECK(g.planned, "forward before plan()");
+  // the 16-bit weights from the fp32 master copy, as autocast re-casts them in every forward
+  if (g.mixed()) g.be.cast(s, g.param_arena.get(), DType::f32, g.param_half.get(), g.cfg.dtype, g.param_floats);
+  for (auto& l : g.layers) {
+    if (l->training_only && !training) continue;
+    l->forward(g, s, training);
+  }
+  if (training) ++g.step;
+}
+
+void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready) {
+  auto& g = *impl_;
+  SB_CHECK(g.planned, "backward before plan()");
+  for (auto& v : g.values)
+    if (v.grad_zero_first && v.root < 0 && v.needs_grad) g.be.memset_zero(s, v.g.data, v.g.desc.bytes());
+  std::size_t told = 0;
+  for (auto it = g.layers.rbegin(); it != g.layers.rend(); ++it) {
+    (*it)->backward(g, s);
+    if (on_ready && (*it)->ready_after > told) on_ready(told = (*it)->ready_after);
+  }
+}
+
+std::uint64_t Graph::step_counter() const { return impl_->step; }
+float* Graph::loss_scaler() const { return impl_->scaler.size ? impl_->scaler.as<float>() : nullptr; }
+float Graph::loss_scale(Stream& s) const {
+  if (!loss_scaler()) return 1.0f;
+  float v[LossScaler::kFloats];
+  impl_->be.copy(s, v, loss_scaler(), sizeof v);
+  impl_->be.synchronize(s);
+  return v[0];
+}
+
+// ---- data ----------------------------------------------------------------------------------------
+Shape Graph::shape_of(ValueId v) const { return impl_->values.at(v).shape; }
+const GraphConfig& Graph::config() const { return impl_->cfg; }
+Backend& Graph::backend() const { return impl_->be; }
+Tensor Graph::input_tensor() const { return impl_->values.at(impl_->input).t; }
+void Graph::set_input_nchw(const float* nchw) {
+  const Tensor t = input_tensor();
+  const Shape& s = t.shape();
+  std::vector<float> host(static_cast<std::size_t>(s.numel()));
+  std::size_t k = 0;
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) host[static_cast<std::size_t>(t.desc.offset(n, c, h, w))] = nchw[k++];
+  if (t.desc.dtype != DType::f32)
+    convert(host.data(), DType::f32, host.data(), t.desc.dtype, host.size());  // in place: narrower
+  Backend& be = impl_->be;
+  be.copy(be.default_stream(), t.data, host.data(), t.desc.bytes());
+  be.synchronize(be.default_stream());
+}
+void Graph::set_labels(const std::int32_t* labels) {
+  Backend& be = impl_->be;
+  be.copy(be.default_stream(), impl_->label_ptr(), labels, impl_->labels.bytes());
+  be.synchronize(be.default_stream());
+}
+std::vector<float> Graph::read_output(const std::string& name) const {
+  const Tensor t = output(name);
+  std::vector<float> host(static_cast<std::size_t>(t.desc.numel()));
+  Backend& be = impl_->be;
+  be.copy(be.default_stream(), host.data(), t.data, t.desc.bytes());
+  be.synchronize(be.default_stream());
+  if (t.desc.dtype != DType::f32) {  // 16-bit values in the first half of the buffer: widen from the back
+    std::vector<std::uint16_t> narrow(host.size());
+    std::memcpy(narrow.data(), host.data(), t.desc.bytes());
+    convert(narrow.data(), t.desc.dtype, host.data(), DType::f32, host.size());
+  }
+  return host;
+}
+std::int32_t* Graph::labels() const { return impl_->label_ptr(); }
+void Graph::bind_input(void* images, std::int32_t* labels) {
+  auto& g = *impl_;
+  SB_CHECK(g.planned, "bind_input before plan()");
+  auto& in = g.values.at(g.input);
+  if (!g.own_input) g.own_input = in.t.data;
+  in.t.data = images ? images : g.own_input;
+  g.bound_labels = labels;
+}
+Tensor Graph::value(ValueId v) const { return impl_->values.at(v).t; }
+Tensor Graph::grad(ValueId v) const { return impl_->values.at(v).g; }
+bool Graph::has_output(const std::string& name) const { return impl_->outputs.count(name) > 0; }
+Tensor Graph::output(const std::string& name) const {
+  auto it = impl_->outputs.find(name);
+  if (it == impl_->outputs.end()) throw Error(fmt::format("the model has no output '{}'", name));
+  return value(it->second);
+}
+
+std::vector<float> Graph::loss_terms(Stream& s) const {
+  auto& g = *impl_;
+  std::vector<float> out(static_cast<std::size_t>(g.num_losses));
+  if (!out.empty()) g.be.copy(s, out.data(), g.losses.get(), out.size() * sizeof(float));
+  g.be.synchronize(s);
+  return out;
+}
+
+float Graph::loss(Stream& s) const {
+  const auto terms = loss_terms(s);
+  double total = 0;
+  for (std::size_t i = 0; i < terms.size(); ++i) total += impl_->loss_weights[i] * terms[i];
+  return static_cast<float>(total);
+}
+
+// ---- parameters ----------------------------------------------------------------------------------
+const std::vector<ParamEntry>& Graph::params() const { return impl_->params; }
+const ParamEntry& Graph::param(const std::string& name) const {
+  auto it = impl_->param_index.find(name);
+  if (it == impl_->param_index.end()) throw Error(fmt::format("the model has no parameter '{}'", name));
+  return impl_->params[it->second];
+}
+float* Graph::param_arena() const { return impl_->param_arena.as<float>(); }
+float* Graph::grad_arena() const { return impl_->grad_arena.as<float>(); }
+float* Graph::state_arena() const { return impl_->state_arena.as<float>(); }
+std::size_t Graph::param_arena_floats() const { return impl_->param_floats; }
+std::size_t Graph::state_arena_floats() const { return impl_->state_floats; }
+float* Graph::data_of(const ParamEntry& e) const { return (e.trainable ? param_arena() : state_arena()) + e.offset; }
+float* Graph::grad_of(const ParamEntry& e) const {
+  SB_CHECK(e.trainable, fmt::format("'{}' has no gradient", e.name));
+  return grad_arena() + e.offset;
+}
+std::int64_t Graph::num_parameters() const {
+  std::int64_t n = 0;
+  for (const auto& e : impl_->params)
+    if (e.trainable) n += static_cast<std::int64_t>(e.count);
+  return n;
+}
+std::int64_t Graph::forward_macs_per_image(bool training) const {
+  std::int64_t m = 0;
+  for (const auto& l : impl_->layers)
+    if (training || !l->training_only) m += l->macs();
+  return m / impl_->cfg.batch;
+}
+std::size_t Graph::device_bytes() const { return impl_->arena_bytes; }
+std::size_t Graph::activation_bytes() const {
+  std::size_t b = impl_->workspace.bytes() + impl_->scratch.bytes();
+  for (const auto& v : impl_->values) b += v.data.bytes() + v.grad.bytes();
+  for (const auto& l : impl_->layers)
+    if (auto* c = dynamic_cast<const ConvBnReluLayer*>(l.get())) b += c->z.bytes();
+  return b;
+}
+
+std::vector<LayerInfo> Graph::layers() const {
+  std::vector<LayerInfo> v;
+  v.reserve(impl_->layers.size());
+  for (const auto& l : impl_->layers) v.push_back(l->info());
+  return v;
+}
+
+// ---- filter storage ------------------------------------------------------------------------------
+namespace {
+// Index into the storage of element (o, i, h, w).
+std::size_t filter_index(const ParamEntry& e, std::int64_t o, std::int64_t i, std::int64_t h, std::int64_t w) {
+  const std::int64_t O = e.shape[0], I = e.shape[1], H = e.shape[2], W = e.shape[3];
+  switch (e.format) {
+    case FilterFormat::oihw: return static_cast<std::size_t>(((o * I + i) * H + h) * W + w);
+    case FilterFormat::hwio: return static_cast<std::size_t>(((h * W + w) * I + i) * O + o);
+    case FilterFormat::ohwi: return static_cast<std::size_t>(((o * H + h) * W + w) * I + i);
+  }
+  return 0;
+}
+template <bool ToStorage>
+void permute_filter(const float* src, float* dst, const ParamEntry& e) {
+  if (!e.is_filter || e.format == FilterFormat::oihw) {
+    std::copy(src, src + e.count, dst);
+    return;
+  }
+  std::size_t k = 0;
+  for (std::int64_t o = 0; o < e.shape[0]; ++o)
+    for (std::int64_t i = 0; i < e.shape[1]; ++i)
+      for (std::int64_t h = 0; h < e.shape[2]; ++h)
+        for (std::int64_t w = 0; w < e.shape[3]; ++w, ++k) {
+          const std::size_t s = filter_index(e, o, i, h, w);
+          if (ToStorage)
+            dst[s] = src[k];
+          else
+            dst[k] = src[s];
+        }
+}
+}  // namespace
+
+void filter_to_storage(const float* oihw, float* dst, const ParamEntry& e) { permute_filter<true>(oihw, dst, e); }
+void filter_from_storage(const float* src, float* oihw, const ParamEntry& e) { permute_filter<false>(src, oihw, e); }
+
+}  // namespace stepbench

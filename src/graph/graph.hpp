@@ -1,0 +1,166 @@
+// The network as a list of layers over planned buffers.
+//
+// Build with the layer calls, then plan(): every activation, gradient, reserve and workspace
+// buffer is allocated and every backend op is created there; forward() and backward() only launch
+// work. Trainable parameters live in one contiguous arena (and their gradients in another of the
+// same layout), laid out in reverse execution order so gradients fill it front to back during
+// backward. BatchNorm running statistics live in a separate state arena.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+
+namespace stepbench {
+
+using ValueId = int;
+
+enum class ParamInit { trunc_normal, ones, zeros, linear_bias };
+
+struct ParamEntry {
+  std::string name;                 // torchvision's state_dict name
+  std::vector<std::int64_t> shape;  // PyTorch's logical shape (O, I, KH, KW for filters)
+  std::size_t offset = 0;           // in floats, into its arena
+  std::size_t count = 0;
+  bool trainable = true;   // false: BN running statistics (the state arena)
+  bool is_filter = false;  // stored in `format` rather than O,I,KH,KW
+  FilterFormat format = FilterFormat::oihw;
+  ParamInit init = ParamInit::zeros;
+  float init_std = 0.1f;  // trunc_normal; linear_bias uses 1/sqrt(fan_in)
+  std::int64_t fan_in = 0;
+};
+
+// What a layer is, for listings and for checking a layer in place.
+struct LayerInfo {
+  std::string kind;  // conv_bn_relu, pool, dropout, linear, cross_entropy
+  std::string name;  // parameter prefix; empty for layers without parameters
+  std::vector<ValueId> in;
+  ValueId out = -1;  // -1 for the loss
+  ConvParams conv{};
+  PoolParams pool{};
+  bool training_only = false;
+  std::int64_t macs = 0;  // whole batch
+  // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
+  // pooling's implementation.
+  std::string conv_algorithm, implementation;
+};
+
+struct GraphConfig {
+  std::int64_t batch = 1;
+  Layout layout = Layout::nchw;
+  DType dtype = DType::f32;
+  std::uint64_t seed = 0;  // dropout masks
+  // Dynamic loss scaling (LossScaler): always on for f16, whose gradients underflow without it;
+  // may be turned on for the others (tests).
+  bool loss_scaling = false;
+  float initial_loss_scale = LossScaler::kInitialScale;  // PyTorch's GradScaler starts at 2^16 too
+};
+
+class Graph {
+ public:
+  Graph(Backend& be, GraphConfig cfg);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // ---- building ----
+  ValueId input(std::int64_t c, std::int64_t h, std::int64_t w);
+  // torchvision's BasicConv2d: Conv2d(bias=False) -> BatchNorm2d(eps=1e-3) -> ReLU. Parameters are
+  // named <name>.conv.weight and <name>.bn.{weight,bias,running_mean,running_var}.
+  ValueId conv_bn_relu(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p,
+                       float init_std = 0.1f);
+  ValueId pool(ValueId x, const PoolParams& p);
+  ValueId global_avg_pool(ValueId x);
+  // Concatenate along channels without copies: the parts become channel slices of the result.
+  // Each part must be produced by a layer and not already be part of a concat.
+  ValueId concat(const std::vector<ValueId>& parts);
+  ValueId dropout(ValueId x, double p);
+  // Linear (with bias) over the flattened N x C x 1 x 1 input. <name>.weight, <name>.bias.
+  ValueId linear(const std::string& name, ValueId x, std::int64_t out, float init_std = 0.1f);
+  // Adds weight * cross_entropy(logits, labels) to the loss and names the logits as an output.
+  void cross_entropy(ValueId logits, float weight, const std::string& output_name);
+  // Layers added while this is set run only in training (torchvision's aux head).
+  void set_training_only(bool on);
+
+  void plan();
+  bool planned() const;
+
+  // ---- running ----
+  // training: batch statistics, dropout, training-only layers and the loss. Otherwise inference:
+  // running statistics, no dropout, training-only layers skipped; loss layers still compute when
+  // their logits are computed.
+  void forward(Stream& s, bool training);
+  // After forward(s, true). on_ready(n), when given, is called as backward goes whenever the first n
+  // floats of the gradient arena have their final values launched on `s` (the arena is in reverse
+  // execution order, so they fill front to back): what gradient buckets wait for.
+  void backward(Stream& s, const std::function<void(std::size_t)>& on_ready = {});
+  std::uint64_t step_counter() const;  // advances dropout masks; incremented by every training forward
+  // The loss scaler (device memory, LossScaler's layout) when loss scaling is on, else nullptr;
+  // the gradient arena then holds gradients times its scale. loss_scale() reads the scale (syncs).
+  float* loss_scaler() const;
+  float loss_scale(Stream& s) const;
+
+  // ---- data ----
+  const GraphConfig& config() const;
+  Backend& backend() const;
+  Tensor input_tensor() const;
+  // Host data in: images N x C x H x W in NCHW order whatever the graph's layout; labels as int32.
+  void set_input_nchw(const float* nchw);
+  void set_labels(const std::int32_t* labels);
+  // A dense N x M x 1 x 1 output (logits) copied to the host.
+  std::vector<float> read_output(const std::string& name) const;
+  std::int32_t* labels() const;  // batch entries, device memory
+  // Read the images (dense, the graph's layout and dtype) and labels from the caller's device
+  // buffers from now on, e.g. one of two staging buffers; nullptr goes back to the planned ones.
+  void bind_input(void* images, std::int32_t* labels);
+  Shape shape_of(ValueId v) const;  // available while building
+  Tensor value(ValueId v) const;
+  Tensor grad(ValueId v) const;
+  Tensor output(const std::string& name) const;  // "logits", "aux_logits"
+  bool has_output(const std::string& name) const;
+  // Weighted sum of the loss terms of the last training forward, and the terms themselves, copied
+  // to the host (synchronises the stream).
+  float loss(Stream& s) const;
+  std::vector<float> loss_terms(Stream& s) const;
+
+  // ---- parameters ----
+  const std::vector<ParamEntry>& params() const;  // trainable first-registered order, then state
+  const ParamEntry& param(const std::string& name) const;
+  // Mixed precision (bf16, f16): the arenas stay fp32 (master weights, gradients, optimizer state);
+  // convolutions and fully connected layers compute on a 16-bit copy of the arena refreshed at every
+  // forward, and their weight gradients come back through a 16-bit arena, cast into the fp32 one.
+  float* param_arena() const;  // trainable parameters
+  float* grad_arena() const;   // their gradients, same layout
+  float* state_arena() const;  // BN running statistics
+  std::size_t param_arena_floats() const;
+  std::size_t state_arena_floats() const;
+  float* data_of(const ParamEntry& e) const;  // in the param or state arena
+  float* grad_of(const ParamEntry& e) const;  // trainable only
+  std::int64_t num_parameters() const;        // trainable elements (what torchvision counts)
+  // Multiply-adds of one image's forward pass; training includes training-only layers.
+  std::int64_t forward_macs_per_image(bool training) const;
+  std::size_t activation_bytes() const;  // planned activation + gradient + workspace memory
+  // Everything the graph holds in backend memory: one arena, allocated at the end of plan(), which
+  // throws UsageError (bytes needed and available, a batch size that fits) when it cannot fit.
+  std::size_t device_bytes() const;
+  std::vector<LayerInfo> layers() const;  // in execution order
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Permute a filter between PyTorch's O,I,KH,KW order and the arena's storage format.
+void filter_to_storage(const float* oihw, float* dst, const ParamEntry& e);
+void filter_from_storage(const float* src, float* oihw, const ParamEntry& e);
+
+// torchvision's initialisation from a seed: truncated normal (std per parameter, cut at +-2),
+// BN weight 1 and bias 0, Linear bias uniform(+-1/sqrt(fan_in)), running mean 0 and var 1.
+// Writes through host memory, so it works on every backend.
+void init_parameters(Graph& g, std::uint64_t seed);
+
+}  // namespace stepbench

@@ -1,0 +1,118 @@
+// The graph's internals, shared by the builder and accessors (graph.cpp), planning (plan.cpp) and
+// the layer kinds (layers/): values, the slots of the one device arena, and Graph::Impl.
+#pragma once
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "graph/layers/layer.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+// A piece of the graph's one device arena: sized while planning, placed when the arena is
+// allocated at the end of plan(), so a batch that does not fit fails there, before any step.
+struct Slot {
+  std::size_t offset = 0, size = 0;
+  char* base = nullptr;
+  void* get() const { return size ? base + offset : nullptr; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(get());
+  }
+  std::size_t bytes() const { return size; }
+};
+
+struct Value {
+  Shape shape;
+  ValueId root = -1;  // concat parent, or -1
+  std::int64_t c_offset = 0;
+  bool needs_grad = true;
+  int producer = -1;  // layer index
+  Slot data, grad;    // roots only
+  Tensor t, g;        // views, valid after plan()
+  bool grad_zero_first = false;
+};
+
+struct Graph::Impl {
+  Backend& be;
+  GraphConfig cfg;
+  std::vector<Value> values;
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<ParamEntry> params;
+  std::map<std::string, std::size_t> param_index;
+  std::map<std::string, ValueId> outputs;
+  bool training_only = false;
+  bool planned = false;
+  ValueId input = -1;
+  Slot param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
+  Slot param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler
+  // The arena: every slot above and every layer's, one allocation.
+  Buffer arena;
+  std::vector<Slot*> slots;
+  std::size_t arena_bytes = 0;
+  void reserve(Slot& sl, std::size_t bytes) {
+    constexpr std::size_t kAlign = 256;  // what cuDNN and vector loads like
+    sl.size = bytes;
+    sl.offset = arena_bytes;
+    arena_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
+    slots.push_back(&sl);
+  }
+  std::size_t param_floats = 0, state_floats = 0;
+  int num_losses = 0;
+  std::vector<float> loss_weights;
+  std::uint64_t step = 0;
+
+  Impl(Backend& b, GraphConfig c) : be(b), cfg(c) {}
+  std::int32_t* bound_labels = nullptr;  // bind_input(): labels live in the caller's buffer
+  void* own_input = nullptr;             // the planned input buffer, for unbinding
+  std::int32_t* label_ptr() const { return bound_labels ? bound_labels : labels.as<std::int32_t>(); }
+
+  TensorDesc desc(const Shape& s) const { return TensorDesc::dense(s, cfg.dtype, cfg.layout); }
+  ValueId new_value(const Shape& s, int producer) {
+    values.push_back(Value{});
+    values.back().shape = s;
+    values.back().producer = producer;
+    return static_cast<ValueId>(values.size() - 1);
+  }
+  std::size_t add_param(ParamEntry e) {
+    if (param_index.count(e.name)) throw Error(fmt::format("parameter '{}' registered twice", e.name));
+    e.count = 1;
+    for (auto d : e.shape) e.count *= static_cast<std::size_t>(d);
+    param_index[e.name] = params.size();
+    params.push_back(std::move(e));
+    return params.size() - 1;
+  }
+  float* pdata(std::size_t i) const {
+    const auto& e = params[i];
+    return (e.trainable ? param_arena.as<float>() : state_arena.as<float>()) + e.offset;
+  }
+  float* pgrad(std::size_t i) const { return grad_arena.as<float>() + params[i].offset; }
+  bool mixed() const { return is_half(cfg.dtype); }
+  // What convolutions and fully connected layers read and write: the fp32 arenas, or the 16-bit ones.
+  void* wdata(std::size_t i) const {
+    return mixed() ? static_cast<void*>(param_half.as<char>() + 2 * params[i].offset) : pdata(i);
+  }
+  void* wgrad(std::size_t i) const {
+    return mixed() ? static_cast<void*>(grad_half.as<char>() + 2 * params[i].offset) : pgrad(i);
+  }
+  // After a layer wrote the 16-bit gradient of parameter i: into the fp32 gradient arena.
+  void widen_grad(Stream& s, std::size_t i) const {
+    if (mixed()) be.cast(s, wgrad(i), cfg.dtype, pgrad(i), DType::f32, params[i].count);
+  }
+  const float* loss_scale_ptr() const { return scaler.size ? scaler.as<float>() : nullptr; }
+  const Value& root_of(ValueId v) const { return values[v].root >= 0 ? values[values[v].root] : values[v]; }
+  Layer& add_layer(std::unique_ptr<Layer> l) {
+    if (planned) throw Error("graph: layers cannot be added after plan()");
+    l->training_only = training_only;
+    layers.push_back(std::move(l));
+    return *layers.back();
+  }
+};
+
+}  // namespace stepbench

@@ -1,0 +1,37 @@
+// Concatenation along channels (Graph::concat). Not a layer that runs: the parts become channel
+// slices of the result's buffer (planning gives them views into it), so nothing is copied.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "graph/graph_impl.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+ValueId Graph::concat(const std::vector<ValueId>& parts) {
+  auto& g = *impl_;
+  SB_CHECK(!parts.empty(), "concat of nothing");
+  Shape s = g.values.at(parts[0]).shape;
+  s.c = 0;
+  for (ValueId v : parts) {
+    const Value& pv = g.values.at(v);
+    SB_CHECK(pv.producer >= 0 && pv.root < 0, "concat parts must be layer outputs not already concatenated");
+    SB_CHECK(pv.shape.n == s.n && pv.shape.h == s.h && pv.shape.w == s.w,
+             fmt::format("concat: part {} does not match {}", to_string(pv.shape), to_string(s)));
+    s.c += pv.shape.c;
+  }
+  const ValueId id = g.new_value(s, -1);
+  std::int64_t off = 0;
+  for (ValueId v : parts) {
+    g.values[v].root = id;
+    g.values[v].c_offset = off;
+    off += g.values[v].shape.c;
+  }
+  g.values[id].producer = -2;  // produced by its parts
+  return id;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,87 @@
+// The conv_bn_relu layer (declared in conv_bn_relu.hpp) and Graph::conv_bn_relu, which registers
+// its parameters: <name>.conv.weight and <name>.bn.{weight,bias,running_mean,running_var}.
+#include "graph/layers/conv_bn_relu.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "graph/graph.hpp"
+#include "graph/graph_impl.hpp"
+
+namespace stepbench {
+
+void ConvBnReluLayer::plan(Graph::Impl& g) {
+  const Value& x = g.values[in[0]];
+  zdesc = g.desc(g.values[out].shape);
+  conv = g.be.make_conv(g.desc(x.shape), zdesc, p);
+  bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{});
+  g.reserve(z, zdesc.bytes());
+  g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));
+  g.reserve(bn_reserve, bn->reserve_bytes());
+}
+
+void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
+  const Tensor zt{z.get(), zdesc};
+  conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
+  if (training)
+    bn->forward_training(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
+                         saved.as<float>(), saved.as<float>() + cout, g.workspace.get(), bn_reserve.get());
+  else
+    bn->forward_inference(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
+                          g.workspace.get());
+}
+
+void ConvBnReluLayer::backward(Graph::Impl& g, Stream& s) {
+  const Tensor zt{z.get(), zdesc}, dz{g.scratch.get(), zdesc};
+  const Value& o = g.values[out];
+  bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
+               g.pgrad(gamma), g.pgrad(beta), 0.0f, g.workspace.get(), bn_reserve.get());
+  conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
+  g.widen_grad(s, w);
+  if (g.values[in[0]].needs_grad)
+    conv->backward_data(s, dz, g.wdata(w), g.values[in[0]].g, in_beta[0], g.workspace.get());
+}
+
+std::size_t ConvBnReluLayer::workspace_bytes() const {
+  return std::max(conv->workspace_bytes(), bn->workspace_bytes());
+}
+
+LayerInfo ConvBnReluLayer::info() const {
+  auto i = base_info("conv_bn_relu", name);
+  i.conv = p;
+  if (conv) i.conv_algorithm = conv->algorithm();
+  if (bn) i.implementation = bn->implementation();
+  return i;
+}
+
+ValueId Graph::conv_bn_relu(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p,
+                            float init_std) {
+  auto& g = *impl_;
+  const Shape xs = g.values.at(x).shape;
+  const Shape ys = conv_output_shape(xs, cout, p);
+  auto l = std::make_unique<ConvBnReluLayer>();
+  l->p = p;
+  l->name = name;
+  l->cout = cout;
+  l->cin = xs.c;
+  l->mac_count = ys.numel() * p.kh * p.kw * xs.c;
+  ParamEntry w{name + ".conv.weight", {cout, xs.c, p.kh, p.kw}};
+  w.is_filter = true;
+  w.format = g.be.filter_format(g.cfg.layout);
+  w.init = ParamInit::trunc_normal;
+  w.init_std = init_std;
+  l->w = g.add_param(w);
+  l->gamma = g.add_param({name + ".bn.weight", {cout}, 0, 0, true, false, FilterFormat::oihw, ParamInit::ones});
+  l->beta = g.add_param({name + ".bn.bias", {cout}});
+  l->trainable = {l->w, l->gamma, l->beta};
+  l->rmean = g.add_param({name + ".bn.running_mean", {cout}, 0, 0, false});
+  l->rvar = g.add_param({name + ".bn.running_var", {cout}, 0, 0, false, false, FilterFormat::oihw, ParamInit::ones});
+  l->in = {x};
+  l->out = g.new_value(ys, static_cast<int>(g.layers.size()));
+  auto id = l->out;
+  g.add_layer(std::move(l));
+  return id;
+}
+
+}  // namespace stepbench

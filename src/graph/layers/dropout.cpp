@@ -1,0 +1,47 @@
+// The dropout layer (inverted dropout with probability p; a copy outside training) and its builder
+// call Graph::dropout. Masks come from the graph's seed and step counter.
+#include <memory>
+
+#include "graph/graph.hpp"
+#include "graph/graph_impl.hpp"
+#include "graph/layers/layer.hpp"
+
+namespace stepbench {
+namespace {
+
+struct DropoutLayer final : Layer {
+  double p;
+  std::unique_ptr<DropoutOp> op;
+  Slot reserve;
+  void plan(Graph::Impl& g) override {
+    op = g.be.make_dropout(g.values[in[0]].t.desc, p);
+    g.reserve(reserve, op->reserve_bytes());
+  }
+  void forward(Graph::Impl& g, Stream& s, bool training) override {
+    const Tensor &x = g.values[in[0]].t, &y = g.values[out].t;
+    if (training)
+      op->forward(s, x, y, reserve.get(), g.cfg.seed, g.step);
+    else
+      g.be.copy(s, y.data, x.data, x.desc.bytes());
+  }
+  void backward(Graph::Impl& g, Stream& s) override {
+    const Value &x = g.values[in[0]], &y = g.values[out];
+    if (x.needs_grad) op->backward(s, y.g, x.g, in_beta[0], reserve.get());
+  }
+  LayerInfo info() const override { return base_info("dropout"); }
+};
+
+}  // namespace
+
+ValueId Graph::dropout(ValueId x, double p) {
+  auto& g = *impl_;
+  auto l = std::make_unique<DropoutLayer>();
+  l->p = p;
+  l->in = {x};
+  l->out = g.new_value(g.values.at(x).shape, static_cast<int>(g.layers.size()));
+  auto id = l->out;
+  g.add_layer(std::move(l));
+  return id;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,41 @@
+// The interface every layer kind implements (one file per kind in this folder). Graph's builder
+// call for a kind creates its layer; plan() sizes its buffers and creates its backend ops;
+// forward() and backward() only launch work on them. Internal to the graph.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/graph.hpp"
+
+namespace stepbench {
+
+struct Layer {
+  virtual ~Layer() = default;
+  std::vector<ValueId> in;
+  ValueId out = -1;
+  bool training_only = false;
+  std::vector<float> in_beta;          // per input: 0 overwrites its gradient, 1 accumulates
+  std::vector<std::size_t> trainable;  // indices of the parameters whose gradients this layer writes
+  std::size_t ready_after = 0;         // gradient-arena prefix (floats) final once this layer's backward ran
+  virtual void plan(Graph::Impl&) = 0;
+  virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
+  virtual void backward(Graph::Impl&, Stream&) = 0;
+  virtual std::int64_t macs() const { return 0; }  // whole batch
+  virtual std::size_t workspace_bytes() const { return 0; }
+  virtual std::size_t scratch_bytes() const { return 0; }  // shared gradient scratch
+  virtual LayerInfo info() const = 0;
+  LayerInfo base_info(std::string kind, std::string name = {}) const {
+    LayerInfo i;
+    i.kind = std::move(kind);
+    i.name = std::move(name);
+    i.in = in;
+    i.out = out;
+    i.training_only = training_only;
+    i.macs = macs();
+    return i;
+  }
+};
+
+}  // namespace stepbench

@@ -1,0 +1,64 @@
+// The linear layer (fully connected, with bias, over a flattened N x C x 1 x 1 input) and its
+// builder call Graph::linear, which registers <name>.weight and <name>.bias.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "graph/graph.hpp"
+#include "graph/graph_impl.hpp"
+#include "graph/layers/layer.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+namespace {
+
+struct LinearLayer final : Layer {
+  std::size_t w, b;
+  std::unique_ptr<LinearOp> op;
+  std::int64_t k = 0, m = 0;
+  void plan(Graph::Impl& g) override { op = g.be.make_linear(g.values[in[0]].t.desc, g.values[out].t.desc); }
+  void forward(Graph::Impl& g, Stream& s, bool) override {
+    op->forward(s, g.values[in[0]].t, g.wdata(w), g.wdata(b), g.values[out].t, g.workspace.get());
+  }
+  void backward(Graph::Impl& g, Stream& s) override {
+    const Value &x = g.values[in[0]], &y = g.values[out];
+    op->backward_weights(s, x.t, y.g, g.wgrad(w), g.wgrad(b), g.workspace.get());
+    g.widen_grad(s, w);
+    g.widen_grad(s, b);
+    if (x.needs_grad) op->backward_data(s, y.g, g.wdata(w), x.g, in_beta[0], g.workspace.get());
+  }
+  std::int64_t macs() const override { return k * m * batch; }
+  std::int64_t batch = 0;
+  std::size_t workspace_bytes() const override { return op->workspace_bytes(); }
+  std::string name;
+  LayerInfo info() const override { return base_info("linear", name); }
+};
+
+}  // namespace
+
+ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, float init_std) {
+  auto& g = *impl_;
+  const Shape xs = g.values.at(x).shape;
+  SB_CHECK(xs.h == 1 && xs.w == 1, "linear needs a N x C x 1 x 1 input (pool first)");
+  auto l = std::make_unique<LinearLayer>();
+  l->name = name;
+  l->k = xs.c;
+  l->m = out;
+  l->batch = xs.n;
+  ParamEntry w{name + ".weight", {out, xs.c}};
+  w.init = ParamInit::trunc_normal;
+  w.init_std = init_std;
+  l->w = g.add_param(w);
+  ParamEntry b{name + ".bias", {out}};
+  b.init = ParamInit::linear_bias;
+  b.fan_in = xs.c;
+  l->b = g.add_param(b);
+  l->trainable = {l->w, l->b};
+  l->in = {x};
+  l->out = g.new_value({xs.n, out, 1, 1}, static_cast<int>(g.layers.size()));
+  auto id = l->out;
+  g.add_layer(std::move(l));
+  return id;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,22 @@
+#include <fmt/format.h>
+
+#include "models/models.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+ModelInfo build_pool_fc(Graph& g, const ModelOptions& o) {
+  if (o.image_size < 8)
+    throw UsageError(fmt::format("--image-size {} is too small for the pool_fc model (at least 8)", o.image_size));
+  auto x = g.input(3, o.image_size, o.image_size);
+  x = g.pool(x, {PoolKind::max, 3, 3, 2, 2, 0, 0});
+  x = g.pool(x, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1});
+  x = g.global_avg_pool(x);
+  x = g.linear("fc1", x, 16);
+  ModelInfo info{"pool_fc", o.image_size};
+  info.logits = g.linear("fc2", x, o.num_classes);
+  g.cross_entropy(info.logits, 1.0f, "logits");
+  return info;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,57 @@
+// Host batches staged to the device, double-buffered (Towers::enable_staging, stage, flip).
+#include "tensor/error.hpp"
+#include "train/tower_parts.hpp"
+
+namespace stepbench {
+
+std::size_t Towers::input_bytes() const { return graph(0).input_tensor().desc.bytes(); }
+std::size_t Towers::input_floats() const { return static_cast<std::size_t>(graph(0).input_tensor().desc.numel()); }
+
+void Towers::enable_staging() {
+  if (!staging_.empty()) return;
+  for (int i = 0; i < size(); ++i) {
+    Backend& be = backend(i);
+    auto st = std::make_unique<Staging>();
+    for (int k = 0; k < 2; ++k) {
+      st->images[k] = Buffer(be, input_floats() * sizeof(float));
+      if (opt_.dtype() != DType::f32) st->narrow[k] = Buffer(be, input_bytes());
+      st->labels[k] = Buffer(be, sizeof(std::int32_t) * static_cast<std::size_t>(opt_.batch_per_tower));
+      st->copied[k] = be.create_event();
+      st->consumed[k] = be.create_event();
+    }
+    st->copy = be.create_stream();
+    staging_.push_back(std::move(st));
+  }
+}
+
+void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
+  SB_CHECK(!staging_.empty(), "enable_staging() first");
+  auto& st = *staging_.at(static_cast<std::size_t>(tower));
+  Backend& be = backend(tower);
+  const int spare = st.cur == 0 ? 1 : 0;
+  if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
+  be.copy(*st.copy, st.images[spare].get(), images, input_floats() * sizeof(float));
+  if (opt_.dtype() != DType::f32)
+    be.cast(*st.copy, st.images[spare].get(), DType::f32, st.narrow[spare].get(), opt_.dtype(), input_floats());
+  be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
+  be.record(*st.copied[spare], *st.copy);
+  be.synchronize(*st.copy);  // the host batch may be reused once this returns
+}
+
+void Towers::flip() {
+  for (int i = 0; i < size(); ++i) {
+    auto& st = *staging_.at(static_cast<std::size_t>(i));
+    Backend& be = backend(i);
+    const int spare = st.cur == 0 ? 1 : 0;
+    if (st.cur >= 0) {
+      be.record(*st.consumed[st.cur], stream(i));  // after every step that read it
+      st.consumed_recorded[st.cur] = true;
+    }
+    be.wait(stream(i), *st.copied[spare]);
+    graph(i).bind_input(opt_.dtype() != DType::f32 ? st.narrow[spare].get() : st.images[spare].get(),
+                        st.labels[spare].as<std::int32_t>());
+    st.cur = spare;
+  }
+}
+
+}  // namespace stepbench

@@ -1,0 +1,163 @@
+// The tower core: one model replica per device (GPU, or CPU "tower" on the cpu backend), each
+// with its own backend, graph and optimizer state, and the gradient synchronisation between them
+// in tf_cnn_benchmarks' variable-update modes:
+//   replicated        every tower's gradients are all-reduced (averaged), every tower updates its
+//                     own copy of the variables (identical results);
+//   parameter_server  gradients are reduced (averaged) onto the server (tower 0 of process 0, or
+//                     host memory with ps_on_host), which updates the variables and broadcasts
+//                     them back to every tower;
+//   independent       no synchronisation: each tower trains on its own.
+// Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
+// execution order, so the first bucket is the first one backward finishes).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/registry.hpp"
+#include "comm/collective.hpp"
+#include "comm/process_group.hpp"
+#include "graph/graph.hpp"
+#include "models/models.hpp"
+
+namespace stepbench {
+
+class CommThread;  // comm/comm_thread.hpp
+
+enum class VariableUpdate { replicated, parameter_server, independent };
+constexpr auto enum_names(VariableUpdate) {
+  return std::array<EnumName<VariableUpdate>, 3>{{{VariableUpdate::replicated, "replicated"},
+                                                  {VariableUpdate::parameter_server, "parameter_server"},
+                                                  {VariableUpdate::independent, "independent"}}};
+}
+
+struct TowerOptions {
+  BackendKind backend = BackendKind::cpu;  // cpu or cuda (automatic is resolved here too)
+  int towers = 1;
+  std::int64_t batch_per_tower = 1;
+  ModelKind model = ModelKind::inception_v3;
+  ModelOptions model_options;
+  Layout layout = Layout::nchw;
+  Precision precision = Precision::fp32;
+  OptimizerConfig optimizer;
+  VariableUpdate variable_update = VariableUpdate::replicated;
+  std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, as DDP: the first ready starts sooner
+  // In step(): start each bucket's sync on a communication thread as soon as backward has produced it,
+  // overlapping the rest of backward (false: sync after backward, for comparison).
+  bool overlap = true;
+  std::uint64_t seed = 1;
+  // Across processes (mpirun): these towers are one process's share, and the sync spans every
+  // process of the group. nullptr: this process alone. The group must outlive the towers.
+  ProcessGroup* group = nullptr;
+  // parameter_server only: the variables live and are updated in host memory (--ps-device cpu, as
+  // tf_cnn_benchmarks' --local_parameter_device=cpu); gradients are copied there and summed on the
+  // CPU, and the new variables are copied back to every tower.
+  bool ps_on_host = false;
+  // A gradient sync that has not completed after this many seconds ends the run with SyncError
+  // (--sync-timeout-s); 0 waits forever.
+  double sync_timeout_s = 600.0;
+  std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
+  bool own_kernels = false;  // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
+  // Fault injection for the timeout test: this process sleeps this long before its first bucket's
+  // sync (the command line takes it from STEPBENCH_FAULT_SYNC_STALL); 0: never.
+  double fault_sync_stall_s = 0;
+
+  DType dtype() const { return storage_dtype(precision); }
+};
+
+class Towers {
+ public:
+  explicit Towers(const TowerOptions& o);
+  ~Towers();
+  Towers(const Towers&) = delete;
+  Towers& operator=(const Towers&) = delete;
+
+  int size() const { return static_cast<int>(towers_.size()); }  // towers in this process
+  int global_size() const { return size() * processes_; }       // towers in every process
+  int rank() const { return rank_; }
+  int processes() const { return processes_; }
+  const TowerOptions& options() const { return opt_; }
+  Backend& backend(int i) const;
+  Graph& graph(int i) const;
+  Stream& stream(int i) const;
+  const ModelInfo& model_info() const { return info_; }
+  // What moves the gradients: "none", "host memory", "NCCL ...", "MPI ...".
+  std::string sync_name() const;
+
+  // Synthetic data: a fixed random batch and labels on every tower (different per tower).
+  void set_synthetic_batch(std::uint64_t seed);
+
+  // The phases. Each launches the work on every tower's stream and returns without waiting.
+  void forward_inference();
+  void forward_train();
+  // start_sync: hand every gradient bucket to the communication thread as soon as backward has
+  // produced it (with overlap on and something to sync); grad_sync() then waits for the rest.
+  void backward(bool start_sync = false);
+  void grad_sync();
+  void update();
+  void step();  // forward_train, backward, grad_sync, update
+  // --cuda-graph: record one step (step = true) or one inference forward as a CUDA Graph, to replay
+  // as a single launch from then on. Needs the cuda backend, one tower per process (NCCL across
+  // processes is captured with it), the variables on the device and the graph's own input
+  // (synthetic data); UsageError naming what to change otherwise. Replays repeat the captured step's
+  // dropout masks (the step counter is a launch argument).
+  void capture(bool step);
+  void replay(bool step);
+  // Waits for every tower. With NCCL it polls, and throws SyncError when the communicator reports
+  // an error or the work has not finished within sync_timeout_s (it aborts the communicator first).
+  void synchronize() const;
+
+  // Gradient synchronisation: what one grad_sync moves, and nccl-tests' bus-bandwidth factor for
+  // the collective the mode uses (allreduce 2(n-1)/n, reduce 1), 0 when nothing moves.
+  std::size_t sync_bytes() const;
+  std::size_t bucket_count() const { return buckets_.size(); }
+  const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }  // (offset, floats)
+  // How many buckets the last grad_sync() found already started during backward.
+  std::size_t overlapped_buckets() const { return overlapped_; }
+  double bus_factor() const;
+
+  float loss(int tower) const;
+
+  // Host batches staged to the device, double-buffered: two device buffers per tower; stage()
+  // copies a host batch (images dense in the graph's layout, fp32, cast on the device for bf16 and
+  // fp16 models; int32 labels) into the spare
+  // buffer on the tower's copy stream, once the step that last read that buffer is done, and returns
+  // when the copy is (so the host batch can be reused); flip() makes the next step read the
+  // buffers just staged. The copy for step k+1 thus overlaps the compute of step k.
+  void enable_staging();
+  void stage(int tower, const float* images, const std::int32_t* labels);
+  void flip();
+  std::size_t input_bytes() const;   // the graph's input, in its precision
+  std::size_t input_floats() const;  // its elements: what stage() reads
+
+ private:
+  struct Tower;
+  TowerOptions opt_;
+  ModelInfo info_;
+  std::vector<std::unique_ptr<Tower>> towers_;
+  std::unique_ptr<Collective> coll_;  // null when nothing is synchronised between GPUs
+  std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
+  std::vector<float*> grads_, params_;
+  int rank_ = 0, processes_ = 1;
+  struct HostServer;
+  std::unique_ptr<HostServer> server_;  // ps_on_host
+  std::unique_ptr<CapturedWork> graph_step_, graph_forward_;
+  double stall_s_ = 0;                  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
+  bool async() const { return coll_ && coll_->asynchronous() && !server_; }
+  const ProcessGroup& group() const { return opt_.group ? *opt_.group : single_; }
+  ProcessGroup single_;  // the group when none is given: this process alone
+  void mark_ready(int tower);           // every bucket's ready event not yet recorded, at the stream's end
+  void launch(std::size_t k);           // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void sync_bucket(std::size_t k);      // synchronous: host memory, MPI, or the host server
+  std::unique_ptr<CommThread> comm_;
+  std::size_t launched_ = 0;  // buckets handed to the communication thread this step
+  std::size_t overlapped_ = 0;
+  struct Staging;  // declared after towers_: destroyed before the backends it allocated from
+  std::vector<std::unique_ptr<Staging>> staging_;
+};
+
+}  // namespace stepbench

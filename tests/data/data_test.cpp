@@ -1,0 +1,161 @@
+// Input pipelines: the JPEG folder scan, decode + random-resized-crop + normalisation, the
+// threaded pipeline with corrupt files, and the errors for missing or empty folders.
+#include <fmt/format.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/data.hpp"
+#include "support/test_util.hpp"
+
+namespace stepbench {
+namespace {
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path p;
+  TempDir() {
+    p = fs::temp_directory_path() / fmt::format("stepbench-data-{}-{}", ::getpid(), counter()++);
+    fs::create_directories(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  std::string str() const { return p.string(); }
+};
+
+void write_solid_jpeg(const fs::path& path, int w, int h, unsigned char r, unsigned char g, unsigned char b) {
+  std::vector<unsigned char> rgb(static_cast<std::size_t>(w) * h * 3);
+  for (std::size_t i = 0; i < rgb.size(); i += 3) {
+    rgb[i] = r;
+    rgb[i + 1] = g;
+    rgb[i + 2] = b;
+  }
+  tjhandle tj = tjInitCompress();
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &jpeg, &size, TJSAMP_444, 100, 0), 0);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(jpeg), static_cast<std::streamsize>(size));
+  tjFree(jpeg);
+  tjDestroy(tj);
+}
+
+TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {
+  TempDir d;
+  EXPECT_EQ(make_jpeg_dataset(d.str(), 10, 3, 50, 40), 10u);
+  const auto f = scan_jpeg_folder(d.str());
+  EXPECT_EQ(f.files.size(), 10u);
+  ASSERT_EQ(f.classes.size(), 3u);
+  EXPECT_EQ(f.classes[0], "class_0000");
+  std::vector<int> per_class(3, 0);
+  for (auto l : f.labels) ++per_class.at(static_cast<std::size_t>(l));
+  EXPECT_EQ(per_class, (std::vector<int>{4, 3, 3}));
+}
+
+TEST(Data, MissingOrEmptyFoldersAreUsageErrors) {
+  TempDir d;
+  EXPECT_THROW(scan_jpeg_folder(d.str() + "/nope"), UsageError);
+  EXPECT_THROW(scan_jpeg_folder(d.str()), UsageError);  // empty
+  fs::create_directories(d.p / "cls");
+  std::ofstream(d.p / "cls" / "readme.txt") << "not an image";
+  try {
+    scan_jpeg_folder(d.str());
+    FAIL() << "a folder without JPEG files must be an error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no JPEG files"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Data, DecodeCropNormaliseGivesImageNetNormalisedValuesInEitherLayout) {
+  TempDir d;
+  const auto path = (d.p / "solid.jpg").string();
+  write_solid_jpeg(path, 64, 48, 200, 100, 50);
+  PipelineOptions o;
+  o.image_size = 20;
+  std::vector<float> nchw(3 * 20 * 20), nhwc(3 * 20 * 20);
+  std::string why;
+  ASSERT_TRUE(decode_crop_normalise(path, nchw.data(), o, 123, why)) << why;
+  o.layout = Layout::nhwc;
+  ASSERT_TRUE(decode_crop_normalise(path, nhwc.data(), o, 123, why)) << why;
+  const float rgb[3] = {200, 100, 50};
+  for (int c = 0; c < 3; ++c) {
+    const float want = (rgb[c] / 255.0f - o.mean[c]) / o.stddev[c];
+    for (int i = 0; i < 400; ++i) {
+      EXPECT_NEAR(nchw[static_cast<std::size_t>(c * 400 + i)], want, 0.03f);  // JPEG rounding of a flat colour
+      EXPECT_EQ(nhwc[static_cast<std::size_t>(i * 3 + c)], nchw[static_cast<std::size_t>(c * 400 + i)]);
+    }
+  }
+}
+
+TEST(Data, CropsAreRandomButSeeded) {
+  TempDir d;
+  make_jpeg_dataset(d.str(), 1, 1, 120, 90);
+  const auto f = scan_jpeg_folder(d.str());
+  PipelineOptions o;
+  o.image_size = 16;
+  std::vector<float> a(768), b(768), c(768);
+  std::string why;
+  ASSERT_TRUE(decode_crop_normalise(f.files[0], a.data(), o, 1, why));
+  ASSERT_TRUE(decode_crop_normalise(f.files[0], b.data(), o, 1, why));
+  ASSERT_TRUE(decode_crop_normalise(f.files[0], c.data(), o, 2, why));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
+  TempDir d;
+  make_jpeg_dataset(d.str(), 12, 2, 64, 48);
+  std::ofstream(d.p / "class_0000" / "broken.jpg") << "this is not a jpeg";
+  std::ofstream(d.p / "class_0001" / "empty.jpg");
+  {  // a JPEG cut off after its header
+    std::ifstream in(d.p / "class_0001" / "img_0000001.jpg", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(d.p / "class_0001" / "truncated.jpg", std::ios::binary) << bytes.substr(0, 300);
+  }
+  PipelineOptions o;
+  o.batch = 5;
+  o.image_size = 24;
+  o.threads = 2;
+  o.prefetch = 2;
+  JpegPipeline p(scan_jpeg_folder(d.str()), o);
+  for (int k = 0; k < 8; ++k) {  // 40 images: more than three epochs of 15 files
+    auto b = p.next();
+    ASSERT_EQ(b->labels.size(), 5u);
+    EXPECT_FALSE(b->pinned());  // no backend given: plain memory
+    for (auto l : b->labels) EXPECT_TRUE(l == 0 || l == 1);
+    for (float v : b->images) ASSERT_TRUE(std::isfinite(v));
+    p.recycle(std::move(b));
+  }
+  EXPECT_GE(p.skipped(), 2u);  // the broken and empty files at least once (truncated JPEGs may decode partly)
+  EXPECT_GE(p.decoded(), 40u);
+  bool named = false;
+  for (const auto& s : p.skipped_examples()) named |= s.find("broken.jpg") != std::string::npos ||
+                                                      s.find("empty.jpg") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
+TEST(Data, AFolderOfOnlyCorruptFilesIsAnErrorNotAHang) {
+  TempDir d;
+  fs::create_directories(d.p / "a");
+  for (int i = 0; i < 3; ++i) std::ofstream(d.p / "a" / fmt::format("x{}.jpg", i)) << "garbage";
+  PipelineOptions o;
+  o.batch = 2;
+  o.image_size = 8;
+  JpegPipeline p(scan_jpeg_folder(d.str()), o);
+  EXPECT_THROW(p.next(), Error);
+}
+
+TEST(Data, BadThreadCountsAreUsageErrors) {
+  TempDir d;
+  make_jpeg_dataset(d.str(), 2, 1, 32, 32);
+  PipelineOptions o;
+  o.threads = 0;
+  EXPECT_THROW(JpegPipeline(scan_jpeg_folder(d.str()), o), UsageError);
+}
+
+}  // namespace
+}  // namespace stepbench
