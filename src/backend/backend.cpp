@@ -10,15 +10,15 @@ Shape conv_output_shape(const Shape& x, std::int64_t cout, const ConvParams& p) 
   const std::int64_t oh = (x.h + 2 * p.pad_h - p.kh) / p.stride_h + 1;
   const std::int64_t ow = (x.w + 2 * p.pad_w - p.kw) / p.stride_w + 1;
   if (oh <= 0 || ow <= 0 || x.h + 2 * p.pad_h < p.kh || x.w + 2 * p.pad_w < p.kw)
-    throw UsageError(fmt::format("a {}x{} convolution does not fit a {}x{} input; use a larger image size", p.kh,
-                                 p.kw, x.h, x.w));
+    throw UsageError(
+        fmt::format("a {}x{} convolution does not fit a {}x{} input; use a larger image size", p.kh, p.kw, x.h, x.w));
   return {x.n, cout, oh, ow};
 }
 
 Shape pool_output_shape(const Shape& x, const PoolParams& p) {
   if (x.h + 2 * p.pad_h < p.kh || x.w + 2 * p.pad_w < p.kw)
-    throw UsageError(fmt::format("a {}x{} pool does not fit a {}x{} input; use a larger image size", p.kh, p.kw,
-                                 x.h, x.w));
+    throw UsageError(
+        fmt::format("a {}x{} pool does not fit a {}x{} input; use a larger image size", p.kh, p.kw, x.h, x.w));
   return {x.n, x.c, (x.h + 2 * p.pad_h - p.kh) / p.stride_h + 1, (x.w + 2 * p.pad_w - p.kw) / p.stride_w + 1};
 }
 

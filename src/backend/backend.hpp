@@ -5,9 +5,9 @@
 // oneDNN primitive creation happen in make_*). Their execute methods only launch work, never
 // allocate. Data pointers may change between calls; descriptors may not.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,9 +64,9 @@ constexpr auto enum_names(FilterFormat) {
 }
 
 struct BatchNormParams {
-  double eps = 1e-3;       // torchvision's BasicConv2d
-  double momentum = 0.1;   // running = (1 - m) * running + m * batch; running_var uses unbiased var
-  bool relu = true;        // fuse the ReLU that follows
+  double eps = 1e-3;      // torchvision's BasicConv2d
+  double momentum = 0.1;  // running = (1 - m) * running + m * batch; running_var uses unbiased var
+  bool relu = true;       // fuse the ReLU that follows
 };
 
 enum class OptimizerKind { sgd, momentum, rmsprop };
@@ -111,8 +111,8 @@ class BatchNormOp {
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
   // the running statistics in place.
   virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
-                                float* running_mean, float* running_var, float* save_mean, float* save_invstd,
-                                void* ws, void* reserve) = 0;
+                                float* running_mean, float* running_var, float* save_mean, float* save_invstd, void* ws,
+                                void* reserve) = 0;
   virtual void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                                  const float* running_mean, const float* running_var, void* ws) = 0;
   // y is the forward output (for the fused ReLU's mask). dgamma/dbeta are overwritten.
@@ -124,7 +124,7 @@ class BatchNormOp {
 class PoolOp {
  public:
   virtual ~PoolOp() = default;
-  virtual std::size_t reserve_bytes() const = 0;  // max pool's argmax; may be 0
+  virtual std::size_t reserve_bytes() const = 0;                             // max pool's argmax; may be 0
   virtual std::string implementation() const { return "stepbench kernel"; }  // for reports
   virtual void forward(Stream&, const Tensor& x, const Tensor& y, void* reserve) = 0;
   virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta,
@@ -187,8 +187,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual DeviceKind kind() const = 0;
-  virtual std::string name() const = 0;         // "cpu", "cuda"
-  virtual std::string device_name() const = 0;  // "AMD EPYC (2 threads)", "NVIDIA H100 80GB HBM3"
+  virtual std::string name() const = 0;                             // "cpu", "cuda"
+  virtual std::string device_name() const = 0;                      // "AMD EPYC (2 threads)", "NVIDIA H100 80GB HBM3"
   virtual std::map<std::string, std::string> versions() const = 0;  // library versions, for reports
   // Throws UnsupportedError with the reason when this backend cannot run `t` here.
   virtual void require(DType t) const = 0;
@@ -209,7 +209,10 @@ class Backend {
   virtual void* allocate_host(std::size_t bytes) = 0;  // pinned where that means something
   virtual void deallocate_host(void* p) = 0;
   // Whether `p` is page-locked host memory the device can DMA from (false on the cpu backend).
-  virtual bool is_pinned(const void* p) const { (void)p; return false; }
+  virtual bool is_pinned(const void* p) const {
+    (void)p;
+    return false;
+  }
   // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
   virtual std::size_t memory_available() const = 0;
 
@@ -222,7 +225,10 @@ class Backend {
   virtual void synchronize(Stream& s) = 0;
   // Whether everything launched on `s` has finished, without waiting (polling loops that must be
   // able to give up: a hung collective). Always true on the cpu backend.
-  virtual bool query(Stream& s) { (void)s; return true; }
+  virtual bool query(Stream& s) {
+    (void)s;
+    return true;
+  }
   virtual double elapsed_ms(Event& start, Event& stop) = 0;
 
   // Capture (--cuda-graph): the work launched on `s`, and on streams that joined it through events,
@@ -254,8 +260,8 @@ class Backend {
   // (momentum buffer; RMSProp's mean square and momentum), unused ones may be null. With a loss
   // scaler (device memory, LossScaler's layout) the gradients are divided by its scale, and nothing
   // changes when its found_inf is set.
-  virtual void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads,
-                                float* state0, float* state1, std::size_t count, const float* scaler) = 0;
+  virtual void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads, float* state0,
+                                float* state1, std::size_t count, const float* scaler) = 0;
 
   // Mixed precision: `count` elements converted from `from` to `to` (f32, bf16, f16; round to
   // nearest even), device memory.
@@ -281,18 +287,25 @@ class OwnedMemory {
   OwnedMemory& operator=(OwnedMemory&& o) noexcept {
     if (this != &o) {
       reset();
-      be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
-      o.p_ = nullptr; o.bytes_ = 0;
+      be_ = o.be_;
+      bytes_ = o.bytes_;
+      p_ = o.p_;
+      o.p_ = nullptr;
+      o.bytes_ = 0;
     }
     return *this;
   }
   ~OwnedMemory() { reset(); }
   void reset() {
     if (p_) (be_->*Free)(p_);
-    p_ = nullptr; bytes_ = 0;
+    p_ = nullptr;
+    bytes_ = 0;
   }
   void* get() const { return p_; }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   std::size_t bytes() const { return bytes_; }
 
  private:

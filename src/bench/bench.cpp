@@ -55,8 +55,8 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0) {
 }
 
 // The names this configuration registers, without running anything (--list).
-void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases,
-                const std::string& prefix, const Feeder& feeder, bool data_step) {
+void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
+                const Feeder& feeder, bool data_step) {
   for (Phase p : phases)
     if (p != Phase::grad_sync || towers.sync_bytes() > 0) std::cout << prefix << "/" << to_string(p) << "\n";
   if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
@@ -65,7 +65,8 @@ void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Ph
       if (has(phases, p)) std::cout << prefix << "/" << to_string(p) << ":cuda_graph\n";
   if (c.per_layer)
     for (const auto& cs : distinct_convs(towers.graph(0)))
-      for (const char* k : {"fwd", "bwd_data", "bwd_filter"}) std::cout << prefix << "/" << cs.name() << "/" << k << "\n";
+      for (const char* k : {"fwd", "bwd_data", "bwd_filter"})
+        std::cout << prefix << "/" << cs.name() << "/" << k << "\n";
 }
 
 void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl) {
@@ -115,13 +116,12 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     for (const auto& n : names_of<Phase>()) phases.push_back(*try_parse_enum<Phase>(n));
   if (c.data == DataKind::synthetic) std::erase(phases, Phase::input_pipeline);
   if (root)
-    std::cerr << fmt::format("stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", gpus,
-                             to_string(r.model), to_string(r.backend),
-                             group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", group.size(), r.towers)
-                                              : "",
-                             r.batch_per_tower, r.model_options.image_size, r.model_options.image_size,
-                             to_string(r.precision), to_string(r.layout),
-                             c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
+    std::cerr << fmt::format(
+        "stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", gpus, to_string(r.model),
+        to_string(r.backend),
+        group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", group.size(), r.towers) : "",
+        r.batch_per_tower, r.model_options.image_size, r.model_options.image_size, to_string(r.precision),
+        to_string(r.layout), c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
   Towers towers(r);
   towers.set_synthetic_batch(42);
   const Graph& g0 = towers.graph(0);
@@ -156,7 +156,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
 
   for (Phase ph : phases) {
     const PhaseDef* def = find_phase(ph);
-    if (!def) continue;                                                 // input_pipeline: below
+    if (!def) continue;                                                // input_pipeline: below
     if (ph == Phase::grad_sync && towers.sync_bytes() == 0) continue;  // nothing moves: said in the summary
     const std::string name(to_string(ph));
     reg(prefix + "/" + name, [&, def, name](benchmark::State& st) {
@@ -272,8 +272,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
 
   std::unique_ptr<PerLayerBench> per_layer;
   if (c.per_layer)
-    per_layer = std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions,
-                                                group);
+    per_layer =
+        std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions, group);
 
   // Colour only on a terminal: logs and CI output stay plain text.
   SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular

@@ -63,5 +63,4 @@ void add_context(const BenchConfig& c, const Towers& t) {
   tally("pool_kernels", "pool", &LayerInfo::implementation);
 }
 
-
 }  // namespace stepbench

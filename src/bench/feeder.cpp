@@ -12,8 +12,8 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
   const Shape s = t.graph(0).input_tensor().shape();
   if (c.data == DataKind::synthetic_host) {
     // one host batch, staged to every tower; pinned where the backend pins
-    fixed_ = std::make_unique<HostBatch>(static_cast<std::size_t>(s.numel()), static_cast<std::size_t>(s.n),
-                                         &t.backend(0));
+    fixed_ =
+        std::make_unique<HostBatch>(static_cast<std::size_t>(s.numel()), static_cast<std::size_t>(s.n), &t.backend(0));
     std::uint64_t x = 12345;
     for (auto& v : fixed_->images) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -53,8 +53,8 @@ void Feeder::feed() {
 
 std::string Feeder::describe() const {
   if (fixed_) return "synthetic-host (one host batch, copied every step on a copy stream)";
-  return fmt::format("{} ({} JPEG files, {} classes; {} decoding thread{}, prefetch {})", c_.data_dir, files_,
-                     classes_, c_.data_threads, c_.data_threads == 1 ? "" : "s", c_.prefetch);
+  return fmt::format("{} ({} JPEG files, {} classes; {} decoding thread{}, prefetch {})", c_.data_dir, files_, classes_,
+                     c_.data_threads, c_.data_threads == 1 ? "" : "s", c_.prefetch);
 }
 
 std::string Feeder::skipped() const {

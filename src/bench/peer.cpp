@@ -31,8 +31,7 @@ std::map<std::string, double> run_peer(const BenchConfig& c, const std::vector<s
       "'{}' '{}' --model {} --batch-size {} --image-size {} --format {} --aux-logits {} --device {} --warmup {} "
       "--repetitions {} --precision {}",
       c.peer_python, script, to_string(r.model), r.batch_per_tower, r.model_options.image_size, to_string(r.layout),
-      r.model_options.aux_logits ? "on" : "off", to_string(r.backend), c.warmup, c.repetitions,
-      to_string(r.precision));
+      r.model_options.aux_logits ? "on" : "off", to_string(r.backend), c.warmup, c.repetitions, to_string(r.precision));
   std::cerr << "stepbench: timing the peer: " << cmd << "\n";
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) {
@@ -54,8 +53,8 @@ std::map<std::string, double> run_peer(const BenchConfig& c, const std::vector<s
     const auto j = nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
     for (const auto& [k, v] : j.items())
       if (v.is_number() && k != "threads") out[k] = v.get<double>();
-    std::cerr << "stepbench: peer: PyTorch " << j.value("torch", std::string("?")) << ", "
-              << j.value("threads", 0) << " threads\n";
+    std::cerr << "stepbench: peer: PyTorch " << j.value("torch", std::string("?")) << ", " << j.value("threads", 0)
+              << " threads\n";
   } catch (const std::exception& e) {
     std::cerr << "stepbench: the peer's output was not JSON (" << e.what() << ")\n";
   }

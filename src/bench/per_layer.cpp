@@ -56,36 +56,41 @@ struct PerLayerBench::Rig {
   }
 };
 
-PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix,
-                             int repetitions, const ProcessGroup& group) {
+PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
+                             const ProcessGroup& group) {
   for (const auto& c : distinct_convs(g)) {
     rigs_.push_back(std::make_unique<Rig>(be, c, l, t));
     Rig* rig = rigs_.back().get();
     const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * c.x.c;
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;
-      benchmark::RegisterBenchmark(name.c_str(), [&be, &group, rig, kind, macs, count = c.count](benchmark::State& st) {
-        auto& s = be.default_stream();
-        auto run = [&] {
-          const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
-          if (kind == "fwd") rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
-          else if (kind == "bwd_data") rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
-          else rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
-        };
-        run();  // warm-up
-        be.synchronize(s);
-        auto e0 = be.create_event(), e1 = be.create_event();
-        for (auto _ : st) {
-          be.record(*e0, s);
-          run();
-          be.record(*e1, s);
-          be.synchronize(s);
-          st.SetIterationTime(group.allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
-        }
-        st.counters["MACs"] = macs;
-        st.counters["GFLOP/s"] = benchmark::Counter(2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-        st.counters["layers"] = count;
-      })
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&be, &group, rig, kind, macs, count = c.count](benchmark::State& st) {
+                                     auto& s = be.default_stream();
+                                     auto run = [&] {
+                                       const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
+                                       if (kind == "fwd")
+                                         rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
+                                       else if (kind == "bwd_data")
+                                         rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
+                                       else
+                                         rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
+                                     };
+                                     run();  // warm-up
+                                     be.synchronize(s);
+                                     auto e0 = be.create_event(), e1 = be.create_event();
+                                     for (auto _ : st) {
+                                       be.record(*e0, s);
+                                       run();
+                                       be.record(*e1, s);
+                                       be.synchronize(s);
+                                       st.SetIterationTime(group.allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
+                                     }
+                                     st.counters["MACs"] = macs;
+                                     st.counters["GFLOP/s"] = benchmark::Counter(
+                                         2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+                                     st.counters["layers"] = count;
+                                   })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond)
           ->Repetitions(repetitions);

@@ -29,8 +29,8 @@ double RegionTimer::device_ms(int from, int to) const {
   double ms = 0;
   for (int i = 0; i < t_.size(); ++i) {
     auto& ev = ev_[static_cast<std::size_t>(i)];
-    ms = std::max(ms, t_.backend(i).elapsed_ms(*ev.at(static_cast<std::size_t>(from)),
-                                               *ev.at(static_cast<std::size_t>(to))));
+    ms = std::max(
+        ms, t_.backend(i).elapsed_ms(*ev.at(static_cast<std::size_t>(from)), *ev.at(static_cast<std::size_t>(to))));
   }
   return ms;
 }

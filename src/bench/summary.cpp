@@ -34,13 +34,12 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
   const int gpus = t.global_size();
   const std::int64_t images = r.batch_per_tower * gpus;
   const std::int64_t isz = r.model_options.image_size;
-  std::cout << fmt::format("\nstepbench summary: {} on {} ({}), {} {} {}, {} x batch {} = {} images per step, "
-                           "variable update {}\n",
-                           to_string(r.model), t.backend(0).name(), t.backend(0).device_name(),
-                           to_string(r.precision), to_string(r.layout), fmt::format("{}x{}", isz, isz), gpus,
-                           r.batch_per_tower, images, to_string(r.variable_update));
-  std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", c.repetitions,
-                           c.warmup);
+  std::cout << fmt::format(
+      "\nstepbench summary: {} on {} ({}), {} {} {}, {} x batch {} = {} images per step, "
+      "variable update {}\n",
+      to_string(r.model), t.backend(0).name(), t.backend(0).device_name(), to_string(r.precision), to_string(r.layout),
+      fmt::format("{}x{}", isz, isz), gpus, r.batch_per_tower, images, to_string(r.variable_update));
+  std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", c.repetitions, c.warmup);
   std::cout << fmt::format("{:<24} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}\n", "phase", "median ms", "images/s",
                            "host ms", "gap ms", "cv %", "% of step",
                            peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"));
@@ -62,13 +61,12 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
     std::string peer_cols;
     if (!peer.empty()) {
       auto it = peer.find(ph);
-      peer_cols = it == peer.end() || gpus != 1
-                      ? fmt::format(" {:>11} {:>14}", "-", "-")
-                      : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
+      peer_cols = it == peer.end() || gpus != 1 ? fmt::format(" {:>11} {:>14}", "-", "-")
+                                                : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
     }
     std::cout << fmt::format("{:<24} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}{}\n", ph, m,
-                             per_image ? fmt::format("{:.1f}", 1000.0 * static_cast<double>(images) / m) : "-", med(*r, "host_ms"),
-                             med(*r, "gap_ms"), cv,
+                             per_image ? fmt::format("{:.1f}", 1000.0 * static_cast<double>(images) / m) : "-",
+                             med(*r, "host_ms"), med(*r, "gap_ms"), cv,
                              std::isnan(step_ms) ? "-" : fmt::format("{:.1f}", 100.0 * m / step_ms), peer_cols);
   }
   if (step) {
@@ -85,10 +83,11 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                              f, b, b / f);
   }
   if (const auto* gs = find("grad_sync")) {
-    std::cout << fmt::format("grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s; "
-                             "in the step, overlap with backward {}\n",
-                             static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(), t.sync_name(), to_string(r.variable_update),
-                             med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"), r.overlap ? "on" : "off");
+    std::cout << fmt::format(
+        "grad_sync: {:.1f} MB in {} buckets over {} ({}); algbw {:.2f} GB/s, busbw {:.2f} GB/s; "
+        "in the step, overlap with backward {}\n",
+        static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(), t.sync_name(), to_string(r.variable_update),
+        med(*gs, "algbw_GB/s"), med(*gs, "busbw_GB/s"), r.overlap ? "on" : "off");
   } else if (t.sync_bytes() == 0) {
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
                              t.global_size() < 2 ? "one tower" : "independent towers");
@@ -121,8 +120,10 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                    "is slower than the synthetic one even when the pipeline alone keeps up\n";
     if (const std::string sk = feeder.skipped(); !sk.empty()) std::cout << "input: " << sk << "\n";
   }
-  for (const auto& w : warnings) std::cout << "WARNING: " << w << " (> 5%: the machine is noisy; more --repetitions "
-                                                             "or a quieter machine)\n";
+  for (const auto& w : warnings)
+    std::cout << "WARNING: " << w
+              << " (> 5%: the machine is noisy; more --repetitions "
+                 "or a quieter machine)\n";
   for (const auto& e : rep.errors) std::cout << "ERROR: " << e << "\n";
   if (c.reduced()) std::cout << "note: " << c.reduced_note << "\n";
 }

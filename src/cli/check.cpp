@@ -72,23 +72,25 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   return 0;
 }
 
-
 }  // namespace
 
 int check_main(int argc, char** argv) {
-  CLI::App app{"stepbench check: run given weights and input; write logits, and in train mode the loss and every "
-               "parameter gradient, to a safetensors file",
-               "stepbench check"};
+  CLI::App app{
+      "stepbench check: run given weights and input; write logits, and in train mode the loss and every "
+      "parameter gradient, to a safetensors file",
+      "stepbench check"};
   ModelFlags cc;
   std::string weights, input, labels, mode = "eval", output;
   bool dropout = false;
   add_model_flags(app, cc);
-  app.add_option("--weights", weights, "safetensors file with torchvision's state_dict names")->required()
+  app.add_option("--weights", weights, "safetensors file with torchvision's state_dict names")
+      ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--input", input, "float32 .npy, N x 3 x H x W (NCHW)")->required()->check(CLI::ExistingFile);
   app.add_option("--labels", labels, "int64 .npy of N labels (train mode)")->check(CLI::ExistingFile);
   app.add_option("--mode", mode, "eval (running statistics) or train (batch statistics, gradients)")
-      ->capture_default_str()->check(CLI::IsMember({"eval", "train"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"eval", "train"}));
   app.add_option("--output", output, "safetensors file to write")->required();
   app.add_flag("--dropout", dropout, "apply dropout in train mode (off by default, for comparisons)");
   if (auto rc = parse_args(app, argc, argv, 2, "stepbench check")) return *rc;

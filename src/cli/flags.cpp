@@ -7,7 +7,9 @@
 namespace stepbench::cli {
 
 CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool& v, const std::string& help) {
-  return app.add_option_function<std::string>(flag, [&v](const std::string& s) { v = s == "on"; }, help)
+  return app
+      .add_option_function<std::string>(
+          flag, [&v](const std::string& s) { v = s == "on"; }, help)
       ->default_str(v ? "on" : "off")
       ->check(CLI::IsMember({"on", "off"}));
 }
@@ -32,8 +34,7 @@ std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, 
     std::cout << app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::cerr << fmt::format("{}: {}\nRun '{} --help' for every flag and its accepted values.\n", name, e.what(),
-                             name);
+    std::cerr << fmt::format("{}: {}\nRun '{} --help' for every flag and its accepted values.\n", name, e.what(), name);
     return 2;
   }
   return std::nullopt;

@@ -40,7 +40,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--learning-rate", o.learning_rate, "optimizer learning rate")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", b.warmup, "untimed training steps (and inference passes) before any timing, >= 1")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -75,7 +77,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
                  "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")
       ->capture_default_str();
-  app.add_option("--data-threads", b.data_threads, "JPEG decoding threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--data-threads", b.data_threads, "JPEG decoding threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--prefetch", b.prefetch, "decoded batches kept ready ahead of the step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -134,9 +138,10 @@ void resolve(Options& o) {
   }
   if (o.global_batch_size > 0) {
     if (o.global_batch_size % o.gpus != 0)
-      throw UsageError(fmt::format("--global-batch-size {} does not divide evenly by --gpus {}; use a multiple of {} "
-                                   "(e.g. {}) or --batch-size per GPU",
-                                   o.global_batch_size, o.gpus, o.gpus, (o.global_batch_size / o.gpus + 1) * o.gpus));
+      throw UsageError(
+          fmt::format("--global-batch-size {} does not divide evenly by --gpus {}; use a multiple of {} "
+                      "(e.g. {}) or --batch-size per GPU",
+                      o.global_batch_size, o.gpus, o.gpus, (o.global_batch_size / o.gpus + 1) * o.gpus));
     o.batch_size = o.global_batch_size / o.gpus;
   }
   BenchConfig& b = o.bench;
@@ -151,9 +156,10 @@ void resolve(Options& o) {
   }
   if (b.cuda_graph && !cuda) throw UsageError("--cuda-graph needs the cuda backend (CUDA Graphs); drop it on the cpu");
   if (b.cuda_graph && o.gpus > 1)
-    throw UsageError(fmt::format("--cuda-graph captures one GPU per process: use --gpus 1 (and mpirun -np {} for {} "
-                                 "GPUs)",
-                                 o.gpus, o.gpus));
+    throw UsageError(
+        fmt::format("--cuda-graph captures one GPU per process: use --gpus 1 (and mpirun -np {} for {} "
+                    "GPUs)",
+                    o.gpus, o.gpus));
   if (b.cuda_graph && b.data != DataKind::synthetic)
     throw UsageError("--cuda-graph replays the synthetic batch on the device: use --data synthetic with it");
   if (b.cuda_graph && o.ps_on_cpu)
@@ -177,8 +183,8 @@ void resolve(Options& o) {
       changed.push_back("--repetitions 3");
     }
     if (!changed.empty())
-      b.reduced_note = fmt::format("cpu backend: reduced configuration {} (set these flags to change it)",
-                                   fmt::join(changed, " "));
+      b.reduced_note =
+          fmt::format("cpu backend: reduced configuration {} (set these flags to change it)", fmt::join(changed, " "));
   }
   if (o.batch_size == 0) o.batch_size = 32;
   if (m.model == ModelKind::tiny && m.image_size == 299 && !o.given("--image-size")) m.image_size = 64;

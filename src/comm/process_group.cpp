@@ -52,8 +52,10 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(bool under_launcher) {
   int inited = 0;
   MPI_Initialized(&inited);
   int provided = MPI_THREAD_SERIALIZED;
-  if (!inited) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-  else MPI_Query_thread(&provided);
+  if (!inited)
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+  else
+    MPI_Query_thread(&provided);
   pg->threads_ok_ = provided >= MPI_THREAD_SERIALIZED;
   MPI_Comm_rank(MPI_COMM_WORLD, &pg->rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &pg->size_);

@@ -45,9 +45,10 @@ struct TjHandle {
 JpegFolder scan_jpeg_folder(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec))
-    throw UsageError(fmt::format("--data {}: no such folder; give a folder of class subfolders of JPEG files "
-                                 "(stepbench make-dataset {} writes a synthetic one)",
-                                 dir, dir));
+    throw UsageError(
+        fmt::format("--data {}: no such folder; give a folder of class subfolders of JPEG files "
+                    "(stepbench make-dataset {} writes a synthetic one)",
+                    dir, dir));
   if (!fs::is_directory(dir, ec)) throw UsageError(fmt::format("--data {}: not a folder", dir));
   JpegFolder f;
   std::vector<fs::path> classes;
@@ -68,9 +69,10 @@ JpegFolder scan_jpeg_folder(const std::string& dir) {
     }
   }
   if (f.files.empty())
-    throw UsageError(fmt::format("--data {}: no JPEG files found (expected {}/<class>/<image>.jpg); "
-                                 "stepbench make-dataset writes a synthetic one",
-                                 dir, dir));
+    throw UsageError(
+        fmt::format("--data {}: no JPEG files found (expected {}/<class>/<image>.jpg); "
+                    "stepbench make-dataset writes a synthetic one",
+                    dir, dir));
   return f;
 }
 
@@ -95,7 +97,8 @@ std::size_t make_jpeg_dataset(const std::string& dir, std::size_t images, int cl
           double v = 90.0 + 40.0 * ((c * 37 + k * 11) % 5);
           for (int j = 0; j < 3; ++j) v += 30.0 * std::sin(fx[k][j] * x + fy[k][j] * y + ph[k][j]);
           v += 8.0 * (uniform(s) - 0.5);
-          rgb[(static_cast<std::size_t>(y) * width + x) * 3 + k] = static_cast<unsigned char>(std::clamp(v, 0.0, 255.0));
+          rgb[(static_cast<std::size_t>(y) * width + x) * 3 + k] =
+              static_cast<unsigned char>(std::clamp(v, 0.0, 255.0));
         }
     unsigned char* jpeg = nullptr;
     unsigned long size = 0;
@@ -198,8 +201,10 @@ bool decode_crop_normalise(const std::string& path, float* dst, const PipelineOp
         const float top = p00[k] + wx * (p01[k] - p00[k]);
         const float bot = p10[k] + wx * (p11[k] - p10[k]);
         const float v = (top + wy * (bot - top)) * scale[k] + shift[k];
-        if (nhwc) dst[(static_cast<std::size_t>(y) * S + xo) * 3 + k] = v;
-        else dst[k * plane + static_cast<std::size_t>(y) * S + xo] = v;
+        if (nhwc)
+          dst[(static_cast<std::size_t>(y) * S + xo) * 3 + k] = v;
+        else
+          dst[k * plane + static_cast<std::size_t>(y) * S + xo] = v;
       }
     }
   }
@@ -257,9 +262,8 @@ void JpegPipeline::worker(int) {
     {
       std::unique_lock<std::mutex> l(mu_);
       // Only `prefetch` batches may wait ready: the rest of the pool is for batches being filled.
-      space_cv_.wait(l, [&] {
-        return stop_ || (!free_.empty() && ready_.size() < static_cast<std::size_t>(o_.prefetch));
-      });
+      space_cv_.wait(
+          l, [&] { return stop_ || (!free_.empty() && ready_.size() < static_cast<std::size_t>(o_.prefetch)); });
       if (stop_) return;
       b = std::move(free_.front());
       free_.pop_front();

@@ -14,8 +14,14 @@ struct HostArray {
   std::vector<std::int64_t> shape;
   std::vector<char> bytes;
   std::int64_t numel() const;
-  template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
-  template <class T> T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  template <class T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+  template <class T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
   static HostArray f32(std::vector<std::int64_t> shape, const float* data);
 };
 using TensorMap = std::map<std::string, HostArray>;

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "tensor/error.hpp"
 #include "io/io.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench {
 namespace {
@@ -17,9 +17,7 @@ std::size_t dtype_bytes(const std::string& dt) {
   if (dt == "U8" || dt == "I8" || dt == "BOOL") return 1;
   return 0;
 }
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
+std::string shape_str(const std::vector<std::int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 }  // namespace
 
 std::int64_t HostArray::numel() const {
@@ -63,12 +61,12 @@ TensorMap read_safetensors(const std::string& path) {
       a.dtype = it->at("dtype").get<std::string>();
       a.shape = it->at("shape").get<std::vector<std::int64_t>>();
       const auto off = it->at("data_offsets").get<std::vector<std::uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size)
-        throw Error("data offsets outside the file");
+      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size) throw Error("data offsets outside the file");
       if (dtype_bytes(a.dtype) == 0) throw Error(fmt::format("unknown dtype {}", a.dtype));
       if (static_cast<std::uint64_t>(a.numel()) * dtype_bytes(a.dtype) != off[1] - off[0])
         throw Error(fmt::format("{} bytes for shape {} of {}", off[1] - off[0], shape_str(a.shape), a.dtype));
-      a.bytes.assign(data.begin() + static_cast<std::ptrdiff_t>(off[0]), data.begin() + static_cast<std::ptrdiff_t>(off[1]));
+      a.bytes.assign(data.begin() + static_cast<std::ptrdiff_t>(off[0]),
+                     data.begin() + static_cast<std::ptrdiff_t>(off[1]));
       out.emplace(it.key(), std::move(a));
     } catch (const std::exception& e) {
       throw Error(fmt::format("'{}': tensor '{}' is corrupt: {}", path, it.key(), e.what()));
@@ -180,15 +178,24 @@ HostArray read_npy(const std::string& path) {
   HostArray a;
   std::string num;
   for (char c : shape_part.substr(shape_part.find('(') + 1, shape_part.find(')') - shape_part.find('(') - 1)) {
-    if (std::isdigit(static_cast<unsigned char>(c))) num += c;
-    else if (!num.empty()) { a.shape.push_back(std::stoll(num)); num.clear(); }
+    if (std::isdigit(static_cast<unsigned char>(c)))
+      num += c;
+    else if (!num.empty()) {
+      a.shape.push_back(std::stoll(num));
+      num.clear();
+    }
   }
   if (!num.empty()) a.shape.push_back(std::stoll(num));
-  if (descr == "<f4") a.dtype = "F32";
-  else if (descr == "<f8") a.dtype = "F64";
-  else if (descr == "<i4") a.dtype = "I32";
-  else if (descr == "<i8") a.dtype = "I64";
-  else throw Error(fmt::format("'{}': unsupported .npy dtype '{}' (use float32 or int64)", path, descr));
+  if (descr == "<f4")
+    a.dtype = "F32";
+  else if (descr == "<f8")
+    a.dtype = "F64";
+  else if (descr == "<i4")
+    a.dtype = "I32";
+  else if (descr == "<i8")
+    a.dtype = "I64";
+  else
+    throw Error(fmt::format("'{}': unsupported .npy dtype '{}' (use float32 or int64)", path, descr));
   a.bytes.resize(static_cast<std::size_t>(a.numel()) * dtype_bytes(a.dtype));
   if (!f.read(a.bytes.data(), static_cast<std::streamsize>(a.bytes.size())))
     throw Error(fmt::format("'{}': truncated .npy data", path));

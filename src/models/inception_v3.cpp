@@ -1,8 +1,8 @@
 // torchvision.models.inception_v3, layer by layer (shared/reference/inception_v3.md).
 #include <fmt/format.h>
 
-#include "tensor/error.hpp"
 #include "models/models.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench {
 namespace {
@@ -110,9 +110,10 @@ ModelInfo build_inception_v3(Graph& g, const ModelOptions& o) {
     // at least 17x17, which takes a 299x299 image (torchvision fails the same way below it).
     const std::int64_t side = g.shape_of(x).h;
     if (side < 17)
-      throw UsageError(fmt::format("--image-size {} is too small for the auxiliary head (Mixed_6e is {}x{}, it "
-                                   "needs 17x17: at least 299); use --image-size 299 or larger, or --aux-logits off",
-                                   o.image_size, side, side));
+      throw UsageError(
+          fmt::format("--image-size {} is too small for the auxiliary head (Mixed_6e is {}x{}, it "
+                      "needs 17x17: at least 299); use --image-size 299 or larger, or --aux-logits off",
+                      o.image_size, side, side));
     g.set_training_only(true);
     auto a = g.pool(x, {PoolKind::avg_include_pad, 5, 5, 3, 3, 0, 0});
     a = g.conv_bn_relu("AuxLogits.conv0", a, 128, k(1, 1));

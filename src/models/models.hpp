@@ -2,8 +2,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "graph/graph.hpp"
 

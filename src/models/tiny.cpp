@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "tensor/error.hpp"
 #include "models/models.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench {
 

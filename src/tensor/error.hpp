@@ -27,7 +27,7 @@ struct SyncError : Error {
 
 }  // namespace stepbench
 
-#define SB_CHECK(cond, msg)                                                                        \
-  do {                                                                                             \
+#define SB_CHECK(cond, msg)                                                                                      \
+  do {                                                                                                           \
     if (!(cond)) ::stepbench::throw_error(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
   } while (0)

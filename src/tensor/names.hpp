@@ -18,7 +18,9 @@ struct EnumName {
 };
 
 template <class E>
-concept NamedEnum = std::is_enum_v<E> && requires(E e) { enum_names(e); };
+concept NamedEnum = std::is_enum_v<E> && requires(E e) {
+  enum_names(e);
+};
 
 template <NamedEnum E>
 constexpr std::string_view to_string(E e) {

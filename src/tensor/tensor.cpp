@@ -50,7 +50,7 @@ std::uint16_t float_to_f16(float f) {
   x &= 0x7fffffffu;
   if (x >= 0x7f800000u) return static_cast<std::uint16_t>(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
   if (x >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504: infinity
-  if (x < 0x38800000u) {  // below 2^-14: a subnormal half, or zero
+  if (x < 0x38800000u) {                                                    // below 2^-14: a subnormal half, or zero
     if (x < 0x33000000u) return static_cast<std::uint16_t>(sign);
     const std::uint32_t m = (x & 0x007fffffu) | 0x00800000u;
     const int shift = 126 - static_cast<int>(x >> 23);

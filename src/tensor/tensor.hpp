@@ -1,9 +1,9 @@
 // Shapes, element types, layouts and tensor views. No backend headers leak out of here.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <array>
 #include <string_view>
 
 #include "tensor/names.hpp"
@@ -12,8 +12,12 @@ namespace stepbench {
 
 enum class DType { f32, bf16, f16 };
 constexpr auto enum_names(DType) {
-  return std::array<EnumName<DType>, 7>{{{DType::f32, "fp32"}, {DType::bf16, "bf16"}, {DType::f16, "fp16"},
-                                         {DType::f32, "f32"}, {DType::f32, "float32"}, {DType::bf16, "bfloat16"},
+  return std::array<EnumName<DType>, 7>{{{DType::f32, "fp32"},
+                                         {DType::bf16, "bf16"},
+                                         {DType::f16, "fp16"},
+                                         {DType::f32, "f32"},
+                                         {DType::f32, "float32"},
+                                         {DType::bf16, "bfloat16"},
                                          {DType::f16, "float16"}}};
 }
 enum class Layout { nchw, nhwc };
@@ -87,7 +91,10 @@ struct Tensor {
   // Channels [c0, c0 + count) of this tensor: same strides, shifted base. This is how a concat's
   // branches write straight into their part of the block output.
   Tensor channel_slice(std::int64_t c0, std::int64_t count) const;
-  template <class T> T* as() const { return static_cast<T*>(data); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 }  // namespace stepbench

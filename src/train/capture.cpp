@@ -11,11 +11,13 @@
 namespace stepbench {
 
 void Towers::capture(bool step) {
-  if (opt_.backend != BackendKind::cuda) throw UsageError("--cuda-graph needs the cuda backend; drop it or use --backend cuda");
+  if (opt_.backend != BackendKind::cuda)
+    throw UsageError("--cuda-graph needs the cuda backend; drop it or use --backend cuda");
   if (size() != 1)
-    throw UsageError(fmt::format("--cuda-graph captures one GPU's stream: use one GPU per process (--gpus 1, and "
-                                 "mpirun -np {} for {} GPUs)",
-                                 size(), size()));
+    throw UsageError(
+        fmt::format("--cuda-graph captures one GPU's stream: use one GPU per process (--gpus 1, and "
+                    "mpirun -np {} for {} GPUs)",
+                    size(), size()));
   if (server_)
     throw UsageError("--cuda-graph cannot capture the host parameter server's CPU work; use --ps-device device");
   if (!staging_.empty())
@@ -25,8 +27,10 @@ void Towers::capture(bool step) {
   synchronize();
   t.be->begin_capture(s);
   try {
-    if (step) this->step();
-    else forward_inference();
+    if (step)
+      this->step();
+    else
+      forward_inference();
   } catch (...) {
     try {
       t.be->end_capture(s);  // leave the stream usable; the first error is the one to report

@@ -13,8 +13,8 @@
 #include <random>
 #include <thread>
 
-#include "tensor/error.hpp"
 #include "comm/comm_thread.hpp"
+#include "tensor/error.hpp"
 #include "train/tower_parts.hpp"
 
 namespace stepbench {
@@ -53,9 +53,10 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
   if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
   if (o.precision == Precision::fp16 && o.variable_update == VariableUpdate::parameter_server)
-    throw UnsupportedError("--precision fp16 with parameter_server: the dynamic loss scale lives on each tower and "
-                           "only the server updates, so the towers' scales would drift apart (not implemented); use "
-                           "--variable-update replicated, or --precision bf16, which needs no loss scaling");
+    throw UnsupportedError(
+        "--precision fp16 with parameter_server: the dynamic loss scale lives on each tower and "
+        "only the server updates, so the towers' scales would drift apart (not implemented); use "
+        "--variable-update replicated, or --precision bf16, which needs no loss scaling");
   if (o.group) o.group->set_sync_timeout(o.sync_timeout_s);
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Tower>();
@@ -86,7 +87,8 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   std::sort(bounds.begin(), bounds.end());
   bounds.push_back(total);
   std::size_t start = 0;
-  const std::size_t first = std::max<std::size_t>(std::min(opt_.first_bucket_bytes, opt_.bucket_bytes) / sizeof(float), 1);
+  const std::size_t first =
+      std::max<std::size_t>(std::min(opt_.first_bucket_bytes, opt_.bucket_bytes) / sizeof(float), 1);
   for (std::size_t k = 1; k < bounds.size(); ++k) {
     if (bounds[k] - start > (buckets_.empty() ? first : per) && bounds[k - 1] > start) {
       buckets_.emplace_back(start, bounds[k - 1] - start);
@@ -168,8 +170,10 @@ void Towers::launch(std::size_t k) {
   }
   for (auto& t : towers_) t->be->wait(*t->comm, *t->ready[k]);  // the comm stream waits for backward
   const auto [off, n] = buckets_[k];
-  if (opt_.variable_update == VariableUpdate::replicated) coll_->allreduce_average(grads_, off, n);
-  else coll_->reduce_average(grads_, off, n);
+  if (opt_.variable_update == VariableUpdate::replicated)
+    coll_->allreduce_average(grads_, off, n);
+  else
+    coll_->reduce_average(grads_, off, n);
 }
 
 void Towers::backward(bool start_sync) {
@@ -218,8 +222,10 @@ void Towers::sync_bucket(std::size_t k) {
     cpu.scale(cs, sum, 1.0f / static_cast<float>(global_size()), n);
     return;
   }
-  if (opt_.variable_update == VariableUpdate::replicated) coll_->allreduce_average(grads_, off, n);
-  else if (opt_.variable_update == VariableUpdate::parameter_server) coll_->reduce_average(grads_, off, n);
+  if (opt_.variable_update == VariableUpdate::replicated)
+    coll_->allreduce_average(grads_, off, n);
+  else if (opt_.variable_update == VariableUpdate::parameter_server)
+    coll_->reduce_average(grads_, off, n);
 }
 
 void Towers::grad_sync() {

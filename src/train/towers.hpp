@@ -12,9 +12,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/registry.hpp"
@@ -44,7 +44,7 @@ struct TowerOptions {
   Precision precision = Precision::fp32;
   OptimizerConfig optimizer;
   VariableUpdate variable_update = VariableUpdate::replicated;
-  std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default bucket size
+  std::size_t bucket_bytes = std::size_t{25} << 20;       // PyTorch DDP's default bucket size
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, as DDP: the first ready starts sooner
   // In step(): start each bucket's sync on a communication thread as soon as backward has produced it,
   // overlapping the rest of backward (false: sync after backward, for comparison).
@@ -77,7 +77,7 @@ class Towers {
   Towers& operator=(const Towers&) = delete;
 
   int size() const { return static_cast<int>(towers_.size()); }  // towers in this process
-  int global_size() const { return size() * processes_; }       // towers in every process
+  int global_size() const { return size() * processes_; }        // towers in every process
   int rank() const { return rank_; }
   int processes() const { return processes_; }
   const TowerOptions& options() const { return opt_; }
@@ -139,20 +139,20 @@ class Towers {
   TowerOptions opt_;
   ModelInfo info_;
   std::vector<std::unique_ptr<Tower>> towers_;
-  std::unique_ptr<Collective> coll_;  // null when nothing is synchronised between GPUs
+  std::unique_ptr<Collective> coll_;                          // null when nothing is synchronised between GPUs
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
   int rank_ = 0, processes_ = 1;
   struct HostServer;
   std::unique_ptr<HostServer> server_;  // ps_on_host
   std::unique_ptr<CapturedWork> graph_step_, graph_forward_;
-  double stall_s_ = 0;                  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
+  double stall_s_ = 0;  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
   bool async() const { return coll_ && coll_->asynchronous() && !server_; }
   const ProcessGroup& group() const { return opt_.group ? *opt_.group : single_; }
-  ProcessGroup single_;  // the group when none is given: this process alone
-  void mark_ready(int tower);           // every bucket's ready event not yet recorded, at the stream's end
-  void launch(std::size_t k);           // bucket k's sync: enqueued (NCCL) or handed to the comm thread
-  void sync_bucket(std::size_t k);      // synchronous: host memory, MPI, or the host server
+  ProcessGroup single_;             // the group when none is given: this process alone
+  void mark_ready(int tower);       // every bucket's ready event not yet recorded, at the stream's end
+  void launch(std::size_t k);       // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void sync_bucket(std::size_t k);  // synchronous: host memory, MPI, or the host server
   std::unique_ptr<CommThread> comm_;
   std::size_t launched_ = 0;  // buckets handed to the communication thread this step
   std::size_t overlapped_ = 0;

@@ -37,7 +37,6 @@ Graph& planned(Graph& g) {
 }
 }  // namespace
 
-Trainer::Trainer(Graph& g, OptimizerConfig cfg)
-    : g_(planned(g)), opt_(g.backend(), cfg, g.param_arena_floats()) {}
+Trainer::Trainer(Graph& g, OptimizerConfig cfg) : g_(planned(g)), opt_(g.backend(), cfg, g.param_arena_floats()) {}
 
 }  // namespace stepbench

@@ -15,11 +15,11 @@
 
 #include "backend/backend.hpp"
 #include "data/data.hpp"
-#include "tensor/error.hpp"
 #include "io/io.hpp"
 #include "models/models.hpp"
-#include "train/towers.hpp"
 #include "support/test_util.hpp"
+#include "tensor/error.hpp"
+#include "train/towers.hpp"
 
 namespace stepbench {
 namespace {
@@ -98,9 +98,7 @@ StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_
 }
 
 std::vector<double> as_vec(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<double> as_vec(const HostArray& a) {
-  return {a.as<float>(), a.as<float>() + a.numel()};
-}
+std::vector<double> as_vec(const HostArray& a) { return {a.as<float>(), a.as<float>() + a.numel()}; }
 
 struct GpuCase {
   std::string model;
@@ -193,26 +191,24 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   }
   std::sort(ratios.begin(), ratios.end());
   const double median = ratios[ratios.size() / 2];
-  std::cout << "gradient error / error from rounding the inputs: median " << median << ", largest " << worst
-            << " (" << worst_name << ")\n";
+  std::cout << "gradient error / error from rounding the inputs: median " << median << ", largest " << worst << " ("
+            << worst_name << ")\n";
   EXPECT_LE(median, 5.0) << "median over tensors of the GPU's gradient error / the error from rounding the inputs";
 }
-INSTANTIATE_TEST_SUITE_P(Models, CudaStep,
-                         testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},
-                                         GpuCase{"tiny", Layout::nchw, true},
-                                         GpuCase{"inception_v3", Layout::nchw, false},
-                                         GpuCase{"inception_v3", Layout::nhwc, false},
-                                         GpuCase{"inception_v3", Layout::nhwc, true},
-                                         GpuCase{"tiny", Layout::nhwc, false, DType::bf16},
-                                         GpuCase{"tiny", Layout::nchw, false, DType::f16},
-                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
-                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
-                         [](const auto& i) {
-                           return i.param.model + "_" + std::string(to_string(i.param.layout)) +
-                                  (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
-                                   : i.param.tf32              ? "_tf32"
-                                                               : "_fp32");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaStep,
+    testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},
+                    GpuCase{"tiny", Layout::nchw, true}, GpuCase{"inception_v3", Layout::nchw, false},
+                    GpuCase{"inception_v3", Layout::nhwc, false}, GpuCase{"inception_v3", Layout::nhwc, true},
+                    GpuCase{"tiny", Layout::nhwc, false, DType::bf16}, GpuCase{"tiny", Layout::nchw, false, DType::f16},
+                    GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
+                    GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
+    [](const auto& i) {
+      return i.param.model + "_" + std::string(to_string(i.param.layout)) +
+             (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
+              : i.param.tf32              ? "_tf32"
+                                          : "_fp32");
+    });
 
 // Tiny-model towers for the GPU tests (no dropout, so replicas and backends agree; many buckets).
 TowerOptions gpu_towers(BackendKind backend, int n, VariableUpdate mode, bool on_host) {
@@ -348,7 +344,8 @@ TEST(Nccl, GpuTowersEqualCpuTowers) {
       if (n > gpus) continue;
       if (n == 1 && !c.on_host) continue;  // nothing to sync
       SCOPED_TRACE(fmt::format("{} GPUs, {}{}", n, to_string(c.mode), c.on_host ? " on the host" : ""));
-      Towers g(gpu_towers(BackendKind::cuda, n, c.mode, c.on_host)), h(gpu_towers(BackendKind::cpu, n, c.mode, c.on_host));
+      Towers g(gpu_towers(BackendKind::cuda, n, c.mode, c.on_host)),
+          h(gpu_towers(BackendKind::cpu, n, c.mode, c.on_host));
       EXPECT_EQ(g.sync_bytes(), h.sync_bytes());
       g.set_synthetic_batch(3);
       h.set_synthetic_batch(3);

@@ -144,7 +144,8 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
       ref::Vec yi_ref;
       ref::bn_forward_inference(s, x, gamma, beta, rm, rv, bp.eps, relu, yi_ref);
       op->forward_inference(st, X, Y, G, B, RM, RV, ws.get());
-      EXPECT_WITHIN(Y.download(), yi_ref, test::bn_inference_bound(s, x, gamma, beta, rm, rv, erm, erv, bp.eps, yi_ref, m));
+      EXPECT_WITHIN(Y.download(), yi_ref,
+                    test::bn_inference_bound(s, x, gamma, beta, rm, rv, erm, erv, bp.eps, yi_ref, m));
     }
 }
 
@@ -202,9 +203,11 @@ TEST_P(Ops, ReluAndAccumulate) {
   const auto& [_, layout, dtype, tf32_] = GetParam();
   const Shape s{2, 3, 4, 5};
   const auto m = test::error_model(GetParam());
-  const auto x = test::round_to(dtype, random_vec(s.numel(), 10)), dy = test::round_to(dtype, random_vec(s.numel(), 11)),
+  const auto x = test::round_to(dtype, random_vec(s.numel(), 10)),
+             dy = test::round_to(dtype, random_vec(s.numel(), 11)),
              acc = test::round_to(dtype, random_vec(s.numel(), 12));
-  DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 1, 0), DY(*be, s, layout, dtype), DX(*be, s, layout, dtype, 0, 2);
+  DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, 1, 0), DY(*be, s, layout, dtype),
+      DX(*be, s, layout, dtype, 0, 2);
   X.upload(x);
   DY.upload(dy);
   auto op = be->make_relu(X.t().desc, Y.t().desc);
@@ -219,7 +222,8 @@ TEST_P(Ops, ReluAndAccumulate) {
   DX.upload(acc);
   op->backward(st, Y, DY, DX, 1.0f);
   // one addition in fp32, rounded to the storage type
-  EXPECT_WITHIN(DX.download(), dx_ref, test::plus_rounding(test::axpby(m.u_acc, test::absv(dx_ref), 0, {}), dx_ref, m.u_out));
+  EXPECT_WITHIN(DX.download(), dx_ref,
+                test::plus_rounding(test::axpby(m.u_acc, test::absv(dx_ref), 0, {}), dx_ref, m.u_out));
   // fan-out accumulation: dst = src + dst
   DX.upload(acc);
   be->add(st, DY, DX, 1.0f);
@@ -445,9 +449,9 @@ TEST(Tensor, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);
   EXPECT_EQ(float_to_f16(65519.0f), 0x7bff);
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);  // rounds past the largest half: infinity
-  EXPECT_EQ(float_to_f16(-std::ldexp(1.0f, -24)), 0x8001);  // the smallest subnormal
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);   // a tie below it goes to even (zero)
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);                          // rounds past the largest half: infinity
+  EXPECT_EQ(float_to_f16(-std::ldexp(1.0f, -24)), 0x8001);            // the smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);             // a tie below it goes to even (zero)
   EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie: to even
   EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie: to even (up)
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);

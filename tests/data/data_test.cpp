@@ -133,8 +133,8 @@ TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
   EXPECT_GE(p.skipped(), 2u);  // the broken and empty files at least once (truncated JPEGs may decode partly)
   EXPECT_GE(p.decoded(), 40u);
   bool named = false;
-  for (const auto& s : p.skipped_examples()) named |= s.find("broken.jpg") != std::string::npos ||
-                                                      s.find("empty.jpg") != std::string::npos;
+  for (const auto& s : p.skipped_examples())
+    named |= s.find("broken.jpg") != std::string::npos || s.find("empty.jpg") != std::string::npos;
   EXPECT_TRUE(named);
 }
 

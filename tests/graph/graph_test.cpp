@@ -113,7 +113,8 @@ TEST_P(GraphTest, GradientsMatchFiniteDifferences) {
     };
     const double numeric = (shifted(1) - shifted(-1)) / (2 * h);
     write(*be, net.g->data_of(e), p0);
-    EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "analytic " << analytic << " numeric " << numeric;
+    EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric))
+        << "analytic " << analytic << " numeric " << numeric;
   }
 }
 
@@ -154,7 +155,8 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
   g.forward(s, true);
   g.backward(s);
   const Shape us = g.value(u).shape();
-  test::DevTensor du(*be, us, GetParam().layout, GetParam().dtype), dcat(*be, {2, 8, 6, 6}, GetParam().layout, GetParam().dtype);
+  test::DevTensor du(*be, us, GetParam().layout, GetParam().dtype),
+      dcat(*be, {2, 8, 6, 6}, GetParam().layout, GetParam().dtype);
   be->copy(s, const_cast<void*>(du.t().data), g.grad(u).data, g.grad(u).desc.bytes());
   be->copy(s, const_cast<void*>(dcat.t().data), g.grad(cat).data, g.grad(cat).desc.bytes());
   const auto gu = du.download(), gc = dcat.download();
@@ -163,7 +165,8 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
     for (std::int64_t c = 0; c < us.c; ++c)
       for (std::int64_t h = 0; h < us.h; ++h)
         for (std::int64_t w = 0; w < us.w; ++w)
-          want[ref::idx(us, n, c, h, w)] = gc[ref::idx({2, 8, 6, 6}, n, c, h, w)] + gc[ref::idx({2, 8, 6, 6}, n, c + 4, h, w)];
+          want[ref::idx(us, n, c, h, w)] =
+              gc[ref::idx({2, 8, 6, 6}, n, c, h, w)] + gc[ref::idx({2, 8, 6, 6}, n, c + 4, h, w)];
   // the identity pools copy their gradient (stored in the dtype); the fan-out adds two of them
   const auto m = test::error_model(GetParam());
   ref::Vec bound(want.size());
@@ -221,7 +224,7 @@ TEST(Graph, BadConfigurationsAreClearErrors) {
   Graph g(*be, GraphConfig{2});
   auto x = g.input(3, 5, 5);
   EXPECT_THROW(g.conv_bn_relu("c", x, 4, {7, 7}), UsageError);  // kernel larger than the input
-  EXPECT_THROW(g.linear("fc", x, 3), Error);                      // linear needs pooled input
+  EXPECT_THROW(g.linear("fc", x, 3), Error);                    // linear needs pooled input
 }
 
 // Everything a planned graph holds lives in one arena: the parameter, gradient and state arenas
@@ -262,21 +265,22 @@ TEST(Graph, BackwardLeavesForwardValuesIntact) {
     SmallNet net(*be, l, DType::f32, true);
     net.loss();
     // Dense values only: concat parts are slices, covered by their (dense) root.
-    auto contents = [](const Tensor& t) {
-      return std::vector<float>(t.as<float>(), t.as<float>() + t.desc.numel());
-    };
+    auto contents = [](const Tensor& t) { return std::vector<float>(t.as<float>(), t.as<float>() + t.desc.numel()); };
     std::vector<std::vector<float>> before;
     for (ValueId v = 0;; ++v) {
       Tensor t;
-      try { t = net.g->value(v); } catch (const std::out_of_range&) { break; }
+      try {
+        t = net.g->value(v);
+      } catch (const std::out_of_range&) {
+        break;
+      }
       before.push_back(t.desc.is_dense() ? contents(t) : std::vector<float>{});
     }
     net.g->backward(be->default_stream());
     for (ValueId v = 0; v < static_cast<ValueId>(before.size()); ++v) {
       const Tensor t = net.g->value(v);
       if (!t.desc.is_dense()) continue;
-      EXPECT_EQ(before[v], contents(t))
-          << "value " << v << " changed during backward";
+      EXPECT_EQ(before[v], contents(t)) << "value " << v << " changed during backward";
     }
   }
 }

@@ -3,8 +3,8 @@
 
 #include "io/io.hpp"
 #include "models/models.hpp"
-#include "train/trainer.hpp"
 #include "support/test_util.hpp"
+#include "train/trainer.hpp"
 
 namespace stepbench {
 namespace {

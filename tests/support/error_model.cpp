@@ -197,7 +197,8 @@ testing::AssertionResult within(const Vec& got, const Vec& want, const Vec& boun
   // ERROR_MODEL_VERBOSE=1: every comparison's worst element, to see how close to its bound a
   // backend runs (the margin a planted fault must exceed)
   if (std::getenv("ERROR_MODEL_VERBOSE")) std::printf("  error model: %zu values, worst %s\n", got.size(), msg.c_str());
-  if (bad) return testing::AssertionFailure() << bad << " of " << got.size() << " outside the error model; worst " << msg;
+  if (bad)
+    return testing::AssertionFailure() << bad << " of " << got.size() << " outside the error model; worst " << msg;
   return testing::AssertionSuccess() << "worst " << msg;
 }
 

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "support/reference.hpp"
 #include "backend/backend.hpp"
+#include "support/reference.hpp"
 
 namespace stepbench::test {
 
@@ -34,10 +34,10 @@ constexpr double kSigmas = 4;      // the statistical bound's multiplier on sqrt
 constexpr double kTransform = 64;  // cuDNN FFT/Winograd convolutions' error growth (cuda only)
 
 struct ErrorModel {
-  double u_in = 0;          // rounding of the operands of each product
-  double u_acc = 0x1p-24;   // fp32 accumulation
-  double u_out = 0x1p-24;   // the storage type of results
-  double transform = 1;     // kTransform on cuda
+  double u_in = 0;         // rounding of the operands of each product
+  double u_acc = 0x1p-24;  // fp32 accumulation
+  double u_out = 0x1p-24;  // the storage type of results
+  double transform = 1;    // kTransform on cuda
   // cuDNN's non-deterministic 16-bit convolution algorithms add partial results atomically into
   // the output, in its 16-bit type: on cuda in bf16/fp16 a convolution accumulates at u_out
   double u_conv_acc = 0x1p-24;

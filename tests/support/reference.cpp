@@ -39,8 +39,7 @@ void conv_backward_data(const Shape& ys, const Vec& dy, const Vec& w, const Shap
               }
 }
 
-void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dw,
-                          const ConvParams& p) {
+void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dw, const ConvParams& p) {
   dw.assign(static_cast<std::size_t>(ys.c * xs.c * p.kh * p.kw), 0.0);
   for (std::int64_t n = 0; n < ys.n; ++n)
     for (std::int64_t o = 0; o < ys.c; ++o)
@@ -56,8 +55,8 @@ void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const 
               }
 }
 
-void bn_forward_training(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, double eps, bool relu,
-                         Vec& y, BnSaved& saved) {
+void bn_forward_training(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, double eps, bool relu, Vec& y,
+                         BnSaved& saved) {
   const double M = static_cast<double>(s.n * s.h * s.w);
   y.assign(x.size(), 0.0);
   saved.mean.assign(static_cast<std::size_t>(s.c), 0.0);
@@ -142,8 +141,8 @@ void windows(const Shape& xs, const Shape& ys, const PoolParams& p, F&& f) {
               ++valid;
               f.visit(n, c, h, w, mx, best, sum);
             }
-          const double div = p.kind == PoolKind::avg_exclude_pad ? static_cast<double>(valid)
-                                                                  : static_cast<double>(padded);
+          const double div =
+              p.kind == PoolKind::avg_exclude_pad ? static_cast<double>(valid) : static_cast<double>(padded);
           f.done(n, c, oh, ow, mx, best, sum, div);
         }
 }
@@ -152,11 +151,18 @@ void windows(const Shape& xs, const Shape& ys, const PoolParams& p, F&& f) {
 void pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y, const PoolParams& p) {
   y.assign(static_cast<std::size_t>(ys.numel()), 0.0);
   struct {
-    const Shape& xs; const Shape& ys; const Vec& x; Vec& y; const PoolParams& p;
+    const Shape& xs;
+    const Shape& ys;
+    const Vec& x;
+    Vec& y;
+    const PoolParams& p;
     void visit(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, double& mx, std::int64_t& best,
                double& sum) {
       const double v = x[idx(xs, n, c, h, w)];
-      if (v > mx) { mx = v; best = static_cast<std::int64_t>(idx(xs, n, c, h, w)); }
+      if (v > mx) {
+        mx = v;
+        best = static_cast<std::int64_t>(idx(xs, n, c, h, w));
+      }
       sum += v;
     }
     void done(std::int64_t n, std::int64_t c, std::int64_t oh, std::int64_t ow, double mx, std::int64_t, double sum,
@@ -170,19 +176,29 @@ void pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y, const 
 void pool_backward(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dx, const PoolParams& p) {
   dx.assign(static_cast<std::size_t>(xs.numel()), 0.0);
   struct {
-    const Shape& xs; const Shape& ys; const Vec& x; const Vec& dy; Vec& dx; const PoolParams& p;
+    const Shape& xs;
+    const Shape& ys;
+    const Vec& x;
+    const Vec& dy;
+    Vec& dx;
+    const PoolParams& p;
     std::vector<std::size_t> members;
     void visit(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, double& mx, std::int64_t& best,
                double&) {
       const double v = x[idx(xs, n, c, h, w)];
-      if (v > mx) { mx = v; best = static_cast<std::int64_t>(idx(xs, n, c, h, w)); }
+      if (v > mx) {
+        mx = v;
+        best = static_cast<std::int64_t>(idx(xs, n, c, h, w));
+      }
       members.push_back(idx(xs, n, c, h, w));
     }
     void done(std::int64_t n, std::int64_t c, std::int64_t oh, std::int64_t ow, double, std::int64_t best, double,
               double div) {
       const double g = dy[idx(ys, n, c, oh, ow)];
-      if (p.kind == PoolKind::max) dx[static_cast<std::size_t>(best)] += g;
-      else for (auto i : members) dx[i] += g / div;
+      if (p.kind == PoolKind::max)
+        dx[static_cast<std::size_t>(best)] += g;
+      else
+        for (auto i : members) dx[i] += g / div;
       members.clear();
     }
   } f{xs, ys, x, dy, dx, p, {}};
@@ -199,8 +215,8 @@ void linear_forward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x
     }
 }
 
-void linear_backward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x, const Vec& w, const Vec& dy,
-                     Vec& dx, Vec& dw, Vec& db) {
+void linear_backward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x, const Vec& w, const Vec& dy, Vec& dx,
+                     Vec& dw, Vec& db) {
   dx.assign(static_cast<std::size_t>(N * K), 0.0);
   dw.assign(static_cast<std::size_t>(M * K), 0.0);
   db.assign(static_cast<std::size_t>(M), 0.0);
@@ -214,8 +230,7 @@ void linear_backward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& 
     }
 }
 
-double softmax_xent(std::int64_t N, std::int64_t M, const Vec& z, const std::vector<std::int32_t>& labels,
-                    Vec& dz) {
+double softmax_xent(std::int64_t N, std::int64_t M, const Vec& z, const std::vector<std::int32_t>& labels, Vec& dz) {
   dz.assign(static_cast<std::size_t>(N * M), 0.0);
   double loss = 0;
   for (std::int64_t n = 0; n < N; ++n) {

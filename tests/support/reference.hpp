@@ -16,14 +16,13 @@ inline std::size_t idx(const Shape& s, std::int64_t n, std::int64_t c, std::int6
 // w: O x I x KH x KW
 void conv_forward(const Shape& xs, const Vec& x, const Vec& w, const Shape& ys, Vec& y, const ConvParams& p);
 void conv_backward_data(const Shape& ys, const Vec& dy, const Vec& w, const Shape& xs, Vec& dx, const ConvParams& p);
-void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dw,
-                          const ConvParams& p);
+void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dw, const ConvParams& p);
 
 struct BnSaved {
   Vec mean, invstd, var_unbiased;
 };
-void bn_forward_training(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, double eps, bool relu,
-                         Vec& y, BnSaved& saved);
+void bn_forward_training(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, double eps, bool relu, Vec& y,
+                         BnSaved& saved);
 void bn_forward_inference(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, const Vec& rmean,
                           const Vec& rvar, double eps, bool relu, Vec& y);
 void bn_backward(const Shape& s, const Vec& x, const Vec& y, const Vec& dy, const Vec& gamma, const BnSaved& saved,
@@ -34,8 +33,8 @@ void pool_backward(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy
 
 // x: N x K, w: M x K, b: M, y: N x M
 void linear_forward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x, const Vec& w, const Vec& b, Vec& y);
-void linear_backward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x, const Vec& w, const Vec& dy,
-                     Vec& dx, Vec& dw, Vec& db);
+void linear_backward(std::int64_t N, std::int64_t K, std::int64_t M, const Vec& x, const Vec& w, const Vec& dy, Vec& dx,
+                     Vec& dw, Vec& db);
 
 double softmax_xent(std::int64_t N, std::int64_t M, const Vec& logits, const std::vector<std::int32_t>& labels,
                     Vec& dlogits);  // returns the mean loss; dlogits = d(mean loss)/d logits

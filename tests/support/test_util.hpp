@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "support/error_model.hpp"
-#include "support/reference.hpp"
 #include "backend/backend.hpp"
 #include "backend/registry.hpp"
-#include "tensor/error.hpp"
 #include "graph/graph.hpp"
+#include "support/error_model.hpp"
+#include "support/reference.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench::test {
 
@@ -47,7 +47,6 @@ inline std::vector<Config> all_configs() {
   return v;
 }
 
-
 // ctest ops.cuda_own_kernels sets STEPBENCH_CUDA_OWN_KERNELS=1: the cuda backend then runs batch
 // norm and pooling on stepbench's kernels (the path it falls back to where cuDNN declines).
 inline bool own_kernels() {
@@ -65,9 +64,10 @@ inline BackendOptions gpu_options() {
 inline std::unique_ptr<Backend> try_backend(const Config& c, std::string& why) {
   try {
     BackendOptions o = c.backend == "cuda" ? gpu_options() : BackendOptions{};
-    o.precision = c.tf32 ? Precision::tf32 : c.dtype == DType::bf16 ? Precision::bf16
-                  : c.dtype == DType::f16                          ? Precision::fp16
-                                                                   : Precision::fp32;
+    o.precision = c.tf32                   ? Precision::tf32
+                  : c.dtype == DType::bf16 ? Precision::bf16
+                  : c.dtype == DType::f16  ? Precision::fp16
+                                           : Precision::fp32;
     auto be = make_backend(o);
     be->require(c.dtype);
     return be;
@@ -77,8 +77,8 @@ inline std::unique_ptr<Backend> try_backend(const Config& c, std::string& why) {
   }
 }
 
-#define SB_BACKEND_OR_SKIP(var, cfg)        \
-  std::string sb_why_;                      \
+#define SB_BACKEND_OR_SKIP(var, cfg)          \
+  std::string sb_why_;                        \
   auto var = test::try_backend(cfg, sb_why_); \
   if (!var) GTEST_SKIP() << sb_why_
 

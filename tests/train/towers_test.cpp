@@ -6,8 +6,8 @@
 #include <set>
 
 #include "comm/process_group.hpp"
-#include "train/towers.hpp"
 #include "support/test_util.hpp"
+#include "train/towers.hpp"
 
 namespace stepbench {
 namespace {
@@ -141,7 +141,8 @@ TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
         bound[j] = lr * (n + 2) * u * avg_abs[j] + 8 * u * (std::abs(want[j]) + lr * avg_abs[j]);
       for (int i = 0; i < n; ++i) {
         const auto got = params(t, i);
-        EXPECT_WITHIN(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()), bound);
+        EXPECT_WITHIN(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
+                      bound);
       }
     }
   }
@@ -191,8 +192,7 @@ TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
       ASSERT_GT(moved, 1e-2);
       for (int i = 0; i < n; ++i) {
         const auto got = params(t, i);
-        EXPECT_CLOSE(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
-                     1e-5);
+        EXPECT_CLOSE(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()), 1e-5);
       }
     }
   }
@@ -329,7 +329,7 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
     staged.stage(0, zeros.data(), other.data());  // a different batch first: buffer A
     staged.flip();
     staged.stage(0, images.data(), labels.data());  // then ours into buffer B
-    staged.forward_train();                          // still reads A
+    staged.forward_train();                         // still reads A
     staged.synchronize();
     const float loss_a = staged.loss(0);
     staged.flip();

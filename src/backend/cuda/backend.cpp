@@ -30,8 +30,7 @@ int cuda_device_count_impl() {
 std::string cuda_unavailable_reason_impl() {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess)
-    return fmt::format("no GPU visible ({}: {})", cudaGetErrorName(err), cudaGetErrorString(err));
+  if (err != cudaSuccess) return fmt::format("no GPU visible ({}: {})", cudaGetErrorName(err), cudaGetErrorString(err));
   if (n == 0) return "no GPU visible (0 CUDA devices)";
   return "";
 }
@@ -109,9 +108,10 @@ class CudaBackend final : public Backend {
                       "Use --precision fp16 or fp32",
                       device_name(), prop_.major, prop_.minor));
     if (t == DType::f16 && cc < 70)
-      throw UnsupportedError(fmt::format("--precision fp16 needs tensor cores (compute capability 7.0 or later); {} "
-                                         "has {}.{}. Use --precision fp32",
-                                         device_name(), prop_.major, prop_.minor));
+      throw UnsupportedError(
+          fmt::format("--precision fp16 needs tensor cores (compute capability 7.0 or later); {} "
+                      "has {}.{}. Use --precision fp32",
+                      device_name(), prop_.major, prop_.minor));
   }
   void set_tensor_math(bool allow_tf32) override {
     tf32_ = allow_tf32;
@@ -119,7 +119,9 @@ class CudaBackend final : public Backend {
     SB_CUDA(cudaSetDevice(dev_));
     SB_CUBLAS(cublasSetMathMode(cublas_.get(), tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   }
-  FilterFormat filter_format(Layout l) const override { return l == Layout::nhwc ? FilterFormat::ohwi : FilterFormat::oihw; }
+  FilterFormat filter_format(Layout l) const override {
+    return l == Layout::nhwc ? FilterFormat::ohwi : FilterFormat::oihw;
+  }
   int device() const override { return dev_; }
   void set_workspace_limit(std::size_t bytes) override { budget_ = bytes; }
 
@@ -131,10 +133,10 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       std::size_t free = 0, total = 0;
       cudaMemGetInfo(&free, &total);
-      throw UsageError(fmt::format("out of GPU memory on {}: {:.1f} MiB requested, {:.1f} MiB free; use a smaller "
-                                   "--batch-size",
-                                   device_name(), static_cast<double>(bytes) / (1 << 20),
-                                   static_cast<double>(free) / (1 << 20)));
+      throw UsageError(
+          fmt::format("out of GPU memory on {}: {:.1f} MiB requested, {:.1f} MiB free; use a smaller "
+                      "--batch-size",
+                      device_name(), static_cast<double>(bytes) / (1 << 20), static_cast<double>(free) / (1 << 20)));
     }
     return p;
   }
@@ -190,9 +192,10 @@ class CudaBackend final : public Backend {
     GraphHandle graph(g);
     if (e != cudaSuccess || !g) {
       cudaGetLastError();
-      throw Error(fmt::format("CUDA Graph capture failed ({}): something in the captured work allocated, "
-                              "synchronised or ran on an unjoined stream",
-                              cudaGetErrorString(e)));
+      throw Error(
+          fmt::format("CUDA Graph capture failed ({}): something in the captured work allocated, "
+                      "synchronised or ran on an unjoined stream",
+                      cudaGetErrorString(e)));
     }
     return std::make_unique<CudaGraphWork>(std::move(graph), dev_);
   }
@@ -218,9 +221,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) override {
     return make_cuda_pool(ctx(), x, y, p);
   }
-  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override {
-    return make_cuda_relu(ctx());
-  }
+  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return make_cuda_relu(ctx()); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
     return make_cuda_linear(ctx(), x, y);
   }
@@ -242,8 +243,14 @@ class CudaBackend final : public Backend {
   }
   void optimizer_update(Stream& s, const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
                         std::size_t n, const float* scaler) override {
-    const cuda::OptArgs a{cfg.kind == OptimizerKind::sgd ? 0 : cfg.kind == OptimizerKind::momentum ? 1 : 2,
-                          cfg.lr, cfg.weight_decay, cfg.momentum, cfg.rms_decay, cfg.epsilon};
+    const cuda::OptArgs a{cfg.kind == OptimizerKind::sgd        ? 0
+                          : cfg.kind == OptimizerKind::momentum ? 1
+                                                                : 2,
+                          cfg.lr,
+                          cfg.weight_decay,
+                          cfg.momentum,
+                          cfg.rms_decay,
+                          cfg.epsilon};
     SB_CUDA(cudaSetDevice(dev_));
     SB_CUDA(cuda::launch_optimizer_update(a, params, grads, s0, s1, n, scaler, S(s)));
   }
@@ -269,7 +276,7 @@ class CudaBackend final : public Backend {
   CublasHandle cublas_;
   bool tf32_ = false;
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
-  bool own_norm_pool_ = false;  // CudaBackendOptions::own_kernels
+  bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels
 };
 
 }  // namespace
@@ -277,8 +284,7 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& o) {
   const int n = cuda_device_count_impl();
-  if (o.device < 0 || o.device >= n)
-    throw UsageError(fmt::format("GPU {} requested but {} visible", o.device, n));
+  if (o.device < 0 || o.device >= n) throw UsageError(fmt::format("GPU {} requested but {} visible", o.device, n));
   return std::make_unique<cuda::CudaBackend>(o.device, o.own_kernels);
 }
 

@@ -72,7 +72,9 @@ class CudaBatchNorm final : public BatchNormOp {
     if (own_) return "stepbench kernel";
     return fmt::format("cudnn {}{}{} (inference: stepbench kernel)",
                        mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "spatial persistent" : "spatial",
-                       fused_ ? ", relu fused" : ex_bn_ ? " (Ex), dense copy" : "",
+                       fused_   ? ", relu fused"
+                       : ex_bn_ ? " (Ex), dense copy"
+                                : "",
                        p_.relu && !fused_ ? ", relu pass" : "");
   }
 

@@ -45,8 +45,8 @@ inline cudaDataType_t cuda_type(DType t) {
 
 inline View view(const Tensor& t) {
   const auto& d = t.desc;
-  return View{t.data, d.shape.n, d.shape.c, d.shape.h, d.shape.w, d.strides.n, d.strides.c, d.strides.h, d.strides.w,
-              elem(d.dtype)};
+  return View{t.data,      d.shape.n,   d.shape.c,   d.shape.h,   d.shape.w,
+              d.strides.n, d.strides.c, d.strides.h, d.strides.w, elem(d.dtype)};
 }
 inline Flat flat(const void* p, DType t) { return Flat{const_cast<void*>(p), elem(t)}; }
 

@@ -41,8 +41,8 @@ struct ConvDescriptor {
 // The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget; the
 // descriptor takes the math type it was timed with.
 template <class Perf>
-decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws,
-                           ConvDescriptor& cd) {
+decltype(Perf{}.algo)
+    pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws, ConvDescriptor& cd) {
   for (int i = 0; i < n; ++i)
     if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget) {
       ws = p[i].memory;
@@ -50,9 +50,10 @@ decltype(Perf{}.algo) pick(const Perf* p, int n, const char* what, std::size_t b
       if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d.get(), p[i].mathType));
       return p[i].algo;
     }
-  throw Error(fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
-                          "(--workspace-mb)",
-                          what, budget >> 20));
+  throw Error(
+      fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
+                  "(--workspace-mb)",
+                  what, budget >> 20));
 }
 
 // A zeroed device allocation owned by an op (made at planning time, never in a step).
@@ -87,10 +88,17 @@ View filter_view(void* p, long long o, long long i, long long kh, long long kw, 
 class CudnnConv final : public ConvOp {
  public:
   CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
-      : c_(c), x_(x), xp_(channel_padded(x)), p_(p), cout_(y.shape.c), xd_(tensor_descriptor(xp_)),
-        yd_(tensor_descriptor(y)), wd_(filter_descriptor(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype)),
+      : c_(c),
+        x_(x),
+        xp_(channel_padded(x)),
+        p_(p),
+        cout_(y.shape.c),
+        xd_(tensor_descriptor(xp_)),
+        yd_(tensor_descriptor(y)),
+        wd_(filter_descriptor(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype)),
         fwd_cd_(p, c.tf32, x.dtype),
-        data_cd_(p, c.tf32, x.dtype), filter_cd_(p, c.tf32, x.dtype) {
+        data_cd_(p, c.tf32, x.dtype),
+        filter_cd_(p, c.tf32, x.dtype) {
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     SB_CUDA(cudaSetDevice(c_.device));
     if (padded()) {

@@ -76,12 +76,11 @@ cudaError_t launch_softmax_xent_forward(Flat logits, const std::int32_t* labels,
                                         float* row_loss, int* bad_label, long long N, long long M, cudaStream_t s);
 // loss_scale: device float multiplying the gradient, or null
 cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, Flat dlogits, const float* probs, float scale,
-                                         float beta, const float* loss_scale, long long N, long long M,
-                                         cudaStream_t s);
+                                         float beta, const float* loss_scale, long long N, long long M, cudaStream_t s);
 
 // One launch over the whole parameter arena. scaler: LossScaler in device memory, or null.
-cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads, float* s0, float* s1,
-                                    std::size_t n, const float* scaler, cudaStream_t s);
+cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads, float* s0, float* s1, std::size_t n,
+                                    const float* scaler, cudaStream_t s);
 
 // Mixed precision and loss scaling.
 cudaError_t launch_cast(Flat src, Flat dst, std::size_t n, cudaStream_t s);

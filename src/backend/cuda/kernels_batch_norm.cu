@@ -45,7 +45,8 @@ __global__ void bn_infer_k(View x, View y, const float* gamma, const float* beta
   GRID_STRIDE(i, n) {
     const long long c = (i / (x.h * x.w)) % x.c;
     const double invstd = 1.0 / sqrt(static_cast<double>(rvar[c]) + eps);
-    const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - rmean[c] * gamma[c] * invstd);
+    const float a = static_cast<float>(gamma[c] * invstd),
+                b = static_cast<float>(beta[c] - rmean[c] * gamma[c] * invstd);
     const float v = a * ld(x, offset_of(x, i)) + b;
     st(y, offset_of(y, i), relu ? fmaxf(v, 0.0f) : v);
   }
@@ -81,7 +82,7 @@ cudaError_t launch_bn_forward_training(View x, View y, const float* gamma, const
                                        float* running_var, float* save_mean, float* save_invstd, double eps,
                                        double momentum, bool relu, cudaStream_t s) {
   bn_train_k<<<static_cast<unsigned>(x.c), kThreads, 0, s>>>(x, y, gamma, beta, running_mean, running_var, save_mean,
-                                                               save_invstd, eps, momentum, relu);
+                                                             save_invstd, eps, momentum, relu);
   return cudaGetLastError();
 }
 cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, const float* beta, const float* rmean,
@@ -103,7 +104,7 @@ cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* ga
                                const float* save_invstd, float* dgamma, float* dbeta, float beta_dx, bool relu,
                                cudaStream_t s) {
   bn_bwd_k<<<static_cast<unsigned>(x.c), kThreads, 0, s>>>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta,
-                                                             beta_dx, relu);
+                                                           beta_dx, relu);
   return cudaGetLastError();
 }
 

@@ -28,9 +28,12 @@ __device__ __forceinline__ float ld_t(const void* p, int t, long long i) {
   return __half2float(static_cast<const __half*>(p)[i]);
 }
 __device__ __forceinline__ void st_t(void* p, int t, long long i, float v) {
-  if (t == kF32) static_cast<float*>(p)[i] = v;
-  else if (t == kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
-  else static_cast<__half*>(p)[i] = __float2half_rn(v);
+  if (t == kF32)
+    static_cast<float*>(p)[i] = v;
+  else if (t == kBF16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+  else
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 __device__ __forceinline__ float ld(const View& v, long long off) { return ld_t(v.p, v.t, off); }
 __device__ __forceinline__ void st(const View& v, long long off, float x) { st_t(v.p, v.t, off, x); }
@@ -51,22 +54,43 @@ __device__ __forceinline__ long long off4(const View& v, long long n, long long 
   return n * v.sn + c * v.sc + h * v.sh + w * v.sw;
 }
 
-#define GRID_STRIDE(i, n) \
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<long long>(blockDim.x) * gridDim.x)
+#define GRID_STRIDE(i, n)                                                                    \
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<long long>(blockDim.x) * gridDim.x)
 
 // V elements of T in one aligned load or store (16 bytes where V = 16 / sizeof(T)).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
-template <class T> __device__ __forceinline__ float to_f(T x);
-template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
-template <class T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <class T>
+__device__ __forceinline__ float to_f(T x);
+template <>
+__device__ __forceinline__ float to_f<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <>
+__device__ __forceinline__ float to_f<__half>(__half x) {
+  return __half2float(x);
+}
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // The sum over the block of every thread's v, returned to every thread (blockDim.x <= kThreads).
 template <class T>

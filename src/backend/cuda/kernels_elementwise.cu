@@ -6,12 +6,8 @@
 namespace stepbench::cuda {
 namespace {
 
-__global__ void fill_k(float* x, float v, std::size_t n) {
-  GRID_STRIDE(i, static_cast<long long>(n)) x[i] = v;
-}
-__global__ void scale_k(float* x, float a, std::size_t n) {
-  GRID_STRIDE(i, static_cast<long long>(n)) x[i] *= a;
-}
+__global__ void fill_k(float* x, float v, std::size_t n) { GRID_STRIDE(i, static_cast<long long>(n)) x[i] = v; }
+__global__ void scale_k(float* x, float a, std::size_t n) { GRID_STRIDE(i, static_cast<long long>(n)) x[i] *= a; }
 __global__ void add_k(View s, View d, float beta, long long n) {
   GRID_STRIDE(i, n) {
     const float v = ld(s, offset_of(s, i));

@@ -6,8 +6,7 @@ namespace stepbench::cuda {
 namespace {
 
 // One block per sample.
-__global__ void xent_rows_k(Flat z, const std::int32_t* labels, float* probs, float* row_loss, int* bad,
-                            long long M) {
+__global__ void xent_rows_k(Flat z, const std::int32_t* labels, float* probs, float* row_loss, int* bad, long long M) {
   const long long r = blockIdx.x;
   auto zr = [&](long long j) { return ld(z, r * M + j); };
   float* pr = probs + r * M;
@@ -69,7 +68,7 @@ cudaError_t launch_softmax_xent_backward(const std::int32_t* labels, Flat dlogit
                                          float beta, const float* loss_scale, long long N, long long M,
                                          cudaStream_t s) {
   xent_bwd_k<<<grid_for(N * M), kThreads, 0, s>>>(labels, dlogits, probs, scale / static_cast<float>(N), beta,
-                                                   loss_scale, N, M);
+                                                  loss_scale, N, M);
   return cudaGetLastError();
 }
 

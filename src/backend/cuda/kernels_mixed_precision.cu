@@ -6,9 +6,7 @@
 namespace stepbench::cuda {
 namespace {
 
-__global__ void cast_k(Flat src, Flat dst, long long n) {
-  GRID_STRIDE(i, n) st(dst, i, ld(src, i));
-}
+__global__ void cast_k(Flat src, Flat dst, long long n) { GRID_STRIDE(i, n) st(dst, i, ld(src, i)); }
 __global__ void check_finite_k(const float* x, long long n, float* scaler) {
   bool bad = false;
   GRID_STRIDE(i, n) bad |= !isfinite(x[i]);

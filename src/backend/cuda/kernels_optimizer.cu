@@ -29,7 +29,7 @@ cudaError_t launch_optimizer_update(OptArgs a, float* params, const float* grads
                                     const float* scaler, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   opt_k<<<grid_for(static_cast<long long>(n)), kThreads, 0, s>>>(a, params, grads, s0, s1, static_cast<long long>(n),
-                                                                  scaler);
+                                                                 scaler);
   return cudaGetLastError();
 }
 

@@ -94,16 +94,23 @@ bool launch_avgpool_cl(View a, View b, PoolArgs p, float beta, cudaStream_t s, c
     const unsigned cv = static_cast<unsigned>(vec ? px.c / V : px.c), total = static_cast<unsigned>(pixels * cv);
     if (total == 0) return;
     if (FWD) {
-      if (vec) avgpool_cl_fwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
-      else avgpool_cl_fwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
+      if (vec)
+        avgpool_cl_fwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
+      else
+        avgpool_cl_fwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, total, cv);
     } else {
-      if (vec) avgpool_cl_bwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
-      else avgpool_cl_bwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
+      if (vec)
+        avgpool_cl_bwd_k<T, V><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
+      else
+        avgpool_cl_bwd_k<T, 1><<<grid_for(total), kThreads, 0, s>>>(a, b, p, beta, total, cv);
     }
   };
-  if (a.t == kF32) go(float{});
-  else if (a.t == kBF16) go(__nv_bfloat16{});
-  else go(__half{});
+  if (a.t == kF32)
+    go(float{});
+  else if (a.t == kBF16)
+    go(__nv_bfloat16{});
+  else
+    go(__half{});
   err = cudaGetLastError();
   return true;
 }
@@ -190,7 +197,7 @@ __device__ __forceinline__ void covering(long long i, int k, int s, int pad, lon
 // element. Max pool routes each output's gradient to its window's argmax: the forward's, or found
 // again in x when there is none (argmax null).
 __global__ void pool_bwd_k(View x, View dy, View dx, PoolArgs p, float beta, const std::int32_t* argmax, long long n,
-                          bool cl) {
+                           bool cl) {
   GRID_STRIDE(i, n) {
     long long b, c, h, w;
     split4(dx, cl, i, b, c, h, w);

@@ -38,7 +38,8 @@ __global__ void rows_k(RowArgs a) {
       Pack<T, V> d;
       if (a.beta != 0.0f) d = *dp;
 #pragma unroll
-      for (int k = 0; k < V; ++k) d.v[k] = from_f<T>(a.beta == 0.0f ? to_f(x.v[k]) : to_f(x.v[k]) + a.beta * to_f(d.v[k]));
+      for (int k = 0; k < V; ++k)
+        d.v[k] = from_f<T>(a.beta == 0.0f ? to_f(x.v[k]) : to_f(x.v[k]) + a.beta * to_f(d.v[k]));
       *dp = d;
     } else {  // kBnInfer
       const Pack<T, V> x = *at<T, V>(a.a, row, j);
@@ -111,9 +112,12 @@ bool launch_rows(RowArgs a, const View* v, int n_views, cudaStream_t s, cudaErro
   if (total >= (1ULL << 31)) return false;
   a.cl = cl;
   a.channels = static_cast<unsigned>(v[0].c);
-  if (v[0].t == kF32) err = launch_rows_t<OP, float>(a, n_views, rows, s);
-  else if (v[0].t == kBF16) err = launch_rows_t<OP, __nv_bfloat16>(a, n_views, rows, s);
-  else err = launch_rows_t<OP, __half>(a, n_views, rows, s);
+  if (v[0].t == kF32)
+    err = launch_rows_t<OP, float>(a, n_views, rows, s);
+  else if (v[0].t == kBF16)
+    err = launch_rows_t<OP, __nv_bfloat16>(a, n_views, rows, s);
+  else
+    err = launch_rows_t<OP, __half>(a, n_views, rows, s);
   return true;
 }
 

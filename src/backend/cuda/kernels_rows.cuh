@@ -17,11 +17,11 @@ struct Rows {
 
 enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer };
 struct RowArgs {
-  Rows a, b, c;        // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference: x, y
-  float beta;          // accumulate into the destination (kReluBwd, kAdd)
+  Rows a, b, c;  // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference: x, y
+  float beta;    // accumulate into the destination (kReluBwd, kAdd)
   const float *gamma, *bnbeta, *mean, *var;
   float eps;
-  bool relu, cl;       // bn: fused ReLU; channels-last rows (the channel is the column), else NCHW rows
+  bool relu, cl;  // bn: fused ReLU; channels-last rows (the channel is the column), else NCHW rows
   unsigned vec_per_row, total, channels;
 };
 

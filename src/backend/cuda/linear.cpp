@@ -8,7 +8,10 @@ namespace {
 class CublasLinear final : public LinearOp {
  public:
   CublasLinear(const Ctx& c, const TensorDesc& x, const TensorDesc& y)
-      : c_(c), N_(static_cast<int>(x.shape.n)), K_(static_cast<int>(x.shape.c)), M_(static_cast<int>(y.shape.c)),
+      : c_(c),
+        N_(static_cast<int>(x.shape.n)),
+        K_(static_cast<int>(x.shape.c)),
+        M_(static_cast<int>(y.shape.c)),
         t_(x.dtype) {
     SB_CHECK(x.shape.h == 1 && x.shape.w == 1 && y.shape.h == 1 && y.shape.w == 1, "linear takes N x C x 1 x 1");
     SB_CHECK(x.is_dense() && y.is_dense(), "linear takes dense tensors");
@@ -42,11 +45,11 @@ class CublasLinear final : public LinearOp {
   }
   // Every storage type through cublasGemmEx with fp32 accumulation (the handle's math mode decides
   // TF32 for fp32 data).
-  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha, const void* A,
-            int lda, const void* B, int ldb, const float* beta, void* C, int ldc) {
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha, const void* A, int lda,
+            const void* B, int ldb, const float* beta, void* C, int ldc) {
     const cudaDataType_t t = cuda_type(t_);
-    SB_CUBLAS(cublasGemmEx(c_.cublas, ta, tb, m, n, k, alpha, A, t, lda, B, t, ldb, beta, C, t, ldc,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    SB_CUBLAS(cublasGemmEx(c_.cublas, ta, tb, m, n, k, alpha, A, t, lda, B, t, ldb, beta, C, t, ldc, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
   }
   Ctx c_;
   int N_, K_, M_;

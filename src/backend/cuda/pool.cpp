@@ -27,14 +27,25 @@ PoolingDescriptor pooling_descriptor(const PoolParams& p) {
 class CudaPool final : public PoolOp {
  public:
   CudaPool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p)
-      : c_(c), x_(x), y_(y), xd_(tensor_descriptor(x)), yd_(tensor_descriptor(y)),
+      : c_(c),
+        x_(x),
+        y_(y),
+        xd_(tensor_descriptor(x)),
+        yd_(tensor_descriptor(y)),
         pd_(pooling_descriptor(p)),
         // NHWC average pooling: cuDNN has no channels-last kernel for it (a generic one ran 20x
         // slower than its max pool on an H100); ours walks channels-last memory in order.
         own_(c.own_norm_pool || (x.layout == Layout::nhwc && p.kind != PoolKind::max)) {
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
-    a_ = cuda::PoolArgs{p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                        p.kind == PoolKind::max ? 0 : p.kind == PoolKind::avg_include_pad ? 1 : 2};
+    a_ = cuda::PoolArgs{p.kh,
+                        p.kw,
+                        p.stride_h,
+                        p.stride_w,
+                        p.pad_h,
+                        p.pad_w,
+                        p.kind == PoolKind::max               ? 0
+                        : p.kind == PoolKind::avg_include_pad ? 1
+                                                              : 2};
   }
   std::size_t reserve_bytes() const override { return 0; }
   std::string implementation() const override { return own_ ? "stepbench kernel" : "cudnn"; }

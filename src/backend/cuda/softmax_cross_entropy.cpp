@@ -31,8 +31,8 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
     float* rows = probs + N_ * M_;
     int* flag = reinterpret_cast<int*>(rows + N_);
     SB_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), S(s)));
-    SB_CUDA(cuda::launch_softmax_xent_forward(flat(logits.data, logits.desc.dtype), labels, loss, probs, rows, flag,
-                                              N_, M_, S(s)));
+    SB_CUDA(cuda::launch_softmax_xent_forward(flat(logits.data, logits.desc.dtype), labels, loss, probs, rows, flag, N_,
+                                              M_, S(s)));
     SB_CUDA(cudaMemcpyAsync(host_flag_, flag, sizeof(int), cudaMemcpyDeviceToHost, S(s)));
   }
   void backward(Stream& s, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
@@ -48,9 +48,10 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
     if (*host_flag_ != 0) {
       const int sample = *host_flag_ - 1;
       *host_flag_ = 0;
-      throw UsageError(fmt::format("the label of sample {} is outside [0, {}): the labels do not fit the model's "
-                                   "number of classes",
-                                   sample, M_));
+      throw UsageError(
+          fmt::format("the label of sample {} is outside [0, {}): the labels do not fit the model's "
+                      "number of classes",
+                      sample, M_));
     }
   }
   Ctx c_;
