@@ -28,7 +28,7 @@ if grep -rnE '\b(getenv|exit|_Exit|quick_exit)\s*\(' src --include='*.cpp' --inc
   fail=1
 fi
 
-mapfile -t fmt_files < <(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' | sort)
+mapfile -t fmt_files < <(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 if ! clang-format --dry-run --Werror "${fmt_files[@]}"; then
   echo "lint: not formatted; run: clang-format -i \$(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu')" >&2
   fail=1

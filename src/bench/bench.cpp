@@ -45,7 +45,7 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0) {
   for (const auto& a : c.benchmark_args) args.push_back(a);
   if (!c.json.empty() && root) {
     args.push_back("--benchmark_out=" + c.json);
-    args.push_back("--benchmark_out_format=json");
+    args.emplace_back("--benchmark_out_format=json");
   }
   argv.clear();
   for (auto& a : args) argv.push_back(a.data());

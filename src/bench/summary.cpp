@@ -47,8 +47,8 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
   std::vector<std::string> rows = names_of<Phase>();
   if (feeder.active()) rows.push_back("step:data=" + feeder.name());
   if (c.cuda_graph) {
-    rows.push_back("forward:cuda_graph");
-    rows.push_back("step:cuda_graph");
+    rows.emplace_back("forward:cuda_graph");
+    rows.emplace_back("step:cuda_graph");
   }
   for (const auto& ph : rows) {
     const auto* r = find(ph);

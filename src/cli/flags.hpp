@@ -16,7 +16,7 @@ namespace stepbench::cli {
 // A flag whose values are an enum's names (or `allowed`, a subset), stored straight into `v`.
 template <NamedEnum E>
 CLI::Option* add_enum(CLI::App& app, const std::string& flag, E& v, const std::string& help,
-                      std::vector<std::string> allowed = names_of<E>()) {
+                      const std::vector<std::string>& allowed = names_of<E>()) {
   return app
       .add_option_function<std::string>(
           flag, [&v](const std::string& s) { v = *try_parse_enum<E>(s); }, help)

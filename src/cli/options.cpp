@@ -176,11 +176,11 @@ void resolve(Options& o) {
     }
     if (!o.given("--warmup")) {
       b.warmup = 2;
-      changed.push_back("--warmup 2");
+      changed.emplace_back("--warmup 2");
     }
     if (!o.given("--repetitions")) {
       b.repetitions = 3;
-      changed.push_back("--repetitions 3");
+      changed.emplace_back("--repetitions 3");
     }
     if (!changed.empty())
       b.reduced_note =

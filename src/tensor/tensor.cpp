@@ -27,7 +27,7 @@ void throw_unknown_name(std::string_view what, std::string_view s, const std::ve
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
-    case DType::bf16: return 2;
+    case DType::bf16:
     case DType::f16: return 2;
   }
   return 0;
