@@ -487,9 +487,12 @@ TEST(Registry, PrecisionTf32TurnsTensorMathOn) {
   }
   EXPECT_EQ(storage_dtype(Precision::tf32), DType::f32);
   EXPECT_EQ(storage_dtype(Precision::bf16), DType::bf16);
+}
+
+TEST(Registry, PrecisionTf32TurnsTensorMathOnOnTheGpu) {
   const std::string why = cuda_unavailable_reason();
-  if (!why.empty()) GTEST_SKIP() << "the cuda half: " << why;
-  o = test::gpu_options();
+  if (!why.empty()) GTEST_SKIP() << why;
+  BackendOptions o = test::gpu_options();
   o.precision = Precision::tf32;
   auto gpu = make_backend(o);
   EXPECT_TRUE(gpu->tensor_math());
