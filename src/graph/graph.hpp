@@ -42,6 +42,7 @@ struct LayerInfo {
   ConvParams conv{};
   PoolParams pool{};
   bool training_only = false;
+  float loss_weight = 0;  // cross_entropy: its term's weight in the loss
   std::int64_t macs = 0;  // whole batch
   // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
   // pooling's implementation.
@@ -147,6 +148,9 @@ class Graph {
   // throws UsageError (bytes needed and available, a batch size that fits) when it cannot fit.
   std::size_t device_bytes() const;
   std::vector<LayerInfo> layers() const;  // in execution order
+  // The values concatenated into v, in channel order (empty when v is not a concat): with layers(),
+  // the whole dataflow, for checkers that re-run the graph elsewhere.
+  std::vector<ValueId> concat_parts(ValueId v) const;
 
   struct Impl;
 

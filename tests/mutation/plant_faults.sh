@@ -17,7 +17,8 @@ for n in ${FAULTS:-1 2 3 4}; do
   cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPBENCH_CUDA=OFF -DSTEPBENCH_MPI=OFF \
     -DSTEPBENCH_PLANT_FAULT=$n > "$dir.log" 2>&1 && cmake --build "$dir" --parallel "$(nproc)" >> "$dir.log" 2>&1 ||
     { echo "fault $n: build failed (see $dir.log)"; status=1; continue; }
-  for t in '*Ops.Convolution/cpu*' '*GraphTest.UnitGradients*cpu*' '*InceptionUnits*'; do
+  for t in '*Ops.Convolution/cpu*' '*GraphTest.UnitGradients*cpu*' '*GraphTest.LossAndGradients*cpu*' \
+    'Graph.LayoutsAgree' '*InceptionUnits*'; do
     if "$dir/bin/stepbench_tests" --gtest_filter="$t" --gtest_brief=1 > "$dir/test.log" 2>&1; then
       echo "fault $n (${names[$n]}): $t PASSED -- not caught"; status=1
     else

@@ -14,6 +14,11 @@ namespace stepbench::test {
 double ErrorModel::sum(std::int64_t K) const {
   return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_acc;
 }
+double ErrorModel::batch_sum(std::int64_t K) const {
+  if (towers <= 1) return sum(K);
+  const auto part = static_cast<double>(std::max<std::int64_t>(K / towers, 1));
+  return 2 * u_in + kSigmas * (std::sqrt(part) + std::sqrt(static_cast<double>(towers))) * u_acc;
+}
 double ErrorModel::conv(std::int64_t K) const {
   return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_conv_acc * transform;
 }
@@ -63,7 +68,8 @@ Vec conv_backward_filter_bound(const Shape& xs, const Vec& x, const Shape& ys, c
 }
 
 BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma, const Vec& beta, double eps,
-                   bool relu, const Vec& dy, const ref::BnSaved& saved, const ErrorModel& m) {
+                   bool relu, const Vec& dy, const ref::BnSaved& saved, const ErrorModel& m, const Vec& edy,
+                   const Vec& egamma, const Vec& ebeta) {
   const std::int64_t M = s.n * s.h * s.w;
   const double Md = static_cast<double>(M), ua = m.u_acc, sM = m.sum(M);
   BnBounds b;
@@ -78,18 +84,20 @@ BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma
       for (std::int64_t h = 0; h < s.h; ++h)
         for (std::int64_t w = 0; w < s.w; ++w) at.push_back(ref::idx(s, n, c, h, w));
     const double mu = saved.mean[c], is = saved.invstd[c], g = gamma[c], bt = beta[c];
+    const double eg_c = egamma.empty() ? 0.0 : egamma[c], eb_c = ebeta.empty() ? 0.0 : ebeta[c];
     const double var = 1.0 / (is * is) - eps;
     auto e = [&](std::size_t i) { return ex.empty() ? 0.0 : ex[i]; };
-    // statistics: the mean of M values, the mean of M squares
-    double mean_ex = 0, mean_abs = 0;
+    // statistics: the mean of M values, the mean of M squares. The elements' own errors are
+    // independent roundings and add in quadrature; the mean's error is shared and adds linearly.
+    double ss_ex = 0, mean_abs = 0, mean_dev = 0, ss_dev = 0;
     for (auto i : at) {
-      mean_ex += e(i) / Md;
+      ss_ex += e(i) * e(i);
       mean_abs += std::abs(x[i]) / Md;
+      mean_dev += std::abs(x[i] - mu) / Md;
+      ss_dev += 4 * (x[i] - mu) * (x[i] - mu) * e(i) * e(i);
     }
-    const double e_mu = mean_ex + sM * mean_abs;
-    double e_var = 0;
-    for (auto i : at) e_var += 2 * std::abs(x[i] - mu) * (e(i) + e_mu) / Md;
-    e_var += sM * var;
+    const double e_mu = std::sqrt(ss_ex) / Md + sM * mean_abs;
+    const double e_var = std::sqrt(ss_dev) / Md + 2 * mean_dev * e_mu + sM * var;
     const double rel_sigma = e_var / (2 * (var + eps)) + ua;  // relative error of sqrt(var + eps)
     b.mean[c] = e_mu;
     b.invstd[c] = is * (rel_sigma + 2 * ua);
@@ -101,31 +109,39 @@ BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma
       xh[k] = (x[i] - mu) * is;
       exh[k] = is * (e(i) + e_mu) + std::abs(xh[k]) * (rel_sigma + 3 * ua);
       pre[k] = g * xh[k] + bt;
-      const double ey = std::abs(g) * exh[k] + 2 * ua * (std::abs(g * xh[k]) + std::abs(bt));
+      const double ey =
+          std::abs(g) * exh[k] + eg_c * std::abs(xh[k]) + eb_c + 2 * ua * (std::abs(g * xh[k]) + std::abs(bt));
       b.y[i] = ey + m.u_out * std::abs(relu ? std::max(pre[k], 0.0) : pre[k]);
     }
     if (dy.empty()) continue;
     // backward: g = dy masked by the ReLU; k2 = mean(g), k3 = mean(g * xhat)
-    double k2 = 0, k3 = 0, ek2 = 0, ek3 = 0, abs_g = 0, abs_gx = 0;
+    // (independent per-element errors in quadrature, a flipped ReLU's whole gradient linearly)
+    double k2 = 0, k3 = 0, ek2 = 0, ek3 = 0, abs_g = 0, abs_gx = 0, ss2 = 0, ss3 = 0;
     std::vector<double> gv(at.size()), eg(at.size());
     for (std::size_t k = 0; k < at.size(); ++k) {
       const auto i = at[k];
       const bool on = !relu || pre[k] > 0;
       gv[k] = on ? dy[i] : 0.0;
+      const double e_dy = edy.empty() ? 0.0 : edy[i];
       // within its error of zero, the backend's ReLU may decide the other way
-      eg[k] = relu && std::abs(pre[k]) <= b.y[i] ? std::abs(dy[i]) : 0.0;
+      const bool flips = relu && std::abs(pre[k]) <= b.y[i];
+      eg[k] = flips ? std::abs(dy[i]) + e_dy : on ? e_dy : 0.0;
       k2 += gv[k] / Md;
       k3 += gv[k] * xh[k] / Md;
-      ek2 += eg[k] / Md;
-      ek3 += (eg[k] * std::abs(xh[k]) + std::abs(gv[k]) * exh[k]) / Md;
+      const double e_own = on || flips ? e_dy : 0.0, flip = flips ? std::abs(dy[i]) : 0.0;
+      ss2 += e_own * e_own;
+      ek2 += flip / Md;
+      const double e_x = is * e(i);  // this element's own error in xhat; the rest of exh is shared
+      ss3 += e_own * e_own * xh[k] * xh[k] + gv[k] * gv[k] * e_x * e_x;
+      ek3 += (flip * std::abs(xh[k]) + std::abs(gv[k]) * (exh[k] - e_x)) / Md;
       abs_g += std::abs(gv[k]) / Md;
       abs_gx += std::abs(gv[k] * xh[k]) / Md;
     }
-    ek2 += sM * abs_g;
-    ek3 += sM * abs_gx;
+    ek2 += std::sqrt(ss2) / Md + sM * abs_g;
+    ek3 += std::sqrt(ss3) / Md + sM * abs_gx;
     b.dbeta[c] = Md * ek2 + ua * Md * abs_g;
     b.dgamma[c] = Md * ek3 + ua * Md * abs_gx;
-    const double k1 = std::abs(g) * is, ek1 = k1 * (rel_sigma + 2 * ua);
+    const double k1 = std::abs(g) * is, ek1 = k1 * (rel_sigma + 2 * ua) + eg_c * is;
     for (std::size_t k = 0; k < at.size(); ++k) {
       const auto i = at[k];
       const double inner = gv[k] - k2 - xh[k] * k3;

@@ -41,8 +41,13 @@ struct ErrorModel {
   // cuDNN's non-deterministic 16-bit convolution algorithms add partial results atomically into
   // the output, in its 16-bit type: on cuda in bf16/fp16 a convolution accumulates at u_out
   double u_conv_acc = 0x1p-24;
+  // Towers: a sum over the batch is `towers` partial sums (one per tower), then their average.
+  int towers = 1;
   // A sum of K terms: its error relative to the sum of its terms' absolute values.
   double sum(std::int64_t K) const;
+  // The same for a sum over the batch, split over the towers: each partial sum of K / towers
+  // terms, then the sum of the partial sums (whose absolute values add up to at most the same).
+  double batch_sum(std::int64_t K) const;
   // The same for a convolution (which cuDNN may compute through a transform).
   double conv(std::int64_t K) const;
 };
@@ -64,13 +69,15 @@ Vec conv_backward_filter_bound(const Shape& xs, const Vec& x, const Shape& ys, c
                                const Vec& dw, const ConvParams& p, const ErrorModel& m);
 
 // Batch norm (training statistics, ReLU optional) from x with error bound ex (empty: exact), and
-// its backward from an exact dy. Where the ReLU's input lies within its own error of zero, the
-// backend's mask may differ from the oracle's: that element's gradient may be dy or 0.
+// its backward from dy with error bound edy; egamma / ebeta bound errors already in the parameters
+// (empty: exact). Where the ReLU's input lies within its own error of zero, the backend's mask may
+// differ from the oracle's: that element's gradient may be dy or 0.
 struct BnBounds {
   Vec y, mean, invstd, var_unbiased, dx, dgamma, dbeta;
 };
 BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma, const Vec& beta, double eps,
-                   bool relu, const Vec& dy, const ref::BnSaved& saved, const ErrorModel& m);
+                   bool relu, const Vec& dy, const ref::BnSaved& saved, const ErrorModel& m, const Vec& edy = {},
+                   const Vec& egamma = {}, const Vec& ebeta = {});
 // Inference with running statistics that carry errors erm / erv (empty: exact).
 Vec bn_inference_bound(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta, const Vec& rmean,
                        const Vec& rvar, const Vec& erm, const Vec& erv, double eps, const Vec& y, const ErrorModel& m);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "comm/process_group.hpp"
+#include "support/chain_oracle.hpp"
 #include "support/test_util.hpp"
 #include "train/towers.hpp"
 
@@ -157,7 +158,7 @@ TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
       auto o = tiny(n, m.update, 256);
       o.model = ModelKind::pool_fc;
       o.ps_on_host = m.on_host;
-      o.optimizer.lr = 0.5f;  // a step that moves the variables well past the tolerance
+      o.optimizer.lr = 0.5f;  // a step that moves the variables far past their bounds
       Towers t(o);
       auto o1 = o;
       o1.towers = 1;
@@ -179,6 +180,11 @@ TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
       whole.graph(0).set_input_nchw(img.data());
       whole.graph(0).set_labels(lab.data());
       const auto before = params(whole, 0);
+      // both against the same steps in double: the towers' gradient sums split over the towers
+      auto em = test::error_model({"cpu", Layout::nchw, DType::f32});
+      const auto one = test::oracle_steps(test::ChainOracle(whole.graph(0)), o.optimizer, 2, em);
+      em.towers = n;
+      const auto split = test::oracle_steps(test::ChainOracle(whole.graph(0)), o.optimizer, 2, em);
       for (int k = 0; k < 2; ++k) {
         t.step();
         whole.step();
@@ -190,10 +196,8 @@ TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
       double moved = 0;
       for (std::size_t j = 0; j < want.size(); ++j) moved = std::max(moved, std::abs(double(want[j]) - before[j]));
       ASSERT_GT(moved, 1e-2);
-      for (int i = 0; i < n; ++i) {
-        const auto got = params(t, i);
-        EXPECT_CLOSE(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()), 1e-5);
-      }
+      EXPECT_TRUE(test::params_within(whole.graph(0), one));
+      for (int i = 0; i < n; ++i) EXPECT_TRUE(test::params_within(t.graph(i), split)) << "tower " << i;
     }
   }
 }

@@ -2,7 +2,9 @@
 // slices of the result's buffer (planning gives them views into it), so nothing is copied.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.hpp"
@@ -32,6 +34,19 @@ ValueId Graph::concat(const std::vector<ValueId>& parts) {
   }
   g.values[id].producer = -2;  // produced by its parts
   return id;
+}
+
+std::vector<ValueId> Graph::concat_parts(ValueId v) const {
+  const auto& g = *impl_;
+  SB_CHECK(v >= 0 && static_cast<std::size_t>(v) < g.values.size(), fmt::format("no value {}", v));
+  std::vector<std::pair<std::int64_t, ValueId>> parts;
+  for (std::size_t i = 0; i < g.values.size(); ++i)
+    if (g.values[i].root == v) parts.emplace_back(g.values[i].c_offset, static_cast<ValueId>(i));
+  std::sort(parts.begin(), parts.end());
+  std::vector<ValueId> r;
+  r.reserve(parts.size());
+  for (const auto& p : parts) r.push_back(p.second);
+  return r;
 }
 
 }  // namespace stepbench

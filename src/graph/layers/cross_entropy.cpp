@@ -27,7 +27,11 @@ struct LossLayer final : Layer {
     op->backward(s, g.label_ptr(), g.values[in[0]].g, weight, in_beta[0], reserve.get(), g.loss_scale_ptr());
   }
   std::string name;
-  LayerInfo info() const override { return base_info("cross_entropy", name); }
+  LayerInfo info() const override {
+    LayerInfo i = base_info("cross_entropy", name);
+    i.loss_weight = weight;
+    return i;
+  }
 };
 
 }  // namespace

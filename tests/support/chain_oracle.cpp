@@ -1,0 +1,392 @@
+#include "support/chain_oracle.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "support/test_util.hpp"
+
+namespace stepbench::test {
+
+namespace {
+
+// A parameter (or its gradient) in PyTorch's order from its storage in an arena.
+Vec oihw(Backend& be, const float* p, const ParamEntry& e) {
+  std::vector<float> stored(e.count), out(e.count);
+  be.copy(be.default_stream(), stored.data(), p, e.count * sizeof(float));
+  be.synchronize(be.default_stream());
+  filter_from_storage(stored.data(), out.data(), e);
+  return {out.begin(), out.end()};
+}
+
+Vec plus(Vec a, const Vec& b) {
+  if (a.empty()) return b;
+  for (std::size_t i = 0; i < b.size(); ++i) a[i] += b[i];
+  return a;
+}
+Vec scaled(double k, Vec v) {
+  for (auto& x : v) x *= k;
+  return v;
+}
+const Vec& get(const std::map<std::string, Vec>& m, const std::string& k) {
+  static const Vec kNone;
+  const auto it = m.find(k);
+  return it == m.end() ? kNone : it->second;
+}
+
+Vec sq(const Vec& v) {
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = v[i] * v[i];
+  return r;
+}
+Vec root(Vec v) {
+  for (auto& x : v) x = std::sqrt(x);
+  return v;
+}
+
+// Max pooling's backward where rounding may move the maximum: in each window, every input within
+// the errors of the oracle's maximum may receive the window's gradient instead of it.
+Vec max_pool_tie_bound(const Shape& xs, const Vec& x, const Vec& ex, const Shape& ys, const Vec& dy,
+                       const PoolParams& p) {
+  Vec b(x.size(), 0.0);
+  for (std::int64_t n = 0; n < ys.n; ++n)
+    for (std::int64_t c = 0; c < ys.c; ++c)
+      for (std::int64_t oh = 0; oh < ys.h; ++oh)
+        for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+          const std::int64_t h0 = oh * p.stride_h - p.pad_h, w0 = ow * p.stride_w - p.pad_w;
+          std::vector<std::size_t> in;
+          std::size_t best = 0;
+          double mx = -std::numeric_limits<double>::infinity();
+          for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + p.kh, xs.h); ++h)
+            for (std::int64_t w = std::max<std::int64_t>(w0, 0); w < std::min(w0 + p.kw, xs.w); ++w) {
+              const auto i = ref::idx(xs, n, c, h, w);
+              in.push_back(i);
+              if (x[i] > mx) {
+                mx = x[i];
+                best = i;
+              }
+            }
+          const double g = std::abs(dy[ref::idx(ys, n, c, oh, ow)]);
+          bool tied = false;
+          for (auto i : in)
+            if (i != best && mx - x[i] <= ex[best] + ex[i]) {
+              b[i] += g;
+              tied = true;
+            }
+          if (tied) b[best] += g;
+        }
+  return b;
+}
+
+}  // namespace
+
+ChainOracle::ChainOracle(Graph& g) : layers_(g.layers()), dtype_(g.config().dtype) {
+  Backend& be = g.backend();
+  std::map<ValueId, bool> produced;
+  for (const auto& l : layers_) {
+    if (l.kind == "dropout") throw std::invalid_argument("ChainOracle: dropout is not modelled; build without it");
+    if (l.out >= 0) {
+      produced[l.out] = true;
+      shapes_[l.out] = g.value(l.out).shape();
+    }
+  }
+  for (const auto& l : layers_)
+    for (ValueId v : l.in) {
+      if (shapes_.count(v)) continue;
+      shapes_[v] = g.value(v).shape();
+      auto parts = g.concat_parts(v);
+      if (!parts.empty())
+        parts_[v] = std::move(parts);
+      else if (!produced.count(v))
+        input_ = v;
+    }
+  image_ = read_nchw(be, g.value(input_));
+  labels_.resize(static_cast<std::size_t>(g.config().batch));
+  be.copy(be.default_stream(), labels_.data(), g.labels(), labels_.size() * sizeof(std::int32_t));
+  be.synchronize(be.default_stream());
+  params = graph_params(g);
+}
+
+std::map<std::string, Vec> graph_params(Graph& g) {
+  std::map<std::string, Vec> r;
+  for (const auto& e : g.params())
+    if (e.trainable) r[e.name] = oihw(g.backend(), g.data_of(e), e);
+  return r;
+}
+
+std::map<std::string, Vec> graph_grads(Graph& g) {
+  const double scale = g.loss_scaler() ? g.loss_scale(g.backend().default_stream()) : 1.0;
+  std::map<std::string, Vec> r;
+  for (const auto& e : g.params())
+    if (e.trainable) r[e.name] = scaled(1 / scale, oihw(g.backend(), g.grad_of(e), e));
+  return r;
+}
+
+// What the forward pass keeps for the backward pass, per layer.
+struct ChainOracle::Fwd {
+  Vec z, ez, y;  // conv_bn_relu: the convolution's output and its bound; the unit's output
+  ref::BnSaved saved;
+};
+
+ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
+  const double eps = BatchNormParams{}.eps;
+  const double uo = m.u_out, ua = m.u_acc;
+  // the 16-bit copies a mixed-precision graph convolves and multiplies with
+  auto weights = [&](const std::string& name) {
+    return dtype_ == DType::f32 ? params.at(name) : round_to(dtype_, params.at(name));
+  };
+  auto pbound = [&](const std::string& name) {
+    const Vec& b = get(param_bounds, name);
+    return b.empty() ? Vec(params.at(name).size(), 0.0) : b;
+  };
+  std::map<ValueId, Vec> val, err;
+  val[input_] = image_;
+  err[input_] = Vec(image_.size(), 0.0);
+  // a concat's value is its parts', channel after channel
+  auto value = [&](ValueId v, const std::map<ValueId, Vec>& from) {
+    const auto it = parts_.find(v);
+    if (it == parts_.end()) return from.at(v);
+    const Shape s = shapes_.at(v);
+    Vec r(static_cast<std::size_t>(s.numel()));
+    std::int64_t off = 0;
+    for (ValueId p : it->second) {
+      const Shape ps = shapes_.at(p);
+      const Vec& pv = from.at(p);
+      for (std::int64_t n = 0; n < s.n; ++n)
+        for (std::int64_t c = 0; c < ps.c; ++c)
+          for (std::int64_t h = 0; h < s.h; ++h)
+            for (std::int64_t w = 0; w < s.w; ++w) r[ref::idx(s, n, off + c, h, w)] = pv[ref::idx(ps, n, c, h, w)];
+      off += ps.c;
+    }
+    return r;
+  };
+  Result res;
+  std::vector<Fwd> kept(layers_.size());
+  for (std::size_t li = 0; li < layers_.size(); ++li) {
+    const LayerInfo& l = layers_[li];
+    const Vec x = value(l.in[0], val), ex = value(l.in[0], err);
+    const Shape xs = shapes_.at(l.in[0]);
+    if (l.kind == "conv_bn_relu") {
+      const Shape ys = shapes_.at(l.out);
+      const std::string wn = l.name + ".conv.weight", gn = l.name + ".bn.weight", bn = l.name + ".bn.bias";
+      const Vec w = weights(wn);
+      Fwd& f = kept[li];
+      ref::conv_forward(xs, x, w, ys, f.z, l.conv);
+      Vec from_w;
+      ref::conv_forward(xs, absv(x), pbound(wn), ys, from_w, l.conv);
+      Vec inherited;
+      ref::conv_forward(xs, sq(ex), sq(w), ys, inherited, l.conv);
+      f.ez = plus(plus(conv_forward_bound(xs, x, {}, w, ys, f.z, l.conv, m), from_w), root(inherited));
+      ref::bn_forward_training(ys, f.z, params.at(gn), params.at(bn), eps, true, f.y, f.saved);
+      val[l.out] = f.y;
+      err[l.out] =
+          bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, true, {}, f.saved, m, {}, pbound(gn), pbound(bn))
+              .y;
+    } else if (l.kind == "pool") {
+      const Shape ys = shapes_.at(l.out);
+      Vec y, carried;
+      ref::pool_forward(xs, x, ys, y, l.pool);
+      ref::pool_forward(xs, ex, ys, carried, l.pool);  // avg: a mean of the errors; max: the largest
+      err[l.out] = plus(pool_forward_bound(xs, x, ys, y, l.pool, m), carried);
+      val[l.out] = std::move(y);
+    } else if (l.kind == "linear") {
+      const std::int64_t N = xs.n, K = xs.c, M = shapes_.at(l.out).c;
+      const std::string wn = l.name + ".weight", bn = l.name + ".bias";
+      const Vec w = weights(wn), &b = params.at(bn);
+      Vec y, ay, carried, from_w;
+      ref::linear_forward(N, K, M, x, w, b, y);
+      ref::linear_forward(N, K, M, absv(x), absv(w), absv(b), ay);
+      ref::linear_forward(N, K, M, sq(ex), sq(w), sq(pbound(bn)), carried);
+      carried = root(carried);
+      ref::linear_forward(N, K, M, absv(x), pbound(wn), Vec(static_cast<std::size_t>(M), 0.0), from_w);
+      // the product is stored in the dtype before the bias (in the dtype too) is added: three roundings
+      err[l.out] = plus(plus(plus_rounding(axpby(m.sum(K + 1) + 2 * uo, ay, 0, {}), y, uo), carried), from_w);
+      val[l.out] = std::move(y);
+    } else if (l.kind == "cross_entropy") {
+      const std::int64_t N = xs.n, M = xs.c;
+      Vec dz;
+      const double loss = ref::softmax_xent(N, M, x, labels_, dz);
+      res.loss += l.loss_weight * loss;
+      res.logits[l.name] = x;
+      res.logits_bound[l.name] = ex;
+      // per row: the log of a sum of M exponentials and three terms (as Ops.SoftmaxCrossEntropy),
+      // and the logits' errors: |d loss_n| <= sum_j p_j e_j + e_label <= 2 max_j e_j
+      double bound = 0, mean_abs_row = 0;
+      for (std::int64_t n = 0; n < N; ++n) {
+        double mx = -std::numeric_limits<double>::infinity(), se = 0, emax = 0;
+        for (std::int64_t j = 0; j < M; ++j) {
+          mx = std::max(mx, x[n * M + j]);
+          emax = std::max(emax, ex[n * M + j]);
+        }
+        for (std::int64_t j = 0; j < M; ++j) se += std::exp(x[n * M + j] - mx);
+        const double row = std::log(se) + mx - x[n * M + labels_[n]];
+        bound += (2 * emax + m.sum(M) + 3 * ua + 2 * ua * (std::abs(std::log(se)) + std::abs(mx) + std::abs(row))) / N;
+        mean_abs_row += std::abs(row) / N;
+      }
+      res.loss_bound += l.loss_weight * (bound + m.sum(N) * mean_abs_row);
+    } else {
+      throw std::invalid_argument("ChainOracle: layer kind " + l.kind + " is not modelled");
+    }
+  }
+  if (!backward) return res;
+
+  std::map<ValueId, Vec> grad, gerr;
+  // d adds into v's gradient (split over a concat's parts); a second contribution is an
+  // accumulation, stored in the dtype
+  std::function<void(ValueId, const Vec&, const Vec&)> add = [&](ValueId v, const Vec& d, const Vec& e) {
+    if (v == input_) return;
+    const auto it = parts_.find(v);
+    if (it != parts_.end()) {
+      const Shape s = shapes_.at(v);
+      std::int64_t off = 0;
+      for (ValueId p : it->second) {
+        const Shape ps = shapes_.at(p);
+        Vec pd(static_cast<std::size_t>(ps.numel())), pe(pd.size());
+        for (std::int64_t n = 0; n < s.n; ++n)
+          for (std::int64_t c = 0; c < ps.c; ++c)
+            for (std::int64_t h = 0; h < s.h; ++h)
+              for (std::int64_t w = 0; w < s.w; ++w) {
+                pd[ref::idx(ps, n, c, h, w)] = d[ref::idx(s, n, off + c, h, w)];
+                pe[ref::idx(ps, n, c, h, w)] = e[ref::idx(s, n, off + c, h, w)];
+              }
+        add(p, pd, pe);
+        off += ps.c;
+      }
+      return;
+    }
+    auto& g = grad[v];
+    auto& b = gerr[v];
+    if (g.empty()) {
+      g = d;
+      b = e;
+      return;
+    }
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      g[i] += d[i];
+      b[i] += e[i] + (ua + uo) * std::abs(g[i]);
+    }
+  };
+  auto set_grad = [&](const std::string& name, Vec d, Vec e) {
+    res.grads[name] = std::move(d);
+    res.grad_bounds[name] = std::move(e);
+  };
+  for (std::size_t li = layers_.size(); li-- > 0;) {
+    const LayerInfo& l = layers_[li];
+    const Vec x = value(l.in[0], val), ex = value(l.in[0], err);
+    const Shape xs = shapes_.at(l.in[0]);
+    if (l.kind == "cross_entropy") {
+      const std::int64_t N = xs.n, M = xs.c;
+      Vec dz;
+      ref::softmax_xent(N, M, x, labels_, dz);
+      Vec e(dz.size());
+      for (std::int64_t n = 0; n < N; ++n) {
+        double emax = 0;
+        for (std::int64_t j = 0; j < M; ++j) emax = std::max(emax, ex[n * M + j]);
+        for (std::int64_t j = 0; j < M; ++j) {
+          const bool lab = j == labels_[n];
+          const double p = dz[n * M + j] * N + (lab ? 1.0 : 0.0);
+          // softmax: |dp_j| <= p_j (e_j + sum_k p_k e_k) <= 2 p_j max e; its own rounding as the op test's
+          e[n * M + j] = l.loss_weight * (p * (2 * emax + m.sum(M) + 4 * ua) + 2 * ua * (p + (lab ? 1.0 : 0.0))) / N;
+        }
+      }
+      const Vec d = scaled(l.loss_weight, dz);
+      add(l.in[0], d, plus_rounding(e, d, uo));
+      continue;
+    }
+    if (!grad.count(l.out)) continue;  // nothing downstream reaches the loss
+    const Vec dy = grad.at(l.out), edy = gerr.at(l.out);
+    const Shape ys = shapes_.at(l.out);
+    if (l.kind == "pool") {
+      Vec dx, carried;
+      ref::pool_backward(xs, x, ys, dy, dx, l.pool);
+      ref::pool_backward(xs, x, ys, edy, carried, l.pool);
+      Vec e = plus(pool_backward_bound(xs, x, ys, dy, dx, l.pool, m), carried);
+      if (l.pool.kind == PoolKind::max) e = plus(std::move(e), max_pool_tie_bound(xs, x, ex, ys, dy, l.pool));
+      add(l.in[0], dx, e);
+    } else if (l.kind == "linear") {
+      const std::int64_t N = xs.n, K = xs.c, M = ys.c;
+      const std::string wn = l.name + ".weight", bn = l.name + ".bias";
+      const Vec w = weights(wn);
+      Vec dx, dw, db, adx, adw, adb, e1x, e1w, e1b, e2x, e2w, e2b, e3x, e3w, e3b;
+      ref::linear_backward(N, K, M, x, w, dy, dx, dw, db);
+      ref::linear_backward(N, K, M, absv(x), absv(w), absv(dy), adx, adw, adb);
+      ref::linear_backward(N, K, M, sq(x), sq(w), sq(edy), e1x, e1w, e1b);     // the gradient's error
+      ref::linear_backward(N, K, M, ex, pbound(wn), absv(dy), e2x, e2w, e2b);  // e2x: the weights' error
+      ref::linear_backward(N, K, M, sq(ex), sq(w), sq(dy), e3x, e3w, e3b);     // e3w: the input's error
+      e1x = root(e1x), e1w = root(e1w), e1b = root(e1b), e3w = root(e3w);
+      set_grad(wn, dw, plus(plus_rounding(axpby(m.batch_sum(N), adw, 1, e1w), dw, uo), e3w));
+      set_grad(bn, db, plus_rounding(axpby(m.batch_sum(N), adb, 1, e1b), db, uo));
+      add(l.in[0], dx, plus(plus_rounding(axpby(m.sum(M), adx, 1, e1x), dx, uo), e2x));
+    } else if (l.kind == "conv_bn_relu") {
+      const Fwd& f = kept[li];
+      const std::string wn = l.name + ".conv.weight", gn = l.name + ".bn.weight", bn = l.name + ".bn.bias";
+      const Vec w = weights(wn);
+      Vec dz, dgamma, dbeta;
+      ref::bn_backward(ys, f.z, f.y, dy, params.at(gn), f.saved, true, dz, dgamma, dbeta);
+      const auto eb = bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, true, dy, f.saved, m, edy, pbound(gn),
+                                pbound(bn));
+      Vec dw, from_x;
+      ref::conv_backward_filter(xs, x, ys, dz, dw, l.conv);
+      Vec from_dz;
+      ref::conv_backward_filter(xs, sq(ex), ys, sq(dz), from_x, l.conv);
+      ref::conv_backward_filter(xs, sq(x), ys, sq(eb.dx), from_dz, l.conv);
+      set_grad(wn, dw,
+               plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv, m), root(from_x)), root(from_dz)));
+      set_grad(gn, dgamma, eb.dgamma);
+      set_grad(bn, dbeta, eb.dbeta);
+      if (l.in[0] != input_) {
+        Vec dx, from_w;
+        ref::conv_backward_data(ys, dz, w, xs, dx, l.conv);
+        Vec from_dz;
+        ref::conv_backward_data(ys, absv(dz), pbound(wn), xs, from_w, l.conv);
+        ref::conv_backward_data(ys, sq(eb.dx), sq(w), xs, from_dz, l.conv);
+        add(l.in[0], dx, plus(plus(conv_backward_data_bound(ys, dz, {}, w, xs, dx, l.conv, m), from_w), root(from_dz)));
+      }
+    }
+  }
+  return res;
+}
+
+OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, const ErrorModel& m) {
+  if (c.kind == OptimizerKind::rmsprop) throw std::invalid_argument("oracle_steps: sgd and momentum only");
+  const double ua = m.u_acc, lr = c.lr, mu = c.kind == OptimizerKind::momentum ? c.momentum : 0.0;
+  std::map<std::string, Vec> mom, emom;
+  for (int k = 0; k < steps; ++k) {
+    const auto r = o.run(m);
+    for (auto& [name, p] : o.params) {
+      const Vec& g = r.grads.at(name);
+      const Vec& eg = r.grad_bounds.at(name);
+      Vec& ep = o.param_bounds[name];
+      Vec& s = mom[name];
+      Vec& es = emom[name];
+      if (ep.empty()) ep.assign(p.size(), 0.0);
+      if (s.empty()) s.assign(p.size(), 0.0), es.assign(p.size(), 0.0);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        // fp32: g + wd p, mu s + g, p - lr s; each operation rounded once
+        const double gi = g[i] + c.weight_decay * p[i];
+        const double egi = eg[i] + c.weight_decay * ep[i] + ua * (std::abs(gi) + std::abs(c.weight_decay * p[i]));
+        s[i] = mu * s[i] + gi;
+        es[i] = mu * es[i] + egi + 2 * ua * std::abs(s[i]);
+        p[i] -= lr * s[i];
+        ep[i] += lr * es[i] + 2 * ua * (std::abs(p[i]) + lr * std::abs(s[i]));
+      }
+    }
+  }
+  return {o.params, o.param_bounds};
+}
+
+testing::AssertionResult params_within(Graph& g, const OracleSteps& want) {
+  const auto got = graph_params(g);
+  for (const auto& [name, w] : want.params) {
+    auto r = within(got.at(name), w, want.bounds.at(name));
+    if (!r) return testing::AssertionFailure() << name << ": " << r.message();
+  }
+  return testing::AssertionSuccess();
+}
+
+}  // namespace stepbench::test

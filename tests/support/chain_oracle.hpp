@@ -1,0 +1,67 @@
+// The whole graph again in double precision, layer by layer from the graph's own input, labels and
+// parameters (read back once), with a first-order bound on how far a correct backend's loss,
+// logits and parameter gradients may be from it: each op's own rounding under the error model
+// (error_model.hpp) plus the errors it inherits, carried forward through the activations and back
+// through the gradients with the oracle on absolute values, as error_model.hpp does for one op.
+// expect_units_match_oracle checks each unit from the graph's own (already rounded) inputs; this
+// checks the network end to end, so a fault anywhere in it shows in the loss or some gradient.
+//
+// Where rounding can flip a discrete choice (a ReLU's input within its error of zero, two max-pool
+// inputs within their errors of each other), the bound allows either outcome. Dropout is not
+// modelled (throws): build the graph without it.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "support/error_model.hpp"
+
+namespace stepbench::test {
+
+class ChainOracle {
+ public:
+  explicit ChainOracle(Graph& g);  // reads the structure, input, labels and parameters
+
+  // Trainable parameters by name in PyTorch's order (OIHW filters); tests may change them.
+  std::map<std::string, Vec> params;
+  // Bounds on errors already in the parameters (after optimizer steps); missing: exact.
+  std::map<std::string, Vec> param_bounds;
+
+  struct Result {
+    double loss = 0, loss_bound = 0;
+    std::map<std::string, Vec> logits, logits_bound;  // by output name, N x M
+    std::map<std::string, Vec> grads, grad_bounds;    // by parameter name, of the unscaled loss
+  };
+  Result run(const ErrorModel& m, bool backward = true) const;
+  double loss() const { return run(ErrorModel{}, false).loss; }
+
+ private:
+  struct Fwd;
+  std::vector<LayerInfo> layers_;
+  std::map<ValueId, Shape> shapes_;
+  std::map<ValueId, std::vector<ValueId>> parts_;  // concats
+  ValueId input_ = -1;
+  Vec image_;
+  std::vector<std::int32_t> labels_;
+  DType dtype_ = DType::f32;
+};
+
+// The graph's parameters and their gradients (divided by the loss scale), named and ordered as
+// ChainOracle's.
+std::map<std::string, Vec> graph_params(Graph& g);
+std::map<std::string, Vec> graph_grads(Graph& g);
+
+// `steps` optimizer steps (sgd or momentum) in double on one batch, from the oracle's parameters:
+// the parameters after them, with bounds that add each step's gradient bound (computed from
+// parameters that already carry the earlier steps' bounds) and the update's fp32 rounding.
+struct OracleSteps {
+  std::map<std::string, Vec> params, bounds;
+};
+OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, const ErrorModel& m);
+
+// Every parameter of the graph within the bounds of `want` (for EXPECT_TRUE).
+testing::AssertionResult params_within(Graph& g, const OracleSteps& want);
+
+}  // namespace stepbench::test
