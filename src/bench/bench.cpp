@@ -35,23 +35,28 @@ struct Flops {
   double forward, train_forward;  // per image; backward counts as twice the forward
 };
 
+// The command line handed to Google Benchmark. Initialize keeps a pointer to argv[0]
+// (BenchmarkReporter::Context::executable_name, which the reporters print), so the storage must
+// outlive the run: run_benchmarks owns it until it returns.
+struct BenchmarkArgv {
+  std::vector<std::string> args;
+  std::vector<char*> argv;
+};
+
 // Google Benchmark's flags first, so that a bad one fails before minutes of set-up. False: one was
 // not recognised (reported on stderr).
-bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0) {
-  // Google Benchmark keeps pointers into argv (the program name it prints): they must outlive the run.
-  static std::vector<std::string> args;
-  static std::vector<char*> argv;
-  args = {argv0};
-  for (const auto& a : c.benchmark_args) args.push_back(a);
+bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
+  keep.args = {argv0};
+  for (const auto& a : c.benchmark_args) keep.args.push_back(a);
   if (!c.json.empty() && root) {
-    args.push_back("--benchmark_out=" + c.json);
-    args.emplace_back("--benchmark_out_format=json");
+    keep.args.push_back("--benchmark_out=" + c.json);
+    keep.args.emplace_back("--benchmark_out_format=json");
   }
-  argv.clear();
-  for (auto& a : args) argv.push_back(a.data());
-  int argc = static_cast<int>(argv.size());
-  benchmark::Initialize(&argc, argv.data());
-  return !benchmark::ReportUnrecognizedArguments(argc, argv.data());
+  keep.argv.clear();
+  for (auto& a : keep.args) keep.argv.push_back(a.data());
+  int argc = static_cast<int>(keep.argv.size());
+  benchmark::Initialize(&argc, keep.argv.data());
+  return !benchmark::ReportUnrecognizedArguments(argc, keep.argv.data());
 }
 
 // The names this configuration registers, without running anything (--list).
@@ -109,7 +114,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   const int gpus = r.towers * group.size();
   const std::string prefix = fmt::format("{}/{}/{}/gpus:{}/batch:{}", to_string(r.model), to_string(r.precision),
                                          to_string(r.layout), gpus, r.batch_per_tower);
-  if (!init_google_benchmark(c, root, argv0)) return 2;
+  BenchmarkArgv benchmark_argv;  // alive until Google Benchmark's run and Shutdown are over
+  if (!init_google_benchmark(c, root, argv0, benchmark_argv)) return 2;
 
   std::vector<Phase> phases = c.phases;
   if (phases.empty())

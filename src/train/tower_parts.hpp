@@ -1,5 +1,5 @@
-// Inside the towers: what each tower owns, the host parameter server and the input staging buffers
-// (towers.cpp, staging.cpp, capture.cpp). Not for use outside src/train.
+// Inside the towers: what each tower owns and the input staging buffers (towers.cpp, staging.cpp,
+// capture.cpp, the gradient syncs sync_*.cpp). Not for use outside src/train.
 #pragma once
 #include <memory>
 #include <vector>
@@ -9,7 +9,8 @@
 
 namespace stepbench {
 
-struct Towers::Tower {
+// One tower: its backend, graph and trainer, and the gradient sync's stream and events.
+struct Replica {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Graph> g;
   std::unique_ptr<Trainer> tr;
@@ -17,15 +18,18 @@ struct Towers::Tower {
   std::vector<std::unique_ptr<Event>> ready;  // per bucket: backward has produced it (compute stream)
   std::unique_ptr<Event> computed, synced;    // compute -> comm and comm -> compute ordering
   std::size_t recorded = 0;                   // ready events recorded this step
-};
 
-// The parameter server in host memory (ps_on_host): the variables, their summed gradients and the
-// optimizer state, updated by the cpu backend; pinned where the towers' backend pins.
-struct Towers::HostServer {
-  std::unique_ptr<Backend> cpu = make_backend(BackendKind::cpu);
-  HostBuffer params, grads;
-  std::vector<HostBuffer> tmp;  // per tower but the first: one bucket of its gradients
-  std::unique_ptr<OptimizerState> opt;
+  Stream& compute() const { return be->default_stream(); }
+  // The communication stream waits for everything enqueued on the compute stream so far.
+  void comm_after_compute() const {
+    be->record(*computed, compute());
+    be->wait(*comm, *computed);
+  }
+  // The compute stream waits for everything enqueued on the communication stream so far.
+  void compute_after_comm() const {
+    be->record(*synced, *comm);
+    be->wait(compute(), *synced);
+  }
 };
 
 struct Towers::Staging {

@@ -7,6 +7,7 @@
 //                     host memory with ps_on_host), which updates the variables and broadcasts
 //                     them back to every tower;
 //   independent       no synchronisation: each tower trains on its own.
+// Each mode is a GradientSync (train/sync.hpp), chosen once by the constructor.
 // Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
 // execution order, so the first bucket is the first one backward finishes).
 #pragma once
@@ -25,7 +26,9 @@
 
 namespace stepbench {
 
-class CommThread;  // comm/comm_thread.hpp
+class CommThread;    // comm/comm_thread.hpp
+class GradientSync;  // train/sync.hpp
+struct Replica;      // train/tower_parts.hpp
 
 enum class VariableUpdate { replicated, parameter_server, independent };
 constexpr auto enum_names(VariableUpdate) {
@@ -135,26 +138,22 @@ class Towers {
   std::size_t input_floats() const;  // its elements: what stage() reads
 
  private:
-  struct Tower;
   TowerOptions opt_;
   ModelInfo info_;
-  std::vector<std::unique_ptr<Tower>> towers_;
-  std::unique_ptr<Collective> coll_;                          // null when nothing is synchronised between GPUs
+  std::vector<std::unique_ptr<Replica>> towers_;
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;  // (offset, count) in floats
   std::vector<float*> grads_, params_;
   int rank_ = 0, processes_ = 1;
-  struct HostServer;
-  std::unique_ptr<HostServer> server_;  // ps_on_host
-  std::unique_ptr<CapturedWork> graph_step_, graph_forward_;
-  double stall_s_ = 0;  // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
-  bool async() const { return coll_ && coll_->asynchronous() && !server_; }
   const ProcessGroup& group() const { return opt_.group ? *opt_.group : single_; }
-  ProcessGroup single_;             // the group when none is given: this process alone
-  void mark_ready(int tower);       // every bucket's ready event not yet recorded, at the stream's end
-  void launch(std::size_t k);       // bucket k's sync: enqueued (NCCL) or handed to the comm thread
-  void sync_bucket(std::size_t k);  // synchronous: host memory, MPI, or the host server
-  std::unique_ptr<CommThread> comm_;
-  std::size_t launched_ = 0;  // buckets handed to the communication thread this step
+  ProcessGroup single_;                 // the group when none is given: this process alone
+  std::unique_ptr<GradientSync> sync_;  // the variable-update mode's; declared after towers_: destroyed first
+  std::unique_ptr<CapturedWork> graph_step_, graph_forward_;  // destroyed before the collective they captured
+  double stall_s_ = 0;                // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
+  void mark_ready(int tower);         // every bucket's ready event not yet recorded, at the stream's end
+  void launch(std::size_t k);         // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void sync_on_host(std::size_t k);   // bucket k on this thread: the comm thread, or after backward
+  std::unique_ptr<CommThread> comm_;  // declared after sync_: joined before the sync it calls goes
+  std::size_t launched_ = 0;          // buckets handed to the communication thread this step
   std::size_t overlapped_ = 0;
   struct Staging;  // declared after towers_: destroyed before the backends it allocated from
   std::vector<std::unique_ptr<Staging>> staging_;

@@ -268,7 +268,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Ctx ctx() const { return Ctx{dev_, cudnn_.get(), cublas_.get(), tf32_, budget_, own_norm_pool_}; }
+  Ctx ctx() { return Ctx{dev_, cudnn_.get(), cublas_.get(), tf32_, budget_, own_norm_pool_, &notes_}; }
   int dev_;
   cudaDeviceProp prop_{};
   CudaStream stream_;
@@ -277,6 +277,7 @@ class CudaBackend final : public Backend {
   bool tf32_ = false;
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
   bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels
+  FallbackNotes notes_;                          // the "cuDNN declined" lines said so far
 };
 
 }  // namespace

@@ -90,7 +90,7 @@ class CudaBatchNorm final : public BatchNormOp {
                 ex_ws_, reserve, reserve_)))
           return;
         fused_ = false;  // declined: BN, then our ReLU, from now on
-        note_fallback("batch norm", "fused ReLU (Ex API)", x_);
+        c_.notes->note("batch norm", "fused ReLU (Ex API)", x_);
       }
       if (ex_bn_) {
         // BN into a dense y in the workspace, then the ReLU (or a copy) into y, which may be a slice
@@ -106,7 +106,7 @@ class CudaBatchNorm final : public BatchNormOp {
           return;
         }
         ex_bn_ = false;
-        note_fallback("batch norm", "forward (Ex API)", x_);
+        c_.notes->note("batch norm", "forward (Ex API)", x_);
       }
       while (!own_) {
         if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTraining(c_.cudnn, mode_, &one, &zero, xd_.get(), x.data,
@@ -156,7 +156,7 @@ class CudaBatchNorm final : public BatchNormOp {
                 dbeta, p_.eps, sm, si, nullptr, ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_)))
           return;
         ex_bn_ = false;
-        note_fallback("batch norm", "backward (Ex API)", x_);
+        c_.notes->note("batch norm", "backward (Ex API)", x_);
       }
       while (!own_) {
         if (SB_CUDNN_RAN(cudnnBatchNormalizationBackward(c_.cudnn, mode_, &one, &beta_dx, &one, &zero, xd_.get(),
@@ -178,7 +178,7 @@ class CudaBatchNorm final : public BatchNormOp {
       return;
     }
     own_ = true;
-    note_fallback("batch norm", step, x_);
+    c_.notes->note("batch norm", step, x_);
   }
   void* ex_ws(void* ws) const { return ex_ws_ ? static_cast<char*>(ws) + temp_ : nullptr; }
   // cuDNN's workspace (forward, backward) and reserve sizes for the Ex calls with these ops, or false

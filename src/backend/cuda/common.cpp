@@ -2,9 +2,6 @@
 #include "backend/cuda/common.hpp"
 
 #include <cstdio>
-#include <mutex>
-#include <set>
-#include <string>
 
 namespace stepbench::cuda {
 
@@ -33,12 +30,10 @@ bool cudnn_ran(cudnnStatus_t st, const char* call, const char* file, int line) {
   throw_error(file, line, fmt::format("{} failed: {}", call, cudnnGetErrorString(st)));
 }
 
-void note_fallback(const char* op, const char* step, const TensorDesc& x) {
-  static std::mutex m;
-  static std::set<std::string> said;
+void FallbackNotes::note(const char* op, const char* step, const TensorDesc& x) {
   const std::string what = fmt::format("{} {} on {} {}", op, step, to_string(x.layout), to_string(x.dtype));
-  std::lock_guard<std::mutex> lock(m);
-  if (said.insert(what).second)
+  std::lock_guard<std::mutex> lock(m_);
+  if (said_.insert(what).second)
     fmt::print(stderr, "stepbench: cuDNN declined {} ({}); stepbench's kernel runs it\n", what, to_string(x.shape));
 }
 

@@ -10,6 +10,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/check.hpp"
@@ -18,13 +21,16 @@
 
 namespace stepbench::cuda {
 
+class FallbackNotes;  // below
+
 struct Ctx {  // what every op of one backend shares
   int device;
   cudnnHandle_t cudnn;
   cublasHandle_t cublas;
   bool tf32;
   std::size_t workspace_budget;
-  bool own_norm_pool;  // CudaBackendOptions::own_kernels: batch norm and pooling on our kernels, not cuDNN
+  bool own_norm_pool;    // CudaBackendOptions::own_kernels: batch norm and pooling on our kernels, not cuDNN
+  FallbackNotes* notes;  // the backend's, which outlives its ops
 };
 
 struct CudaStream final : Stream {
@@ -56,12 +62,20 @@ TensorDescriptor tensor_descriptor(const TensorDesc& t);
 // ---- cuDNN declining a configuration --------------------------------------------------------------
 // cuDNN may decline a configuration (a layout, a stride pattern or a type it has no kernel for).
 // Such a call launches nothing; the op then runs stepbench's kernel for good, and says so once per
-// kind of refusal (note_fallback). Any other failure throws.
+// kind of refusal (Ctx::notes). Any other failure throws.
 bool cudnn_ran(cudnnStatus_t st, const char* call, const char* file, int line);
 #define SB_CUDNN_RAN(call) ::stepbench::cuda::cudnn_ran((call), #call, __FILE__, __LINE__)
 
-// Prints, once per process for each op, step, layout and type, that stepbench's kernel runs it.
-void note_fallback(const char* op, const char* step, const TensorDesc& x);
+// The kinds of "cuDNN declined" one backend has reported (ops of several threads may report).
+class FallbackNotes {
+ public:
+  // Prints, once per backend for each op, step, layout and type, that stepbench's kernel runs it.
+  void note(const char* op, const char* step, const TensorDesc& x);
+
+ private:
+  std::mutex m_;
+  std::set<std::string> said_;
+};
 
 // ---- the ops ---------------------------------------------------------------------------------------
 std::unique_ptr<ConvOp> make_cuda_conv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p);

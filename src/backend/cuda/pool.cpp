@@ -56,7 +56,7 @@ class CudaPool final : public PoolOp {
       if (SB_CUDNN_RAN(cudnnPoolingForward(c_.cudnn, pd_.get(), &one, xd_.get(), x.data, &zero, yd_.get(), y.data)))
         return;
       own_ = true;
-      note_fallback("pooling", "forward", x_);
+      c_.notes->note("pooling", "forward", x_);
     }
     SB_CUDA(cuda::launch_pool_forward(view(x), view(y), a_, nullptr, S(s)));
   }
@@ -69,7 +69,7 @@ class CudaPool final : public PoolOp {
                                             x.data, &beta, xd_.get(), dx.data)))
         return;
       own_ = true;
-      note_fallback("pooling", "backward", x_);
+      c_.notes->note("pooling", "backward", x_);
     }
     SB_CUDA(cuda::launch_pool_backward(view(x), view(dy), view(dx), a_, beta, nullptr, S(s)));
   }

@@ -1,0 +1,98 @@
+// What the gradient syncs share: the towers' helpers, the collective modes' bucket sync and polling
+// wait, the option checks and the factory that chooses the mode's sync.
+#include "train/sync.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+void SyncTowers::update_every_tower() const {
+  for (const auto& t : towers) t->tr->update(t->compute());
+}
+
+void SyncTowers::synchronize_every_tower() const {
+  for (const auto& t : towers) t->be->synchronize(t->compute());
+}
+
+std::string CollectiveSync::name() const { return bytes() == 0 ? "none" : coll_->name(); }
+
+std::size_t CollectiveSync::bytes() const {
+  return t_.global_size() < 2 ? 0 : t_.arena_bytes();  // one tower with its variables: nothing moves
+}
+
+void CollectiveSync::sync_bucket(std::size_t k) {
+  if (enqueued())
+    for (const auto& t : t_.towers) t->be->wait(*t->comm, *t->ready[k]);  // the comm stream waits for backward
+  const auto [off, n] = t_.buckets[k];
+  average(off, n);
+}
+
+void CollectiveSync::synchronize() const {
+  if (!enqueued()) {
+    t_.synchronize_every_tower();
+    return;
+  }
+  // Poll, as nccl-tests does: a hung collective must end the run, not block it in the driver.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& t : t_.towers) {
+    while (!t->be->query(t->compute())) {
+      coll_->check();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
+        coll_->abort();
+        throw SyncError(fmt::format(
+            "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: a peer "
+            "failed or stalled. If the step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+            coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size()));
+      }
+      std::this_thread::yield();
+    }
+  }
+  coll_->check();
+}
+
+void check_sync_options(const TowerOptions& o) {
+  if (o.ps_on_host && o.variable_update != VariableUpdate::parameter_server)
+    throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
+  if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
+  if (o.precision == Precision::fp16 && o.variable_update == VariableUpdate::parameter_server)
+    throw UnsupportedError(
+        "--precision fp16 with parameter_server: the dynamic loss scale lives on each tower and "
+        "only the server updates, so the towers' scales would drift apart (not implemented); use "
+        "--variable-update replicated, or --precision bf16, which needs no loss scaling");
+}
+
+namespace {
+
+// What moves the collective modes' buckets: host memory (plus MPI across processes) between the cpu
+// backend's towers; NCCL between GPU towers, when there are at least two in all.
+std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTowers& t) {
+  if (o.backend == BackendKind::cpu) return make_host_collective(*t.towers[0]->be, o.towers, t.group);
+  if (t.global_size() < 2) return nullptr;
+  std::vector<Backend*> bes;
+  std::vector<Stream*> comm_streams;
+  for (const auto& r : t.towers) {
+    bes.push_back(r->be.get());
+    comm_streams.push_back(r->comm.get());
+  }
+  return make_nccl_collective(bes, comm_streams, t.group);
+}
+
+}  // namespace
+
+std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const SyncTowers& t) {
+  switch (o.variable_update) {
+    case VariableUpdate::replicated: return make_replicated_sync(t, make_collective(o, t));
+    case VariableUpdate::parameter_server:
+      return o.ps_on_host ? make_host_server_sync(t, o.optimizer) : make_device_server_sync(t, make_collective(o, t));
+    case VariableUpdate::independent: return make_independent_sync(t);
+  }
+  throw Error(fmt::format("unknown variable update {}", static_cast<int>(o.variable_update)));
+}
+
+}  // namespace stepbench

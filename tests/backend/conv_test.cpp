@@ -1,0 +1,70 @@
+// Convolution forward, backward data (overwriting and accumulating) and backward filter against the
+// oracle, over the kernel shapes Inception uses.
+#include "backend/ops_common.hpp"
+
+namespace stepbench {
+namespace {
+
+struct ConvCase {
+  const char* name;
+  Shape x;
+  std::int64_t cout;
+  ConvParams p;
+};
+// The kernel shapes Inception uses, on small inputs.
+const ConvCase kConvCases[] = {
+    {"3x3_s1_p1", {2, 5, 9, 9}, 6, {3, 3, 1, 1, 1, 1}},
+    {"3x3_s2_p0", {2, 4, 11, 11}, 5, {3, 3, 2, 2, 0, 0}},
+    {"stem_3ch_3x3_s2", {2, 3, 15, 15}, 8, {3, 3, 2, 2, 0, 0}},
+    {"1x1", {3, 7, 6, 6}, 4, {1, 1, 1, 1, 0, 0}},
+    {"1x7_p0_3", {2, 4, 9, 9}, 5, {1, 7, 1, 1, 0, 3}},
+    {"7x1_p3_0", {2, 4, 9, 9}, 5, {7, 1, 1, 1, 3, 0}},
+    {"1x3_p0_1", {2, 6, 5, 5}, 3, {1, 3, 1, 1, 0, 1}},
+    {"3x1_p1_0", {2, 6, 5, 5}, 3, {3, 1, 1, 1, 1, 0}},
+    {"5x5_p2", {2, 3, 8, 8}, 4, {5, 5, 1, 1, 2, 2}},
+    {"5x5_p0_aux", {2, 6, 5, 5}, 7, {5, 5, 1, 1, 0, 0}},
+};
+
+TEST_P(Ops, Convolution) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const auto m = test::error_model(GetParam());
+  for (const auto& cc : kConvCases) {
+    SCOPED_TRACE(cc.name);
+    const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
+    // the values the backend holds after the upload
+    const auto x = test::round_to(dtype, random_vec(cc.x.numel(), 1));
+    const auto w = test::round_to(dtype, random_vec(cc.cout * cc.x.c * cc.p.kh * cc.p.kw, 2));
+    const auto dy = test::round_to(dtype, random_vec(ys.numel(), 3));
+    ref::Vec y_ref, dx_ref, dw_ref;
+    ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
+    ref::conv_backward_data(ys, dy, w, cc.x, dx_ref, cc.p);
+    ref::conv_backward_filter(cc.x, x, ys, dy, dw_ref, cc.p);
+    const auto ey = test::conv_forward_bound(cc.x, x, {}, w, ys, y_ref, cc.p, m);
+    const auto edx = test::conv_backward_data_bound(ys, dy, {}, w, cc.x, dx_ref, cc.p, m);
+    const auto edw = test::conv_backward_filter_bound(cc.x, x, ys, dy, {}, dw_ref, cc.p, m);
+
+    DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
+        DX(*be, cc.x, layout, dtype);
+    DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dtype), DW(*be, w.size(), dtype);
+    X.upload(x);
+    DY.upload(dy);
+    auto op = be->make_conv(X.t().desc, Y.t().desc, cc.p);
+    SCOPED_TRACE(op->algorithm());
+    Buffer ws(*be, op->workspace_bytes());
+    auto& s = be->default_stream();
+    op->forward(s, X, W, Y, ws.get());
+    EXPECT_WITHIN(Y.download(), y_ref, ey);
+    op->backward_data(s, DY, W, DX, 0.0f, ws.get());
+    EXPECT_WITHIN(DX.download(), dx_ref, edx);
+    // beta = 1 accumulates: a second pass doubles the gradient (two such errors, and one more rounding)
+    op->backward_data(s, DY, W, DX, 1.0f, ws.get());
+    EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
+                  test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
+    op->backward_filter(s, X, DY, DW, ws.get());
+    EXPECT_WITHIN(test::filter_back(*be, layout, DW.get_host(), cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dw_ref, edw);
+  }
+}
+
+}  // namespace
+}  // namespace stepbench

@@ -1,0 +1,57 @@
+// Max and average pooling (Inception's kinds, global average included), forward and backward.
+#include "backend/ops_common.hpp"
+
+namespace stepbench {
+namespace {
+
+struct PoolCase {
+  const char* name;
+  Shape x;
+  PoolParams p;
+};
+const PoolCase kPoolCases[] = {
+    {"max_3x3_s2", {2, 3, 9, 9}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},
+    {"max_3x3_s2_even", {2, 3, 8, 10}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},
+    {"avg_3x3_s1_p1_count_pad", {2, 4, 5, 5}, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}},
+    {"avg_3x3_s1_p1_exclude_pad", {2, 4, 5, 5}, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1}},
+    {"avg_5x5_s3_aux", {2, 3, 17, 17}, {PoolKind::avg_include_pad, 5, 5, 3, 3, 0, 0}},
+    {"global_avg", {3, 5, 8, 8}, {PoolKind::avg_include_pad, 8, 8, 1, 1, 0, 0}},
+    {"max_3x3_s1_p1", {2, 3, 6, 6}, {PoolKind::max, 3, 3, 1, 1, 1, 1}},
+};
+
+TEST_P(Ops, Pooling) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const auto m = test::error_model(GetParam());
+  for (const auto& pc : kPoolCases) {
+    SCOPED_TRACE(pc.name);
+    const Shape ys = pool_output_shape(pc.x, pc.p);
+    // max pooling: distinct values, so no window has two maxima; average: the values the backend
+    // holds after the upload
+    const auto x = pc.p.kind == PoolKind::max ? test::distinct_vec(static_cast<std::size_t>(pc.x.numel()), 8)
+                                              : test::round_to(dtype, random_vec(pc.x.numel(), 8));
+    const auto dy = test::round_to(dtype, random_vec(ys.numel(), 9));
+    ref::Vec y_ref, dx_ref;
+    ref::pool_forward(pc.x, x, ys, y_ref, pc.p);
+    ref::pool_backward(pc.x, x, ys, dy, dx_ref, pc.p);
+    const auto ey = test::pool_forward_bound(pc.x, x, ys, y_ref, pc.p, m);
+    const auto edx = test::pool_backward_bound(pc.x, x, ys, dy, dx_ref, pc.p, m);
+    DevTensor X(*be, pc.x, layout, dtype), Y(*be, ys, layout, dtype, 3, 1), DY(*be, ys, layout, dtype, 3, 1),
+        DX(*be, pc.x, layout, dtype);
+    X.upload(x);
+    DY.upload(dy);
+    auto op = be->make_pool(X.t().desc, Y.t().desc, pc.p);
+    Buffer reserve(*be, op->reserve_bytes());
+    auto& s = be->default_stream();
+    op->forward(s, X, Y, reserve.get());
+    EXPECT_WITHIN(Y.download(), y_ref, ey);
+    op->backward(s, X, Y, DY, DX, 0.0f, reserve.get());
+    EXPECT_WITHIN(DX.download(), dx_ref, edx);
+    op->backward(s, X, Y, DY, DX, 1.0f, reserve.get());
+    EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
+                  test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
+  }
+}
+
+}  // namespace
+}  // namespace stepbench
