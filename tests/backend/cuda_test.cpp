@@ -52,9 +52,10 @@ double round_bits(double x, int bits) {
 
 // One training step from fixed weights and input. round_bits > 0: the weights and the input are
 // first rounded to that many significant bits (a reference perturbed as a reduced-precision
-// backend's storage perturbs them).
+// backend's storage perturbs them). With `oracle`, the chain oracle of the graph as the step
+// starts (weights, input, running statistics) is made there.
 StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_t batch, std::int64_t image,
-                    DType t = DType::f32, int round_to_bits = 0) {
+                    DType t = DType::f32, int round_to_bits = 0, std::unique_ptr<test::ChainOracle>* oracle = nullptr) {
   GraphConfig cfg{batch, l, t, 3};
   // fp16, Inception-v3: start the loss scale low enough that no scaled gradient overflows in this
   // one step (the stem's filter gradient reaches ~100 at initialisation; 100 x 2^16 is far past
@@ -83,6 +84,7 @@ StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i * 7 % 10);
   g.set_labels(labels.data());
+  if (oracle) *oracle = std::make_unique<test::ChainOracle>(g);
   auto& s = be.default_stream();
   StepResult r;
   g.forward(s, false);
@@ -107,109 +109,141 @@ struct GpuCase {
   bool tf32;
   DType dtype = DType::f32;
 };
-class CudaStep : public testing::TestWithParam<GpuCase> {};
-
-// Tiny model: well conditioned, so every gradient must match the CPU backend tightly.
-// Inception-v3 at batch 2: its fp32 gradients are ill-conditioned (see docs/architecture.md,
-// "Numerics"), so outputs and loss are held tightly and gradients by their median error.
-TEST_P(CudaStep, MatchesTheCpuBackend) {
-  const std::string why = cuda_unavailable_reason();
-  if (!why.empty()) GTEST_SKIP() << why;
-  const auto& c = GetParam();
+std::string gpu_case_name(const testing::TestParamInfo<GpuCase>& i) {
+  return i.param.model + "_" + std::string(to_string(i.param.layout)) +
+         (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
+          : i.param.tf32              ? "_tf32"
+                                      : "_fp32");
+}
+// The GPU backend for a case, or why not.
+std::unique_ptr<Backend> gpu_for(const GpuCase& c, std::string& why) {
+  why = cuda_unavailable_reason();
+  if (!why.empty()) return nullptr;
   BackendOptions go = test::gpu_options();
   go.precision = c.tf32 ? Precision::tf32 : Precision::fp32;  // 16-bit: the graph's dtype
   auto gpu = make_backend(go);
-  auto cpu = make_cpu_backend();
-  const bool inc = c.model == "inception_v3";
-  // Inception-v3 in reduced precision at batch 8: at batch 2 its training-mode batch norms (the aux
-  // head's sees 2 values per channel) amplify TF32's and 16-bit rounding into O(1) gradient errors
-  const bool reduced = c.tf32 || c.dtype != DType::f32;
-  const std::int64_t batch = inc ? (reduced ? 8 : 2) : 8, image = inc ? 299 : 32;
   try {
     gpu->require(c.dtype);
   } catch (const UnsupportedError& e) {
-    GTEST_SKIP() << e.what();
+    why = e.what();
+    return nullptr;
   }
+  return gpu;
+}
+
+// The tiny model's whole step on the GPU against the chain oracle (support/chain_oracle.hpp), in
+// every precision: inference logits, training logits, loss and every parameter gradient, each
+// within the bound the error model carries through the network.
+class CudaTinyStep : public testing::TestWithParam<GpuCase> {};
+TEST_P(CudaTinyStep, MatchesTheOracle) {
+  const auto& c = GetParam();
+  std::string why;
+  auto gpu = gpu_for(c, why);
+  if (!gpu) GTEST_SKIP() << why;
+  std::unique_ptr<test::ChainOracle> oracle;
+  const auto a = one_step(*gpu, c.model, c.layout, 8, 32, c.dtype, 0, &oracle);
+  const auto m = test::error_model({"cuda", c.layout, c.dtype, c.tf32});
+  const auto eval = oracle->run(m, false, false), train = oracle->run(m);
+  EXPECT_WITHIN(as_vec(a.logits_eval), eval.logits.at("logits"), eval.logits_bound.at("logits"));
+  EXPECT_WITHIN(as_vec(a.logits_train), train.logits.at("logits"), train.logits_bound.at("logits"));
+  EXPECT_LE(std::abs(a.loss - train.loss), train.loss_bound) << "loss " << a.loss << ", oracle " << train.loss;
+  ASSERT_EQ(a.grads.size(), train.grads.size());
+  for (const auto& [name, want] : train.grads) {
+    SCOPED_TRACE(name);
+    const HostArray& got = a.grads.at(name);
+    ref::Vec g(got.as<float>(), got.as<float>() + got.numel());
+    EXPECT_WITHIN(g, want, train.grad_bounds.at(name));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaTinyStep,
+                         testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},
+                                         GpuCase{"tiny", Layout::nchw, true},
+                                         GpuCase{"tiny", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"tiny", Layout::nchw, false, DType::f16}),
+                         gpu_case_name);
+
+// Inception-v3 at 299x299, where the naive oracle would take minutes: the GPU step against the
+// CPU step, judged as tests/parity/torch_parity.py judges stepbench against PyTorch. The yardstick
+// per tensor is how far two correct computations of it land apart: the CPU step in the other
+// layout (other kernels, other summation orders), and in reduced precision also the CPU step on
+// weights and input rounded to the GPU's significand; the fp32 yardstick is scaled to the
+// precision's unit roundoff. Rules (parity's): outputs and loss within 2x the yardstick; gradients
+// as a population, median ratio <= 2 and 90th percentile <= 4, and per tensor at most 32x the
+// yardstick; a wrong gradient (zero, doubled, transposed) is off by ~1, which no tensor may be.
+class CudaStep : public testing::TestWithParam<GpuCase> {};
+TEST_P(CudaStep, MatchesTheCpuBackend) {
+  const auto& c = GetParam();
+  std::string why;
+  auto gpu = gpu_for(c, why);
+  if (!gpu) GTEST_SKIP() << why;
+  auto cpu = make_cpu_backend();
+  // batch 8: no training-mode batch norm normalises fewer than 8 values (the aux head's would see
+  // 2 at batch 2, amplifying rounding into O(1) gradient errors)
+  const std::int64_t batch = 8, image = 299;
+  const Layout other = c.layout == Layout::nchw ? Layout::nhwc : Layout::nchw;
   const auto a = one_step(*gpu, c.model, c.layout, batch, image, c.dtype);
   const auto b = one_step(*cpu, c.model, c.layout, batch, image);  // the fp32 CPU step is the reference
+  const auto b2 = one_step(*cpu, c.model, other, batch, image);
+  const bool reduced = c.tf32 || c.dtype != DType::f32;
+  const int bits = c.dtype == DType::bf16 ? 8 : 11;  // TF32 and fp16: 11 significant bits
+  StepResult p;
+  if (reduced) p = one_step(*cpu, c.model, c.layout, batch, image, DType::f32, bits);
+  const double scale = reduced ? std::ldexp(1.0, 24 - bits) : 1.0;  // fp32's u -> the precision's
   ASSERT_EQ(a.grads.size(), b.grads.size());
-  if (!reduced) {
-    // fp32: the same arithmetic up to summation order
-    const double out_tol = 1e-4, grad_tol = 1e-3;
-    EXPECT_CLOSE(as_vec(a.logits_eval), as_vec(b.logits_eval), out_tol);
-    EXPECT_CLOSE(as_vec(a.logits_train), as_vec(b.logits_train), out_tol);
-    EXPECT_NEAR(a.loss, b.loss, out_tol * std::abs(b.loss));
-    std::vector<double> errs;
-    for (const auto& [name, ga] : a.grads) {
-      const double e = test::rel_error(as_vec(ga), as_vec(b.grads.at(name)));
-      errs.push_back(e);
-      if (!inc) {
-        EXPECT_LE(e, grad_tol) << name;
-      }
-      EXPECT_LE(e, 0.5) << name;  // a wrong or missing gradient shows as ~1
-    }
-    std::sort(errs.begin(), errs.end());
-    if (inc) {
-      EXPECT_LE(errs[errs.size() / 2], 0.05) << "median gradient error";
-    }
-    return;
-  }
-  // TF32, bf16, fp16: how far each output moves is set by how sensitive it is to rounding. The CPU
-  // step run again on weights and input rounded to the GPU's significand (p) measures that per
-  // tensor; the GPU, which also rounds every activation, may differ from the reference by a
-  // multiple of it, or by the precision's floor where the tensor is insensitive. A wrong gradient
-  // (zero, doubled, transposed) is off by ~1 and fails wherever rounding alone moves it by < 10%.
-  const int bits = c.dtype == DType::bf16 ? 8 : 11;
-  const auto p = one_step(*cpu, c.model, c.layout, batch, image, DType::f32, bits);
-  const double floor = c.dtype == DType::bf16 ? 5e-2 : 2e-2, k = 10;
-  auto check = [&](const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& moved,
-                   const std::string& what) {
-    const double e = test::rel_error(got, want), es = test::rel_error(moved, want);
-    EXPECT_LE(e, std::max(floor, k * es)) << what << ": rounding the inputs alone moves it by " << es;
-    return std::pair{e, es};
+  auto yardstick = [&](const std::vector<double>& want, const std::vector<double>& other_layout,
+                       const std::vector<double>* rounded) {
+    double y = scale * test::rel_error(other_layout, want);
+    if (rounded) y = std::max(y, test::rel_error(*rounded, want));
+    return std::max(y, 0x1p-24 * scale);  // a tensor both CPU steps agree on exactly: its last bit
+  };
+  auto output = [&](const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& o,
+                    const std::vector<double>* r, const std::string& what) {
+    const double e = test::rel_error(got, want), y = yardstick(want, o, r);
+    EXPECT_LE(e, 2 * y) << what << ": yardstick " << y;
   };
   // Inference at initialisation uses untrained running statistics (mean 0, variance 1): Inception's
   // activations then grow past fp16's range before the logits, which only says that fp16 needs
   // normalised activations. The training forward, with batch statistics, is always compared.
-  double max_eval = 0;
-  for (float v : b.logits_eval) max_eval = std::max(max_eval, static_cast<double>(std::abs(v)));
-  if (c.dtype != DType::f16 || max_eval < 1e3)
-    check(as_vec(a.logits_eval), as_vec(b.logits_eval), as_vec(p.logits_eval), "eval logits");
+  const bool finite = std::all_of(a.logits_eval.begin(), a.logits_eval.end(), [](float v) { return std::isfinite(v); });
+  const auto pe = as_vec(p.logits_eval), pt = as_vec(p.logits_train);
+  if (c.dtype != DType::f16 || finite)
+    output(as_vec(a.logits_eval), as_vec(b.logits_eval), as_vec(b2.logits_eval), reduced ? &pe : nullptr,
+           "eval logits");
   else
-    std::cout << "fp16 eval logits not compared: the fp32 reference reaches |logit| = " << max_eval << "\n";
-  check(as_vec(a.logits_train), as_vec(b.logits_train), as_vec(p.logits_train), "train logits");
-  EXPECT_NEAR(a.loss, b.loss, std::max(floor, k * std::abs(p.loss - b.loss) / std::abs(b.loss)) * std::abs(b.loss));
+    std::cout << "fp16 eval logits not compared: they left fp16's range (untrained running statistics)\n";
+  output(as_vec(a.logits_train), as_vec(b.logits_train), as_vec(b2.logits_train), reduced ? &pt : nullptr,
+         "train logits");
+  const std::vector<double> pl{p.loss};
+  output({a.loss}, {b.loss}, {b2.loss}, reduced ? &pl : nullptr, "loss");
   std::vector<double> ratios;
   double worst = 0;
   std::string worst_name;
   for (const auto& [name, ga] : a.grads) {
-    const auto [e, es] = check(as_vec(ga), as_vec(b.grads.at(name)), as_vec(p.grads.at(name)), name);
-    ratios.push_back(e / std::max(es, 1e-3));
+    const auto want = as_vec(b.grads.at(name)), pg = reduced ? as_vec(p.grads.at(name)) : std::vector<double>{};
+    const double e = test::rel_error(as_vec(ga), want);
+    const double y = yardstick(want, as_vec(b2.grads.at(name)), reduced ? &pg : nullptr);
+    ratios.push_back(e / y);
+    EXPECT_LE(e / y, 32.0) << name << ": error " << e << ", yardstick " << y;
+    EXPECT_LT(e, 0.5) << name << ": a wrong or missing gradient";
     if (ratios.back() > worst) {
       worst = ratios.back();
       worst_name = name;
     }
   }
   std::sort(ratios.begin(), ratios.end());
-  const double median = ratios[ratios.size() / 2];
-  std::cout << "gradient error / error from rounding the inputs: median " << median << ", largest " << worst << " ("
-            << worst_name << ")\n";
-  EXPECT_LE(median, 5.0) << "median over tensors of the GPU's gradient error / the error from rounding the inputs";
+  const double median = ratios[ratios.size() / 2], p90 = ratios[ratios.size() * 9 / 10];
+  std::cout << "gradient error / yardstick: median " << median << ", 90th percentile " << p90 << ", largest " << worst
+            << " (" << worst_name << ")\n";
+  EXPECT_LE(median, 2.0);
+  EXPECT_LE(p90, 4.0);
 }
-INSTANTIATE_TEST_SUITE_P(
-    Models, CudaStep,
-    testing::Values(GpuCase{"tiny", Layout::nchw, false}, GpuCase{"tiny", Layout::nhwc, false},
-                    GpuCase{"tiny", Layout::nchw, true}, GpuCase{"inception_v3", Layout::nchw, false},
-                    GpuCase{"inception_v3", Layout::nhwc, false}, GpuCase{"inception_v3", Layout::nhwc, true},
-                    GpuCase{"tiny", Layout::nhwc, false, DType::bf16}, GpuCase{"tiny", Layout::nchw, false, DType::f16},
-                    GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
-                    GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
-    [](const auto& i) {
-      return i.param.model + "_" + std::string(to_string(i.param.layout)) +
-             (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
-              : i.param.tf32              ? "_tf32"
-                                          : "_fp32");
-    });
+INSTANTIATE_TEST_SUITE_P(Inception, CudaStep,
+                         testing::Values(GpuCase{"inception_v3", Layout::nchw, false},
+                                         GpuCase{"inception_v3", Layout::nhwc, false},
+                                         GpuCase{"inception_v3", Layout::nhwc, true},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
+                         gpu_case_name);
 
 // Tiny-model towers for the GPU tests (no dropout, so replicas and backends agree; many buckets).
 TowerOptions gpu_towers(BackendKind backend, int n, VariableUpdate mode, bool on_host) {
@@ -245,6 +279,9 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
   JpegPipeline p(scan_jpeg_folder(dir.string()), po);
   auto b = p.next();
   EXPECT_TRUE(b->pinned());
+  // the oracle of the same step on the same batch (the pipeline's layout is NCHW)
+  test::ChainOracle oracle(c.graph(0));
+  oracle.set_batch({b->images.begin(), b->images.end()}, {b->labels.begin(), b->labels.end()});
   float loss[2];
   int k = 0;
   for (Towers* t : {&g, &c}) {
@@ -257,12 +294,17 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
   }
   p.recycle(std::move(b));
   std::filesystem::remove_all(dir);
-  EXPECT_NEAR(loss[0], loss[1], 1e-4 * std::abs(loss[1]));
+  const Layout l = gpu_towers(BackendKind::cuda, 1, VariableUpdate::replicated, false).layout;
+  const auto on_gpu = oracle.run(test::error_model({"cuda", l, DType::f32}), false),
+             on_cpu = oracle.run(test::error_model({"cpu", l, DType::f32}), false);
+  EXPECT_LE(std::abs(loss[0] - on_gpu.loss), on_gpu.loss_bound) << "gpu " << loss[0] << ", oracle " << on_gpu.loss;
+  EXPECT_LE(std::abs(loss[1] - on_cpu.loss), on_cpu.loss_bound) << "cpu " << loss[1] << ", oracle " << on_cpu.loss;
 }
 
 // ---- CUDA Graphs -------------------------------------------------------------------------------------
-// A captured step replayed twice ends where two launched steps do; a captured forward gives the
-// launched forward's logits.
+// A captured step replayed twice ends where two launched steps do (both within their bounds of the
+// same steps in double); a captured forward gives the launched forward's logits (both within their
+// bounds of the oracle's inference).
 TEST(CudaGraph, ReplayedStepsEqualLaunchedSteps) {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) GTEST_SKIP() << why;
@@ -286,12 +328,15 @@ TEST(CudaGraph, ReplayedStepsEqualLaunchedSteps) {
   b.synchronize();
   EXPECT_TRUE(test::params_within(a.graph(0), want)) << "launched";
   EXPECT_TRUE(test::params_within(b.graph(0), want)) << "replayed";
+  // inference on b's variables and running statistics, replayed and then launched
+  const auto infer = test::ChainOracle(b.graph(0)).run(test::error_model({"cuda", o.layout, DType::f32}), false, false);
   b.capture(false);
   b.replay(false);
-  a.forward_inference();
   b.synchronize();
-  a.synchronize();
-  EXPECT_CLOSE(as_vec(b.graph(0).read_output("logits")), as_vec(a.graph(0).read_output("logits")), 1e-5);
+  EXPECT_WITHIN(as_vec(b.graph(0).read_output("logits")), infer.logits.at("logits"), infer.logits_bound.at("logits"));
+  b.forward_inference();
+  b.synchronize();
+  EXPECT_WITHIN(as_vec(b.graph(0).read_output("logits")), infer.logits.at("logits"), infer.logits_bound.at("logits"));
   auto cpu = o;
   cpu.backend = BackendKind::cpu;
   Towers c(cpu);
@@ -323,13 +368,6 @@ TEST(Nccl, OneRankCollectivesRunOnTheCommunicationStream) {
   EXPECT_EQ(back, h);
 }
 
-std::vector<double> tower_params(const Towers& t, int i) {
-  std::vector<float> v(t.graph(i).param_arena_floats());
-  t.backend(i).copy(t.stream(i), v.data(), t.graph(i).param_arena(), v.size() * sizeof(float));
-  t.backend(i).synchronize(t.stream(i));
-  return {v.begin(), v.end()};
-}
-
 // N GPU towers synchronised by NCCL (or through the host) end two steps where N CPU towers do.
 TEST(Nccl, GpuTowersEqualCpuTowers) {
   const int gpus = cuda_device_count();
@@ -349,6 +387,12 @@ TEST(Nccl, GpuTowersEqualCpuTowers) {
       EXPECT_EQ(g.sync_bytes(), h.sync_bytes());
       g.set_synthetic_batch(3);
       h.set_synthetic_batch(3);
+      // the towers' own batches, their gradients averaged, two steps in double
+      std::vector<test::ChainOracle> slices;
+      for (int i = 0; i < n; ++i) slices.emplace_back(h.graph(i));
+      const auto o = gpu_towers(BackendKind::cuda, n, c.mode, c.on_host);
+      const auto on_gpu = test::oracle_steps(slices, o.optimizer, 2, test::error_model({"cuda", o.layout, DType::f32}));
+      const auto on_cpu = test::oracle_steps(slices, o.optimizer, 2, test::error_model({"cpu", o.layout, DType::f32}));
       for (int k = 0; k < 2; ++k) {
         g.step();
         h.step();
@@ -356,8 +400,10 @@ TEST(Nccl, GpuTowersEqualCpuTowers) {
       g.synchronize();
       h.synchronize();
       EXPECT_GT(g.overlapped_buckets(), 0u);
-      const auto want = tower_params(h, 0);
-      for (int i = 0; i < n; ++i) EXPECT_CLOSE(tower_params(g, i), want, 1e-4);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_TRUE(test::params_within(g.graph(i), on_gpu)) << "GPU tower " << i;
+        EXPECT_TRUE(test::params_within(h.graph(i), on_cpu)) << "CPU tower " << i;
+      }
     }
   }
   if (gpus < 2) GTEST_SKIP() << "NCCL between towers needs 2 or more GPUs; " << gpus << " visible (1 rank ran)";

@@ -110,6 +110,16 @@ ChainOracle::ChainOracle(Graph& g) : layers_(g.layers()), dtype_(g.config().dtyp
   be.copy(be.default_stream(), labels_.data(), g.labels(), labels_.size() * sizeof(std::int32_t));
   be.synchronize(be.default_stream());
   params = graph_params(g);
+  for (const auto& e : g.params())
+    if (!e.trainable) state[e.name] = oihw(be, g.data_of(e), e);
+}
+
+void ChainOracle::set_batch(Vec nchw, std::vector<std::int32_t> labels) {
+  if (nchw.size() != image_.size() || labels.size() != labels_.size())
+    throw std::invalid_argument(fmt::format("ChainOracle::set_batch: {} values and {} labels for {} and {}",
+                                            nchw.size(), labels.size(), image_.size(), labels_.size()));
+  image_ = std::move(nchw);
+  labels_ = std::move(labels);
 }
 
 std::map<std::string, Vec> graph_params(Graph& g) {
@@ -133,7 +143,8 @@ struct ChainOracle::Fwd {
   ref::BnSaved saved;
 };
 
-ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
+ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool training) const {
+  if (backward && !training) throw std::invalid_argument("ChainOracle::run: backward needs training");
   const double eps = BatchNormParams{}.eps;
   const double uo = m.u_out, ua = m.u_acc;
   // the 16-bit copies a mixed-precision graph convolves and multiplies with
@@ -169,6 +180,7 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
   std::vector<Fwd> kept(layers_.size());
   for (std::size_t li = 0; li < layers_.size(); ++li) {
     const LayerInfo& l = layers_[li];
+    if (l.training_only && !training) continue;
     const Vec x = value(l.in[0], val), ex = value(l.in[0], err);
     const Shape xs = shapes_.at(l.in[0]);
     if (l.kind == "conv_bn_relu") {
@@ -182,6 +194,25 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
       Vec inherited;
       ref::conv_forward(xs, sq(ex), sq(w), ys, inherited, l.conv);
       f.ez = plus(plus(conv_forward_bound(xs, x, {}, w, ys, f.z, l.conv, m), from_w), root(inherited));
+      if (!training) {
+        // y = relu(gamma (z - mean) / sqrt(var + eps) + beta), the ReLU 1-Lipschitz: the errors of
+        // z, of the parameters, and the op's own
+        const Vec &rm = state.at(l.name + ".bn.running_mean"), &rv = state.at(l.name + ".bn.running_var");
+        const Vec &gamma = params.at(gn), &beta = params.at(bn), eg = pbound(gn), eb = pbound(bn);
+        ref::bn_forward_inference(ys, f.z, gamma, beta, rm, rv, eps, true, f.y);
+        Vec e = bn_inference_bound(ys, f.z, gamma, beta, rm, rv, {}, {}, eps, f.y, m);
+        for (std::int64_t n = 0; n < ys.n; ++n)
+          for (std::int64_t c = 0; c < ys.c; ++c)
+            for (std::int64_t h = 0; h < ys.h; ++h)
+              for (std::int64_t q = 0; q < ys.w; ++q) {
+                const auto i = ref::idx(ys, n, c, h, q);
+                const double is = 1 / std::sqrt(rv[c] + eps);
+                e[i] += std::abs(gamma[c]) * is * f.ez[i] + eg[c] * std::abs((f.z[i] - rm[c]) * is) + eb[c];
+              }
+        val[l.out] = f.y;
+        err[l.out] = std::move(e);
+        continue;
+      }
       ref::bn_forward_training(ys, f.z, params.at(gn), params.at(bn), eps, true, f.y, f.saved);
       val[l.out] = f.y;
       err[l.out] =
@@ -232,6 +263,10 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
     } else {
       throw std::invalid_argument("ChainOracle: layer kind " + l.kind + " is not modelled");
     }
+  }
+  for (const auto& [v, x] : val) {
+    res.values[v] = x;
+    res.value_bounds[v] = err.at(v);
   }
   if (!backward) return res;
 
@@ -315,10 +350,14 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
       Vec dx, dw, db, adx, adw, adb, e1x, e1w, e1b, e2x, e2w, e2b, e3x, e3w, e3b;
       ref::linear_backward(N, K, M, x, w, dy, dx, dw, db);
       ref::linear_backward(N, K, M, absv(x), absv(w), absv(dy), adx, adw, adb);
-      ref::linear_backward(N, K, M, sq(x), sq(w), sq(edy), e1x, e1w, e1b);     // the gradient's error
-      ref::linear_backward(N, K, M, ex, pbound(wn), absv(dy), e2x, e2w, e2b);  // e2x: the weights' error
-      ref::linear_backward(N, K, M, sq(ex), sq(w), sq(dy), e3x, e3w, e3b);     // e3w: the input's error
-      e1x = root(e1x), e1w = root(e1w), e1b = root(e1b), e3w = root(e3w);
+      // the gradient's error: through the weights in quadrature (e1x), summed over the batch with
+      // x >= 0 linearly (e1w, e1b); the weights' error (e2x); the input's error (e3w)
+      Vec q1x, q1w, q1b;
+      ref::linear_backward(N, K, M, sq(x), sq(w), sq(edy), q1x, q1w, q1b);
+      ref::linear_backward(N, K, M, absv(x), absv(w), edy, e1x, e1w, e1b);
+      ref::linear_backward(N, K, M, ex, pbound(wn), absv(dy), e2x, e2w, e2b);
+      ref::linear_backward(N, K, M, sq(ex), sq(w), sq(dy), e3x, e3w, e3b);
+      e1x = root(q1x), e3w = root(e3w);
       set_grad(wn, dw, plus(plus_rounding(axpby(m.batch_sum(N), adw, 1, e1w), dw, uo), e3w));
       set_grad(bn, db, plus_rounding(axpby(m.batch_sum(N), adb, 1, e1b), db, uo));
       add(l.in[0], dx, plus(plus_rounding(axpby(m.sum(M), adx, 1, e1x), dx, uo), e2x));
@@ -334,7 +373,8 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
       ref::conv_backward_filter(xs, x, ys, dz, dw, l.conv);
       Vec from_dz;
       ref::conv_backward_filter(xs, sq(ex), ys, sq(dz), from_x, l.conv);
-      ref::conv_backward_filter(xs, sq(x), ys, sq(eb.dx), from_dz, l.conv);
+      ref::conv_backward_filter(xs, absv(x), ys, eb.dx, from_dz, l.conv);  // x >= 0 mostly: linear
+      from_dz = sq(from_dz);
       set_grad(wn, dw,
                plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv, m), root(from_x)), root(from_dz)));
       set_grad(gn, dgamma, eb.dgamma);
@@ -349,18 +389,40 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward) const {
       }
     }
   }
+  res.value_grads = grad;
+  res.value_grad_bounds = gerr;
   return res;
 }
 
 OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, const ErrorModel& m) {
+  return oracle_steps(std::vector<ChainOracle>{std::move(o)}, c, steps, m);
+}
+
+OracleSteps oracle_steps(std::vector<ChainOracle> towers, const OptimizerConfig& c, int steps, const ErrorModel& m) {
   if (c.kind == OptimizerKind::rmsprop) throw std::invalid_argument("oracle_steps: sgd and momentum only");
+  if (towers.empty()) throw std::invalid_argument("oracle_steps: no towers");
   const double ua = m.u_acc, lr = c.lr, mu = c.kind == OptimizerKind::momentum ? c.momentum : 0.0;
+  const auto n = static_cast<double>(towers.size());
+  ChainOracle& o = towers.front();
   std::map<std::string, Vec> mom, emom;
   for (int k = 0; k < steps; ++k) {
-    const auto r = o.run(m);
+    // every tower's gradient, then their average: its own rounding as a sum of n terms
+    std::map<std::string, Vec> grads, bounds, abs_sum;
+    for (const auto& t : towers) {
+      const auto r = t.run(m);
+      for (const auto& [name, g] : r.grads) {
+        const Vec& eg = r.grad_bounds.at(name);
+        grads[name] = plus(std::move(grads[name]), scaled(1 / n, g));
+        bounds[name] = plus(std::move(bounds[name]), scaled(1 / n, eg));
+        abs_sum[name] = plus(std::move(abs_sum[name]), scaled(1 / n, absv(g)));
+      }
+    }
+    if (towers.size() > 1)
+      for (auto& [name, b] : bounds)
+        b = plus_rounding(axpby(1, b, m.sum(towers.size()), abs_sum.at(name)), grads.at(name), ua);
     for (auto& [name, p] : o.params) {
-      const Vec& g = r.grads.at(name);
-      const Vec& eg = r.grad_bounds.at(name);
+      const Vec& g = grads.at(name);
+      const Vec& eg = bounds.at(name);
       Vec& ep = o.param_bounds[name];
       Vec& s = mom[name];
       Vec& es = emom[name];
@@ -375,6 +437,10 @@ OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, con
         p[i] -= lr * s[i];
         ep[i] += lr * es[i] + 2 * ua * (std::abs(p[i]) + lr * std::abs(s[i]));
       }
+    }
+    for (std::size_t t = 1; t < towers.size(); ++t) {
+      towers[t].params = o.params;
+      towers[t].param_bounds = o.param_bounds;
     }
   }
   return {o.params, o.param_bounds};

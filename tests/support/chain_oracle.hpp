@@ -3,12 +3,22 @@
 // logits and parameter gradients may be from it: each op's own rounding under the error model
 // (error_model.hpp) plus the errors it inherits, carried forward through the activations and back
 // through the gradients with the oracle on absolute values, as error_model.hpp does for one op.
+//
+// How inherited errors combine in a sum: where the coefficients have either sign and no relation
+// to the errors (the weights of a convolution or the FC, x - mean in a variance, xhat), in
+// quadrature (sqrt of the sum of squares), as independent roundings do; where the coefficients
+// have one sign (a batch norm mean, the sum of a gradient over a channel, a filter gradient summed
+// against ReLU outputs), linearly, because neighbouring elements' errors come from the same
+// upstream roundings and such a sum adds them up. (With quadrature there too, three towers of the
+// tiny model exceeded their bounds 7x after two steps: Towers.NTowersEndWhereTheOracleStepsEnd.)
+//
 // expect_units_match_oracle checks each unit from the graph's own (already rounded) inputs; this
 // checks the network end to end, so a fault anywhere in it shows in the loss or some gradient.
 //
 // Where rounding can flip a discrete choice (a ReLU's input within its error of zero, two max-pool
 // inputs within their errors of each other), the bound allows either outcome. Dropout is not
-// modelled (throws): build the graph without it.
+// modelled (throws): build the graph without it. Inference (training = false) uses the running
+// statistics the graph held when the oracle was made, and skips training-only layers.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -28,13 +38,19 @@ class ChainOracle {
   std::map<std::string, Vec> params;
   // Bounds on errors already in the parameters (after optimizer steps); missing: exact.
   std::map<std::string, Vec> param_bounds;
+  // Batch norm running statistics by name (inference).
+  std::map<std::string, Vec> state;
+  // Another batch: images N x C x H x W as the graph stores them (already in its dtype), labels.
+  void set_batch(Vec nchw, std::vector<std::int32_t> labels);
 
   struct Result {
     double loss = 0, loss_bound = 0;
     std::map<std::string, Vec> logits, logits_bound;  // by output name, N x M
     std::map<std::string, Vec> grads, grad_bounds;    // by parameter name, of the unscaled loss
+    std::map<ValueId, Vec> values, value_bounds;      // every layer output (NCHW), and their gradients
+    std::map<ValueId, Vec> value_grads, value_grad_bounds;
   };
-  Result run(const ErrorModel& m, bool backward = true) const;
+  Result run(const ErrorModel& m, bool backward = true, bool training = true) const;
   double loss() const { return run(ErrorModel{}, false).loss; }
 
  private:
@@ -60,6 +76,9 @@ struct OracleSteps {
   std::map<std::string, Vec> params, bounds;
 };
 OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, const ErrorModel& m);
+// The same for towers that each see their own batch (one oracle per tower, all with the same
+// parameters) and average their gradients before every update.
+OracleSteps oracle_steps(std::vector<ChainOracle> towers, const OptimizerConfig& c, int steps, const ErrorModel& m);
 
 // Every parameter of the graph within the bounds of `want` (for EXPECT_TRUE).
 testing::AssertionResult params_within(Graph& g, const OracleSteps& want);

@@ -87,16 +87,17 @@ BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma
     const double eg_c = egamma.empty() ? 0.0 : egamma[c], eb_c = ebeta.empty() ? 0.0 : ebeta[c];
     const double var = 1.0 / (is * is) - eps;
     auto e = [&](std::size_t i) { return ex.empty() ? 0.0 : ex[i]; };
-    // statistics: the mean of M values, the mean of M squares. The elements' own errors are
-    // independent roundings and add in quadrature; the mean's error is shared and adds linearly.
-    double ss_ex = 0, mean_abs = 0, mean_dev = 0, ss_dev = 0;
+    // statistics: the mean of M values (inherited errors add linearly: neighbouring elements'
+    // errors come from the same upstream roundings, and a mean does not cancel them), the mean of
+    // squared deviations (weighted by x - mean, of either sign: in quadrature)
+    double mean_ex = 0, mean_abs = 0, mean_dev = 0, ss_dev = 0;
     for (auto i : at) {
-      ss_ex += e(i) * e(i);
+      mean_ex += e(i) / Md;
       mean_abs += std::abs(x[i]) / Md;
       mean_dev += std::abs(x[i] - mu) / Md;
       ss_dev += 4 * (x[i] - mu) * (x[i] - mu) * e(i) * e(i);
     }
-    const double e_mu = std::sqrt(ss_ex) / Md + sM * mean_abs;
+    const double e_mu = mean_ex + sM * mean_abs;
     const double e_var = std::sqrt(ss_dev) / Md + 2 * mean_dev * e_mu + sM * var;
     const double rel_sigma = e_var / (2 * (var + eps)) + ua;  // relative error of sqrt(var + eps)
     b.mean[c] = e_mu;
@@ -115,8 +116,9 @@ BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma
     }
     if (dy.empty()) continue;
     // backward: g = dy masked by the ReLU; k2 = mean(g), k3 = mean(g * xhat)
-    // (independent per-element errors in quadrature, a flipped ReLU's whole gradient linearly)
-    double k2 = 0, k3 = 0, ek2 = 0, ek3 = 0, abs_g = 0, abs_gx = 0, ss2 = 0, ss3 = 0;
+    // (k2's inherited errors linearly, as the mean's; k3's, weighted by xhat, in quadrature; a
+    // flipped ReLU's whole gradient linearly)
+    double k2 = 0, k3 = 0, ek2 = 0, ek3 = 0, abs_g = 0, abs_gx = 0, ss3 = 0;
     std::vector<double> gv(at.size()), eg(at.size());
     for (std::size_t k = 0; k < at.size(); ++k) {
       const auto i = at[k];
@@ -129,15 +131,14 @@ BnBounds bn_bounds(const Shape& s, const Vec& x, const Vec& ex, const Vec& gamma
       k2 += gv[k] / Md;
       k3 += gv[k] * xh[k] / Md;
       const double e_own = on || flips ? e_dy : 0.0, flip = flips ? std::abs(dy[i]) : 0.0;
-      ss2 += e_own * e_own;
-      ek2 += flip / Md;
+      ek2 += (flip + e_own) / Md;
       const double e_x = is * e(i);  // this element's own error in xhat; the rest of exh is shared
       ss3 += e_own * e_own * xh[k] * xh[k] + gv[k] * gv[k] * e_x * e_x;
       ek3 += (flip * std::abs(xh[k]) + std::abs(gv[k]) * (exh[k] - e_x)) / Md;
       abs_g += std::abs(gv[k]) / Md;
       abs_gx += std::abs(gv[k] * xh[k]) / Md;
     }
-    ek2 += std::sqrt(ss2) / Md + sM * abs_g;
+    ek2 += sM * abs_g;
     ek3 += std::sqrt(ss3) / Md + sM * abs_gx;
     b.dbeta[c] = Md * ek2 + ua * Md * abs_g;
     b.dgamma[c] = Md * ek3 + ua * Md * abs_gx;

@@ -149,6 +149,27 @@ TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
   }
 }
 
+// With batch norm each tower normalises its own slice: N towers end two steps where the same steps
+// in double end with each tower's own batch and the towers' gradients averaged.
+TEST(Towers, NTowersEndWhereTheOracleStepsEnd) {
+  for (int n : {2, 3}) {
+    for (const Mode& m : kSyncModes) {
+      SCOPED_TRACE(fmt::format("{} towers, {}", n, m.name()));
+      auto o = tiny(n, m.update, 16384);
+      o.ps_on_host = m.on_host;
+      o.model_options.dropout = 0;
+      Towers t(o);
+      t.set_synthetic_batch(5);
+      std::vector<test::ChainOracle> slices;
+      for (int i = 0; i < n; ++i) slices.emplace_back(t.graph(i));
+      const auto want = test::oracle_steps(slices, o.optimizer, 2, test::error_model({"cpu", o.layout, DType::f32}));
+      for (int k = 0; k < 2; ++k) t.step();
+      t.synchronize();
+      for (int i = 0; i < n; ++i) EXPECT_TRUE(test::params_within(t.graph(i), want)) << "tower " << i;
+    }
+  }
+}
+
 // Without batch norm the towers' slices make one batch: N towers of batch B end a step where one
 // tower of batch N x B does (the mean loss over N x B is the mean of the slices' mean losses).
 TEST(Towers, WithoutBatchNormNTowersEqualOneTowerOnTheWholeBatch) {
