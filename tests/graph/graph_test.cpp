@@ -1,5 +1,7 @@
 // The graph: planning (arenas, concat slices, fan-out accumulation), and a small
 // conv-BN-ReLU-pool-concat-FC-loss network against the oracle, end to end and unit by unit.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <numeric>
 
@@ -333,12 +335,12 @@ TEST(Graph, BackwardLeavesForwardValuesIntact) {
     }
   }
 }
-}  // namespace
-}  // namespace stepbench
-namespace stepbench {
-TEST(Scratch, TinyWholeNet) {
+// The tiny model (5x5, 1x7 and 7x1 convolutions, four branches) end to end against the oracle on
+// the cpu backend, at two batch sizes.
+TEST(Graph, TinyModelMatchesTheOracleThroughTheWholeNet) {
   auto be = make_cpu_backend();
-  for (int batch : {4, 12}) {
+  for (std::int64_t batch : {4, 12}) {
+    SCOPED_TRACE(fmt::format("batch {}", batch));
     Graph g(*be, GraphConfig{batch, Layout::nchw, DType::f32, 1});
     ModelOptions o;
     o.image_size = 24;
@@ -347,16 +349,18 @@ TEST(Scratch, TinyWholeNet) {
     build_tiny(g, o);
     g.plan();
     init_parameters(g, 3);
-    auto img = test::random_vec(static_cast<std::size_t>(batch * 3 * 24 * 24), 8);
-    std::vector<float> f(img.begin(), img.end());
+    const auto img = test::random_vec(static_cast<std::size_t>(batch * 3 * 24 * 24), 8);
+    const std::vector<float> f(img.begin(), img.end());
     g.set_input_nchw(f.data());
     std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
     for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i * 7 % 10);
     g.set_labels(labels.data());
-    test::ChainOracle oracle(g);
-    g.forward(be->default_stream(), true);
-    g.backward(be->default_stream());
+    const test::ChainOracle oracle(g);
+    auto& s = be->default_stream();
+    g.forward(s, true);
+    g.backward(s);
     const auto want = oracle.run(test::error_model({"cpu", Layout::nchw, DType::f32}));
+    EXPECT_LE(std::abs(g.loss(s) - want.loss), want.loss_bound);
     const auto got = test::graph_grads(g);
     for (const auto& [name, w] : want.grads) {
       SCOPED_TRACE(name);
@@ -364,4 +368,6 @@ TEST(Scratch, TinyWholeNet) {
     }
   }
 }
+
+}  // namespace
 }  // namespace stepbench
