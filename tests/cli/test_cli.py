@@ -3,7 +3,7 @@
 the flag and what to change), every preset in configs/, and the JSON (every phase with its counters).
 
   tests/cli/test_cli.py --stepbench build/bin/stepbench --configs configs [unittest args, e.g. -k Flags]"""
-import argparse, glob, json, os, shutil, subprocess, sys, tempfile, time, unittest
+import argparse, glob, json, os, shutil, subprocess, sys, tempfile, time, tomllib, unittest
 
 STEPBENCH = None
 CONFIGS = None
@@ -121,13 +121,24 @@ class Presets(unittest.TestCase):
         presets = sorted(glob.glob(os.path.join(CONFIGS, "*.toml")))
         self.assertGreaterEqual(len(presets), 4)
         for p in presets:
-            with self.subTest(preset=os.path.basename(p)):
+            with self.subTest(preset=os.path.basename(p)), tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "out.json")
                 rc, out, err = run("--config", p, "--backend", "cpu", "--model", "tiny", "--image-size", "32",
                                    "--batch-size", "2", "--precision", "fp32", "--warmup", "1", "--repetitions", "1",
-                                   "--gpus", "2", *FAST)
+                                   "--gpus", "2", "--json", path, *FAST)
                 self.assertEqual(rc, 0, f"{p}\n{out}\n{err}")
                 self.assertIn("stepbench summary", out)
                 self.assertIn("step ", out)
+                with open(p, "rb") as f:
+                    preset = tomllib.load(f)
+                with open(path) as f:
+                    ctx = json.load(f)["context"]
+                # what the preset sets and the command line does not override reaches the run
+                self.assertEqual(ctx["layout"], preset.get("format", "nchw"))
+                self.assertEqual(ctx["variable_update"], preset.get("variable-update", "replicated"))
+                # and the overrides win
+                self.assertEqual((ctx["gpus"], ctx["batch_size_per_gpu"], ctx["global_batch_size"]), ("2", "2", "4"))
+                self.assertEqual(ctx["model"], "tiny")
 
 
 class Json(unittest.TestCase):
@@ -172,7 +183,11 @@ class Json(unittest.TestCase):
                     self.assertIn(c, r, f"{name} lacks {c}")
         step = runs[prefix + "step"][0]
         self.assertGreater(step["backward_ms"], 0)
-        self.assertGreater(step["images/s"], 0)
+        self.assertEqual(ctx["global_batch_size"], "4")
+        for phase in ("forward", "forward_train", "forward_backward", "step"):
+            for r in runs[prefix + phase]:  # images/s is the global batch over the repetition's time
+                self.assertEqual(r["time_unit"], "ms")
+                self.assertAlmostEqual(r["images/s"], 4 / (r["real_time"] / 1e3), delta=1e-6 * r["images/s"])
         aggregates = {b["aggregate_name"] for b in j["benchmarks"] if b.get("run_type") == "aggregate"}
         self.assertTrue({"median", "stddev", "mean"} <= aggregates, aggregates)
         layers = [n for n in runs if "/conv:" in n]
@@ -195,9 +210,12 @@ class Peer(unittest.TestCase):
         self.assertEqual(rc, 0, f"{out}\n{err}")
         self.assertIn("PyTorch ms", out)
         self.assertIn("stepbench/PT", out)
-        row = next(l for l in out.splitlines() if l.startswith("step "))
-        self.assertGreater(float(row.split()[-2]), 0)  # PyTorch's median step time
-        self.assertGreater(float(row.split()[-1]), 0)  # the ratio
+        for phase in ("forward", "step"):
+            row = next(l for l in out.splitlines() if l.startswith(phase + " ")).split()
+            mine, theirs, ratio = float(row[1]), float(row[-2]), float(row[-1])
+            self.assertGreater(theirs, 0)  # PyTorch's median
+            # the ratio is the quotient of the two medians (to the two digits printed)
+            self.assertAlmostEqual(ratio, mine / theirs, delta=0.005 + 1e-9, msg=" ".join(row))
 
 
 class Data(unittest.TestCase):
