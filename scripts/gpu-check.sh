@@ -129,7 +129,7 @@ stage_tests() {
   "$BIN/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1 \
     --gtest_output="json:$OUT_DIR/tests.json" || rc=1
   echo "== the cuda op and step tests with batch norm and pooling on stepbench's kernels"
-  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*' --gtest_brief=1 \
+  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*:*CudaTinyStep*' --gtest_brief=1 \
     --gtest_output="json:$tmp/tests-own-kernels.json" || rc=1
   # a run where every GPU test skipped is not a pass
   "$PY" - "$OUT_DIR/tests.json" "$tmp/tests-own-kernels.json" <<'PY' || rc=1

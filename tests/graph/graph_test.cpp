@@ -99,9 +99,10 @@ void check_whole_net(const test::Config& cfg, bool with_block_e) {
       largest = std::max(largest, std::abs(w[i]));
       loosest = std::max(loosest, b[i]);
     }
-    // Block E's gradients are ill-conditioned in fp32 (see OracleGradientsMatchFiniteDifferences):
-    // there the end-to-end bounds are loose, and the in-place unit checks are the sharp ones.
-    if (!with_block_e) {
+    // Block E's gradients are ill-conditioned in fp32 (see OracleGradientsMatchFiniteDifferences),
+    // and a 16-bit network's bounds carry 16-bit rounding through every layer: there the
+    // end-to-end bounds are loose, and the in-place unit and op checks are the sharp ones.
+    if (!with_block_e && cfg.dtype == DType::f32) {
       EXPECT_LT(loosest, 0.5 * largest) << "the bound would let a zero or doubled gradient pass";
     }
   }

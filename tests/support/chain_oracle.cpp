@@ -50,8 +50,8 @@ Vec root(Vec v) {
 }
 
 // Max pooling's backward where rounding may move the maximum: in each window, every input within
-// the errors of the oracle's maximum may receive the window's gradient instead of it.
-Vec max_pool_tie_bound(const Shape& xs, const Vec& x, const Vec& ex, const Shape& ys, const Vec& dy,
+// the errors of the oracle's maximum may receive the window's gradient (and its error) instead of it.
+Vec max_pool_tie_bound(const Shape& xs, const Vec& x, const Vec& ex, const Shape& ys, const Vec& dy, const Vec& edy,
                        const PoolParams& p) {
   Vec b(x.size(), 0.0);
   for (std::int64_t n = 0; n < ys.n; ++n)
@@ -71,7 +71,8 @@ Vec max_pool_tie_bound(const Shape& xs, const Vec& x, const Vec& ex, const Shape
                 best = i;
               }
             }
-          const double g = std::abs(dy[ref::idx(ys, n, c, oh, ow)]);
+          const auto o = ref::idx(ys, n, c, oh, ow);
+          const double g = std::abs(dy[o]) + edy[o];  // the gradient with its error, wherever it goes
           bool tied = false;
           for (auto i : in)
             if (i != best && mx - x[i] <= ex[best] + ex[i]) {
@@ -232,8 +233,10 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       Vec y, ay, carried, from_w;
       ref::linear_forward(N, K, M, x, w, b, y);
       ref::linear_forward(N, K, M, absv(x), absv(w), absv(b), ay);
-      ref::linear_forward(N, K, M, sq(ex), sq(w), sq(pbound(bn)), carried);
-      carried = root(carried);
+      ref::linear_forward(N, K, M, sq(ex), sq(w), Vec(static_cast<std::size_t>(M), 0.0), carried);
+      carried = root(carried);  // the input's errors through the weights; the bias's error adds linearly
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t j = 0; j < M; ++j) carried[n * M + j] += pbound(bn)[j];
       ref::linear_forward(N, K, M, absv(x), pbound(wn), Vec(static_cast<std::size_t>(M), 0.0), from_w);
       // the product is stored in the dtype before the bias (in the dtype too) is added: three roundings
       err[l.out] = plus(plus(plus_rounding(axpby(m.sum(K + 1) + 2 * uo, ay, 0, {}), y, uo), carried), from_w);
@@ -341,7 +344,7 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       ref::pool_backward(xs, x, ys, dy, dx, l.pool);
       ref::pool_backward(xs, x, ys, edy, carried, l.pool);
       Vec e = plus(pool_backward_bound(xs, x, ys, dy, dx, l.pool, m), carried);
-      if (l.pool.kind == PoolKind::max) e = plus(std::move(e), max_pool_tie_bound(xs, x, ex, ys, dy, l.pool));
+      if (l.pool.kind == PoolKind::max) e = plus(std::move(e), max_pool_tie_bound(xs, x, ex, ys, dy, edy, l.pool));
       add(l.in[0], dx, e);
     } else if (l.kind == "linear") {
       const std::int64_t N = xs.n, K = xs.c, M = ys.c;
@@ -374,9 +377,7 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       Vec from_dz;
       ref::conv_backward_filter(xs, sq(ex), ys, sq(dz), from_x, l.conv);
       ref::conv_backward_filter(xs, absv(x), ys, eb.dx, from_dz, l.conv);  // x >= 0 mostly: linear
-      from_dz = sq(from_dz);
-      set_grad(wn, dw,
-               plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv, m), root(from_x)), root(from_dz)));
+      set_grad(wn, dw, plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv, m), root(from_x)), from_dz));
       set_grad(gn, dgamma, eb.dgamma);
       set_grad(bn, dbeta, eb.dbeta);
       if (l.in[0] != input_) {

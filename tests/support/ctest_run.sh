@@ -4,7 +4,8 @@
 # The command's exit status counts (a non-zero status fails the entry even when the expected
 # output is there); --expect: its output must also match REGEX (grep -E); --skip-if-none-ran:
 # a GoogleTest run in which no test passed (every one skipped, e.g. no GPU) exits 77, which the
-# entry's SKIP_RETURN_CODE turns into "skipped" instead of "passed".
+# entry's SKIP_RETURN_CODE turns into "skipped" instead of "passed". A GoogleTest filter that
+# matches no test at all (a renamed test) fails.
 set -uo pipefail
 expect="" skip_none=0
 while [[ $# -gt 0 && $1 != -- ]]; do
@@ -26,6 +27,10 @@ if [[ $rc -ne 0 ]]; then
 fi
 if [[ -n $expect ]] && ! grep -Eq "$expect" "$out"; then
   echo "ctest_run.sh: no output line matches: $expect" >&2
+  exit 1
+fi
+if grep -Eq '^\[==========\] Running 0 tests' "$out"; then
+  echo "ctest_run.sh: the filter matches no test" >&2
   exit 1
 fi
 if [[ $skip_none -eq 1 ]] && grep -Eq '^\[  PASSED  \] 0 tests' "$out"; then

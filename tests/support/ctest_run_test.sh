@@ -16,6 +16,7 @@ check 0 --expect foo -- sh -c 'echo foo'
 check 77 --skip-if-none-ran -- sh -c 'echo "[  PASSED  ] 0 tests."'
 check 0 --skip-if-none-ran -- sh -c 'echo "[  PASSED  ] 3 tests."'
 check 1 --skip-if-none-ran -- sh -c 'echo "[  PASSED  ] 0 tests."; exit 1'
+check 1 --skip-if-none-ran -- sh -c 'echo "[==========] Running 0 tests from 0 test suites."; echo "[  PASSED  ] 0 tests."'
 check 2 --bogus -- true
 [[ $bad -eq 0 ]] && echo "ctest_run.sh: all cases as expected"
 exit $bad

@@ -20,7 +20,9 @@ double ErrorModel::batch_sum(std::int64_t K) const {
   return 2 * u_in + kSigmas * (std::sqrt(part) + std::sqrt(static_cast<double>(towers))) * u_acc;
 }
 double ErrorModel::conv(std::int64_t K) const {
-  return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) * u_conv_acc * transform;
+  // an algorithm either accumulates atomically in 16 bits or goes through a transform, not both
+  return 2 * u_in + kSigmas * std::sqrt(static_cast<double>(std::max<std::int64_t>(K, 1))) *
+                        std::max(u_conv_acc, u_acc * transform);
 }
 
 ErrorModel error_model(const Config& c) {

@@ -11,7 +11,8 @@
 // stored in bf16/fp16 is rounded once more (u_out times its magnitude). cuDNN may run a
 // convolution through FFT or Winograd transforms, whose accumulated error grows with the transform
 // (Lavin & Gray 2016; Barabasz et al. 2020: Winograd F(4x4, 3x3) 10-100x direct convolution's):
-// on cuda the accumulation term is multiplied by kTransform.
+// on cuda the fp32 accumulation term is multiplied by kTransform. A 16-bit convolution on cuda may
+// instead accumulate in 16 bits (u_conv_acc); the bound takes the worse of the two, not both.
 //
 // Errors are propagated to first order through each op with the oracle itself: the oracle is
 // linear in each argument of a convolution, so conv(|x|, |w|) is the A of every output, and
@@ -42,6 +43,8 @@ struct ErrorModel {
   // the output, in its 16-bit type: on cuda in bf16/fp16 a convolution accumulates at u_out
   double u_conv_acc = 0x1p-24;
   // Towers: a sum over the batch is `towers` partial sums (one per tower), then their average.
+  // Only the chain oracle's fully connected layers use it (batch_sum): right for models without
+  // convolutions or batch norm (pool_fc), whose gradients are then those of the whole batch.
   int towers = 1;
   // A sum of K terms: its error relative to the sum of its terms' absolute values.
   double sum(std::int64_t K) const;
