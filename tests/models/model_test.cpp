@@ -85,6 +85,31 @@ TEST_P(InceptionUnits, EveryUnitMatchesTheOracleInPlace) {
   g.backward(be->default_stream());
   test::expect_units_match_oracle(g, test::error_model(test::Config{"cpu", GetParam(), DType::f32}));
 }
+// The aux head (training only, 299x299 alone builds it), its units checked in place the same way.
+TEST_P(InceptionUnits, EveryAuxHeadUnitMatchesTheOracleInPlace) {
+  auto be = make_cpu_backend();
+  Graph g(*be, GraphConfig{2, GetParam()});
+  ModelOptions o;
+  o.image_size = 299;
+  o.num_classes = 10;
+  o.aux_logits = true;
+  o.dropout = 0;
+  build_inception_v3(g, o);
+  g.plan();
+  init_parameters(g, 12);
+  const auto img = test::random_vec(2 * 3 * 299 * 299, 6);
+  const std::vector<float> imgf(img.begin(), img.end());
+  g.set_input_nchw(imgf.data());
+  const std::int32_t labels[2] = {1, 7};
+  g.set_labels(labels);
+  g.forward(be->default_stream(), true);
+  g.backward(be->default_stream());
+  int aux = 0;
+  for (const auto& l : g.layers()) aux += l.training_only && l.kind == "conv_bn_relu";
+  ASSERT_EQ(aux, 2) << "AuxLogits.conv0 and conv1";
+  test::expect_units_match_oracle(g, test::error_model(test::Config{"cpu", GetParam(), DType::f32}),
+                                  [](const LayerInfo& l) { return l.training_only; });
+}
 INSTANTIATE_TEST_SUITE_P(Layouts, InceptionUnits, testing::Values(Layout::nchw, Layout::nhwc),
                          [](const auto& i) { return std::string(to_string(i.param)); });
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -233,7 +234,9 @@ std::vector<double> read_nchw(Backend& be, const Tensor& t);
 // oracle from its input value and the gradient at its output (the weight, gamma, beta gradients).
 // Every conv-BN-ReLU unit's output and parameter gradients, and the gradient of every value, against
 // the oracle recomputed from the unit's own inputs in the graph; bounds from the error model.
-void expect_units_match_oracle(Graph& g, const ErrorModel& m);
+// With `only`, just the layers it selects (their inputs' gradient sums are then not checked where
+// an unselected layer also consumes them).
+void expect_units_match_oracle(Graph& g, const ErrorModel& m, const std::function<bool(const LayerInfo&)>& only = {});
 
 // Reorders an O,I,KH,KW filter into the backend's storage format for layout l.
 std::vector<double> filter_for(const Backend& be, Layout l, const std::vector<double>& oihw, std::int64_t O,
