@@ -142,6 +142,15 @@ def main():
         out["device"] = torch.cuda.get_device_name(dev)
         out["cudnn"] = torch.backends.cudnn.version()
     out["threads"] = torch.get_num_threads()
+    # what decides the peer's numerics, to set beside stepbench's --precision
+    if dev.type == "cuda":
+        out["settings"] = (f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, "
+                           f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+                           f"cudnn.benchmark={torch.backends.cudnn.benchmark}, "
+                           f"autocast={str(amp).replace('torch.', '') if amp is not None else 'off'}"
+                           f"{', GradScaler' if args.precision == 'fp16' else ''}, {out['threads']} threads")
+    else:
+        out["settings"] = f"fp32 on the CPU, autocast=off, {out['threads']} threads"
     print(json.dumps(out))
 
 

@@ -294,12 +294,13 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     benchmark::Shutdown();
     return reporter.errors.empty() ? 0 : 1;
   }
-  const auto peer = group.size() > 1 ? std::map<std::string, double>{} : run_peer(c, peer_dirs);
+  std::string peer_settings;
+  const auto peer = group.size() > 1 ? std::map<std::string, double>{} : run_peer(c, peer_dirs, &peer_settings);
   print_summary(c, towers, reporter, prefix, peer, feeder);
   if (!peer.empty())
     std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout, precision and warm-up, timed with "
                  "device events (CUDA) or the host clock (CPU); stepbench/PT < 1 means stepbench is faster"
-              << (gpus != 1 ? "; ratios only for --gpus 1" : "") << "\n";
+              << (gpus != 1 ? "; ratios only for --gpus 1" : "") << "\npeer settings: " << peer_settings << "\n";
   benchmark::Shutdown();
   return reporter.errors.empty() ? 0 : 1;
 }

@@ -11,7 +11,8 @@
 namespace stepbench {
 
 // The peer's medians by phase (ms), or empty with the reason printed.
-std::map<std::string, double> run_peer(const BenchConfig& c, const std::vector<std::string>& script_dirs) {
+std::map<std::string, double> run_peer(const BenchConfig& c, const std::vector<std::string>& script_dirs,
+                                       std::string* settings) {
   std::map<std::string, double> out;
   if (c.peer == PeerKind::none) return out;
   std::string script;
@@ -53,6 +54,7 @@ std::map<std::string, double> run_peer(const BenchConfig& c, const std::vector<s
     const auto j = nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
     for (const auto& [k, v] : j.items())
       if (v.is_number() && k != "threads") out[k] = v.get<double>();
+    if (settings) *settings = j.value("settings", std::string("not reported"));
     std::cerr << "stepbench: peer: PyTorch " << j.value("torch", std::string("?")) << ", " << j.value("threads", 0)
               << " threads\n";
   } catch (const std::exception& e) {

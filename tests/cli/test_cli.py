@@ -210,6 +210,7 @@ class Peer(unittest.TestCase):
         self.assertEqual(rc, 0, f"{out}\n{err}")
         self.assertIn("PyTorch ms", out)
         self.assertIn("stepbench/PT", out)
+        self.assertRegex(out, r"peer settings: fp32 on the CPU, autocast=off, [1-9][0-9]* threads")
         for phase in ("forward", "step"):
             row = next(l for l in out.splitlines() if l.startswith(phase + " ")).split()
             mine, theirs, ratio = float(row[1]), float(row[-2]), float(row[-1])
