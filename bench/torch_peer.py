@@ -9,10 +9,12 @@ device time between events (as stepbench's), and "host_ms" holds the host wall t
   bench/torch_peer.py --device cuda --batch-size 128 --format nhwc --precision bf16 [--compile]
 
 Precision as stepbench's: fp32 (TF32 off for convolutions and matmuls), tf32 (on for both), bf16 and
-fp16 through autocast (fp16 with a GradScaler in the step).
+fp16 through autocast (fp16 with a GradScaler in the step). Each timed repetition makes as many calls
+as fill --min-time seconds (Google Benchmark's rule for stepbench's repetitions; the warm-up's last
+call sets the count), or exactly --calls; the median is per call.
 
 Exit 77 when torch or torchvision is missing."""
-import argparse, contextlib, json, os, statistics, sys, time
+import argparse, contextlib, json, math, os, statistics, sys, time
 
 try:
     import torch
@@ -34,18 +36,27 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0: all cores")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads; 0: OMP_NUM_THREADS when set, else every core (as OpenMP's default)")
+    ap.add_argument("--dropout", type=float, default=0.5, help="before the final fc in training, as stepbench's model")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
-    ap.add_argument("--calls", type=int, default=1, help="calls per timed repetition (the median is per call)")
+    ap.add_argument("--calls", type=int, default=0,
+                    help="calls per timed repetition (the median is per call); 0: as many as fill --min-time")
+    ap.add_argument("--min-time", type=float, default=0.5,
+                    help="seconds each repetition lasts at least (Google Benchmark's --benchmark_min_time)")
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - {"forward", "forward_train", "forward_backward", "step"}
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
-    # Debian's torch starts with one thread here; use every core, as stepbench's OpenMP does
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    if args.calls < 0 or args.min_time < 0 or not 0 <= args.dropout < 1:
+        ap.error("--calls and --min-time are at least 0, --dropout in [0, 1)")
+    # Debian's torch starts with one thread here; take stepbench's count (--threads), else OpenMP's
+    # default: OMP_NUM_THREADS, or every core
+    omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
+    torch.set_num_threads(args.threads or (int(omp) if omp.isdigit() and int(omp) > 0 else os.cpu_count() or 1))
     dev = torch.device(args.device)
     if dev.type == "cuda":
         tf32 = args.precision == "tf32"
@@ -58,15 +69,15 @@ def main():
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
-        model = Tiny()
+        model = Tiny(dropout=args.dropout)
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=args.aux_logits == "on",
-                                                init_weights=True)
+                                                init_weights=True, dropout=args.dropout)
     mf = torch.channels_last if args.format == "nhwc" else torch.contiguous_format
     model = model.to(dev).to(memory_format=mf)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev).to(memory_format=mf)
     y = torch.randint(0, 1000, (args.batch_size,), device=dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=dev.type == "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
     ce = torch.nn.functional.cross_entropy
     scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
     net = torch.compile(model) if args.compile else model
@@ -91,7 +102,7 @@ def main():
 
     def forward_backward():
         model.train()
-        opt.zero_grad(set_to_none=dev.type == "cuda")
+        opt.zero_grad(set_to_none=True)
         with autocast():
             loss = loss_of(net(x))
         (scaler.scale(loss) if scaler else loss).backward()
@@ -108,33 +119,40 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    out, host = {}, {}
+    out, host, calls = {}, {}, {}
     fns = {"forward": forward, "forward_train": forward_train, "forward_backward": forward_backward, "step": step}
     for name in phases:
         fn = fns[name]
         t0 = time.perf_counter()
-        for _ in range(args.warmup):
+        for _ in range(max(args.warmup - 1, 0)):
             fn()
         sync()
         if args.compile:
             print(f"peer: {name}: warm-up (compilation included) {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        t1 = time.perf_counter()
+        fn()  # the last warm-up call, timed: how many calls fill --min-time
+        sync()
+        last = time.perf_counter() - t1
+        n = args.calls or max(1, min(100000, math.ceil(args.min_time / max(last, 1e-6))))
+        calls[name] = n
         ms, hs = [], []
         for _ in range(args.repetitions):
             if dev.type == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
             t0 = time.perf_counter()
-            for _ in range(args.calls):
+            for _ in range(n):
                 fn()
             if dev.type == "cuda":
                 b.record()
             sync()
-            hs.append((time.perf_counter() - t0) * 1e3 / args.calls)
-            ms.append(a.elapsed_time(b) / args.calls if dev.type == "cuda" else hs[-1])
+            hs.append((time.perf_counter() - t0) * 1e3 / n)
+            ms.append(a.elapsed_time(b) / n if dev.type == "cuda" else hs[-1])
         out[name] = statistics.median(ms)
         host[name] = statistics.median(hs)
     out["timing"] = "cuda events" if dev.type == "cuda" else "host"
     out["host_ms"] = host
+    out["calls"] = calls
     out["precision"] = args.precision
     out["compile"] = args.compile
     out["torch"] = torch.__version__
@@ -151,6 +169,8 @@ def main():
                            f"{', GradScaler' if args.precision == 'fp16' else ''}, {out['threads']} threads")
     else:
         out["settings"] = f"fp32 on the CPU, autocast=off, {out['threads']} threads"
+    out["settings"] += (f", dropout {args.dropout:g}, {'torch.compile' if args.compile else 'eager'}, "
+                        f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
 
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -116,6 +117,16 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                                          to_string(r.layout), gpus, r.batch_per_tower);
   BenchmarkArgv benchmark_argv;  // alive until Google Benchmark's run and Shutdown are over
   if (!init_google_benchmark(c, root, argv0, benchmark_argv)) return 2;
+  // the peer's Python first too: a missing torch is found before the benchmarks, not after
+  std::string peer_python;
+  if (c.peer != PeerKind::none && group.size() > 1) {
+    if (root) std::cerr << "stepbench: --peer runs PyTorch in one process; drop it under mpirun\n";
+    return 2;
+  }
+  if (c.peer != PeerKind::none && !c.list) {
+    peer_python = choose_peer_python(c);
+    if (peer_python.empty()) return 2;
+  }
 
   std::vector<Phase> phases = c.phases;
   if (phases.empty())
@@ -294,14 +305,28 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     benchmark::Shutdown();
     return reporter.errors.empty() ? 0 : 1;
   }
-  std::string peer_settings;
-  const auto peer = group.size() > 1 ? std::map<std::string, double>{} : run_peer(c, peer_dirs, &peer_settings);
+  PeerResult peer;
+  if (!peer_python.empty()) {
+    const auto v = towers.backend(0).versions();
+    const auto th = v.find("omp_threads");
+    peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()));
+  }
   print_summary(c, towers, reporter, prefix, peer, feeder);
   if (!peer.empty())
-    std::cout << "peer: PyTorch (bench/torch_peer.py), same model, batch, layout, precision and warm-up, timed with "
-                 "device events (CUDA) or the host clock (CPU); stepbench/PT < 1 means stepbench is faster"
-              << (gpus != 1 ? "; ratios only for --gpus 1" : "") << "\npeer settings: " << peer_settings << "\n";
+    std::cout << fmt::format(
+        "peer: PyTorch {}{} (bench/torch_peer.py, {}), same model, batch, layout, precision, dropout, threads and "
+        "warm-up; stepbench/PT compares {}; < 1 means stepbench is faster{}\npeer settings: {}\n",
+        peer.torch, c.peer == PeerKind::pytorch_compile ? " with torch.compile" : "", peer.python,
+        peer.timing == "cuda events"
+            ? "device time between events on both sides (the host ratio: host wall time per call on both)"
+            : "host wall time on both sides",
+        gpus != 1 ? "; ratios only for --gpus 1" : "", peer.settings);
   benchmark::Shutdown();
+  if (!peer_python.empty() && peer.empty()) {
+    std::cerr << "stepbench: --peer " << to_string(c.peer)
+              << " gave no figures (the reason is above); stepbench's own are complete, the exit status is 1\n";
+    return 1;
+  }
   return reporter.errors.empty() ? 0 : 1;
 }
 

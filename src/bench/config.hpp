@@ -31,9 +31,11 @@ constexpr auto enum_names(DataKind) {
                                             {DataKind::jpeg_folder, "jpeg"}}};
 }
 
-enum class PeerKind { none, pytorch };
+// --peer: PyTorch eager, or PyTorch with torch.compile (default mode).
+enum class PeerKind { none, pytorch, pytorch_compile };
 constexpr auto enum_names(PeerKind) {
-  return std::array<EnumName<PeerKind>, 2>{{{PeerKind::none, "none"}, {PeerKind::pytorch, "pytorch"}}};
+  return std::array<EnumName<PeerKind>, 3>{
+      {{PeerKind::none, "none"}, {PeerKind::pytorch, "pytorch"}, {PeerKind::pytorch_compile, "pytorch-compile"}}};
 }
 
 struct BenchConfig {
@@ -50,7 +52,9 @@ struct BenchConfig {
   bool per_layer = false;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;
-  std::string peer_python = "/usr/bin/python3";
+  // the Pythons to try for the peer, in order: the first whose torch and torchvision import (and,
+  // on the cuda backend, whose torch sees a GPU) runs it. --peer-python gives exactly one.
+  std::vector<std::string> peer_pythons = {"/usr/bin/python3"};
   std::vector<std::string> benchmark_args;  // --benchmark_* flags for Google Benchmark
   std::string reduced_note;                 // non-empty: the reduced CPU default was applied, and how
 

@@ -5,6 +5,7 @@
 
 #include "bench/config.hpp"
 #include "bench/feeder.hpp"
+#include "bench/peer.hpp"
 #include "bench/reporter.hpp"
 #include "train/towers.hpp"
 
@@ -15,6 +16,6 @@ void add_context(const BenchConfig& c, const Towers& t);
 
 // Medians per phase, the step's inside, the sync's bandwidths, the input verdict and the peer's ratios.
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const std::map<std::string, double>& peer, const Feeder& feeder);
+                   const PeerResult& peer, const Feeder& feeder);
 
 }  // namespace stepbench

@@ -11,7 +11,7 @@
 namespace stepbench {
 
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const std::map<std::string, double>& peer, const Feeder& feeder) {
+                   const PeerResult& peer, const Feeder& feeder) {
   auto find = [&](const std::string& phase) -> const std::vector<SummaryReporter::Rep>* {
     auto it = rep.reps.find(prefix + "/" + phase);
     return it == rep.reps.end() ? nullptr : &it->second;
@@ -40,9 +40,12 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
       to_string(r.model), t.backend(0).name(), t.backend(0).device_name(), to_string(r.precision), to_string(r.layout),
       fmt::format("{}x{}", isz, isz), gpus, r.batch_per_tower, images, to_string(r.variable_update));
   std::cout << fmt::format("medians of {} repetitions, device time, after {} warm-up steps\n", c.repetitions, c.warmup);
-  std::cout << fmt::format("{:<24} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}\n", "phase", "median ms", "images/s",
+  // On a GPU the peer times device events as stepbench does, and the host ratio comes beside it.
+  const bool peer_device = peer.timing == "cuda events";
+  std::cout << fmt::format("{:<24} {:>11} {:>11} {:>11} {:>9} {:>7} {:>11}{}{}\n", "phase", "median ms", "images/s",
                            "host ms", "gap ms", "cv %", "% of step",
-                           peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"));
+                           peer.empty() ? "" : fmt::format(" {:>11} {:>14}", "PyTorch ms", "stepbench/PT"),
+                           peer_device ? fmt::format(" {:>11} {:>10}", "PT host ms", "host ratio") : "");
   std::vector<std::string> warnings;
   std::vector<std::string> rows = names_of<Phase>();
   if (feeder.active()) rows.push_back("step:data=" + feeder.name());
@@ -60,9 +63,15 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
     const bool per_image = ph != "grad_sync" && ph != "update";  // input_pipeline: images delivered per second
     std::string peer_cols;
     if (!peer.empty()) {
-      auto it = peer.find(ph);
-      peer_cols = it == peer.end() || gpus != 1 ? fmt::format(" {:>11} {:>14}", "-", "-")
-                                                : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
+      auto it = peer.ms.find(ph);
+      peer_cols = it == peer.ms.end() || gpus != 1 ? fmt::format(" {:>11} {:>14}", "-", "-")
+                                                   : fmt::format(" {:>11.3f} {:>14.2f}", it->second, m / it->second);
+      if (peer_device) {
+        auto h = peer.host_ms.find(ph);
+        peer_cols += h == peer.host_ms.end() || gpus != 1
+                         ? fmt::format(" {:>11} {:>10}", "-", "-")
+                         : fmt::format(" {:>11.3f} {:>10.2f}", h->second, med(*r, "host_ms") / h->second);
+      }
     }
     std::cout << fmt::format("{:<24} {:>11.3f} {:>11} {:>11.3f} {:>9.3f} {:>7.1f} {:>11}{}\n", ph, m,
                              per_image ? fmt::format("{:.1f}", 1000.0 * static_cast<double>(images) / m) : "-",

@@ -49,6 +49,17 @@ std::vector<std::string> peer_dirs() {
   return d;
 }
 
+// The Pythons --peer tries when --peer-python is not given, in order: an activated virtual
+// environment or conda environment, python3 on PATH, Debian's, and the torch venv of this project's
+// GPU machines.
+std::vector<std::string> peer_pythons() {
+  std::vector<std::string> p;
+  for (const char* v : {"VIRTUAL_ENV", "CONDA_PREFIX"})
+    if (const char* d = std::getenv(v); d && *d) p.push_back(std::string(d) + "/bin/python");
+  for (const char* s : {"python3", "/usr/bin/python3", "/opt/torch/.venv/bin/python"}) p.emplace_back(s);
+  return p;
+}
+
 void print_version() {
   // what this binary was built with; scripts/gpu-check.sh refuses a build without the cuda backend
 #ifdef STEPBENCH_HAVE_CUDA
@@ -80,6 +91,7 @@ int main(int argc, char** argv) {
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
     group = ProcessGroup::create(under_mpi_launcher());
     cli::resolve(o);
+    if (!o.given("--peer-python")) o.bench.peer_pythons = peer_pythons();
     o.bench.run.group = group.get();
     o.bench.run.fault_sync_stall_s = fault_sync_stall(group->rank());
     return run_benchmarks(o.bench, *group, argv[0], peer_dirs());

@@ -96,10 +96,13 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--json", b.json, "write Google Benchmark's JSON (with the configuration in its context) here");
   app.add_flag("--per-layer", b.per_layer, "also time every distinct conv layer shape: fwd, bwd_data, bwd_filter");
   add_enum(app, "--peer", b.peer,
-           "after stepbench, time the same phases in this peer (pytorch: bench/torch_peer.py) and add its medians "
-           "and the ratios to the summary",
-           {"pytorch"});
-  app.add_option("--peer-python", b.peer_python, "the Python that has torch and torchvision")->capture_default_str();
+           "after stepbench, time the same phases, precision and settings in this peer (bench/torch_peer.py: "
+           "pytorch eager, or pytorch-compile with torch.compile) and add its medians and the ratios to the summary",
+           {"pytorch", "pytorch-compile"});
+  app.add_option("--peer-python", o.peer_python,
+                 "the Python whose torch and torchvision run the peer [default: the first that imports them (and "
+                 "on cuda sees a GPU) of $VIRTUAL_ENV/bin/python, $CONDA_PREFIX/bin/python, python3, "
+                 "/usr/bin/python3, /opt/torch/.venv/bin/python]");
   app.add_flag("--list", b.list, "print the benchmark names this configuration registers, then exit");
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;
@@ -166,6 +169,14 @@ void resolve(Options& o) {
     throw UsageError("--cuda-graph cannot capture the host parameter server's CPU work; use --ps-device device");
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
+  if (b.peer != PeerKind::none && !cuda && m.precision != Precision::fp32)
+    throw UsageError(
+        "--peer on the cpu backend compares fp32 only (the peer's autocast runs on CUDA); use --precision fp32 or "
+        "drop --peer");
+  if (o.given("--peer-python")) {
+    if (o.peer_python.empty()) throw UsageError("--peer-python is empty; give the path of a python interpreter");
+    b.peer_pythons = {o.peer_python};
+  }
   // The CPU is ~100x slower than a GPU: unless told otherwise, run a reduced configuration that
   // finishes in about a minute on two cores, and say so.
   if (!cuda) {

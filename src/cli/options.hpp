@@ -26,6 +26,7 @@ struct Options {
   double sync_timeout_s = 600.0;
   int workspace_mb = 512;
   std::string data = "synthetic";  // synthetic, synthetic-host, or a JPEG folder
+  std::string peer_python;         // --peer-python: the only Python the peer tries
 
   std::vector<std::string> explicitly_set;  // flag names given on the command line or in --config
   bool given(const std::string& flag) const;

@@ -204,13 +204,19 @@ class Peer(unittest.TestCase):
     def test_pytorch_peer_adds_medians_and_ratios(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
             self.skipTest("python3-torch and python3-torchvision are not installed")
-        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
-                           "--warmup", "1", "--repetitions", "1", "--phases", "forward,step", "--peer", "pytorch",
-                           *FAST)
+        # the peer takes stepbench's thread count (OpenMP's, from OMP_NUM_THREADS here)
+        p = subprocess.run([STEPBENCH, "--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                            "--warmup", "1", "--repetitions", "1", "--phases", "forward,step", "--peer", "pytorch",
+                            "--peer-python", "/usr/bin/python3", *FAST],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        rc, out, err = p.returncode, p.stdout, p.stderr
         self.assertEqual(rc, 0, f"{out}\n{err}")
         self.assertIn("PyTorch ms", out)
         self.assertIn("stepbench/PT", out)
-        self.assertRegex(out, r"peer settings: fp32 on the CPU, autocast=off, [1-9][0-9]* threads")
+        self.assertIn("compares host wall time on both sides", out)
+        self.assertRegex(out, r"peer settings: fp32 on the CPU, autocast=off, 1 threads, dropout 0.5, eager, "
+                              r"calls per repetition [0-9]+/[0-9]+ \(forward,step\)")
+        self.assertRegex(err, r"--dropout 0.5 .*--min-time 0.01 --phases forward,step --threads 1")
         for phase in ("forward", "step"):
             row = next(l for l in out.splitlines() if l.startswith(phase + " ")).split()
             mine, theirs, ratio = float(row[1]), float(row[-2]), float(row[-1])
@@ -219,6 +225,27 @@ class Peer(unittest.TestCase):
             # 5e-4 ms, the ratio to 0.005
             q = mine / theirs
             self.assertAlmostEqual(ratio, q, delta=0.005 + q * (5e-4 / mine + 5e-4 / theirs) + 1e-9, msg=" ".join(row))
+
+    def test_a_peer_that_cannot_run_is_a_usage_error_before_the_benchmarks(self):
+        base = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+                "--repetitions", "1", *FAST]
+        rc, out, err = run(*base, "--peer", "pytorch", "--peer-python", "/nonexistent/python")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("/nonexistent/python: not found", err)
+        self.assertIn("point --peer-python at one", err)
+        self.assertNotIn("stepbench summary", out)  # nothing was timed
+        rc, _, err = run(*base, "--peer", "pytorch", "--precision", "bf16")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("compares fp32 only", err)
+        rc, _, err = run(*base, "--peer", "pytorch", "--peer-python", "")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--peer-python is empty", err)
+        old = subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision, sys; "
+                              "sys.exit(0 if not hasattr(torch, 'compile') else 1)"], capture_output=True).returncode
+        if old == 0:  # Debian's torch 1.13 has no torch.compile
+            rc, out, err = run(*base, "--peer", "pytorch-compile", "--peer-python", "/usr/bin/python3")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("has no torch.compile (2.0 or later has)", err)
 
 
 class Data(unittest.TestCase):

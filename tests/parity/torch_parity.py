@@ -74,17 +74,18 @@ class _Block(torch.nn.Module):
 class Tiny(torch.nn.Module):
     """stepbench's tiny model (src/models/tiny.cpp), layer for layer, with the same state_dict names."""
 
-    def __init__(self, num_classes=1000):
+    def __init__(self, num_classes=1000, dropout=0.0):
         super().__init__()
         self.conv1 = BasicConv2d(3, 16, kernel_size=3, stride=2)
         self.conv2 = BasicConv2d(16, 24, kernel_size=3, padding=1)
         self.block = _Block()
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()  # as --dropout
         self.fc = torch.nn.Linear(56, num_classes)
 
     def forward(self, x):
         x = torch.nn.functional.max_pool2d(self.conv2(self.conv1(x)), 3, stride=2)
         x = torch.nn.functional.adaptive_avg_pool2d(self.block(x), 1).flatten(1)
-        return self.fc(x)
+        return self.fc(self.dropout(x))
 
 
 def rel(a, b):
