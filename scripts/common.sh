@@ -9,6 +9,7 @@ STEPBENCH_PACKAGES=(
   patchelf            # scripts/gpu-bundle.sh: the bundle's RUNPATH
   clang-format clang-tidy  # scripts/lint.sh: format and static checks in CI
   python3 python3-numpy python3-torch python3-torchvision python3-scipy python3-matplotlib
+  python3-yaml        # tests/ci/workflow_test.py
 )
 
 sb_install_deps() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -182,6 +183,15 @@ struct LossScaler {
 };
 
 // ---- the backend ---------------------------------------------------------------------------------
+// The device's state at one moment (NVML on a GPU): clocks, temperature, power, and why the clocks
+// are held down. A gate marks a repetition whose GPU was throttled instead of calling it a regression.
+struct DeviceState {
+  double sm_clock_mhz = 0, mem_clock_mhz = 0, temperature_c = 0, power_w = 0;
+  unsigned long long throttle_reasons = 0;  // NVML's clocks-throttle-reason bits
+  bool throttled = false;                   // a power cap, thermal or hardware slowdown was active
+  std::string throttle_text;                // e.g. "sw_power_cap, hw_thermal"; "" when none
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -195,6 +205,9 @@ class Backend {
   virtual FilterFormat filter_format(Layout l) const = 0;
   // The CUDA device ordinal; -1 on the cpu backend.
   virtual int device() const { return -1; }
+  // The device's clocks, temperature, power and throttling now; nullopt where nothing can tell (the
+  // cpu backend, a GPU machine without NVML).
+  virtual std::optional<DeviceState> device_state() const { return std::nullopt; }
   // Allow TF32 tensor-op math for fp32 convolutions and GEMMs (--precision tf32); a no-op where it
   // means nothing. Call before making ops.
   virtual void set_tensor_math(bool allow_tf32) { tensor_math_ = allow_tf32; }

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "bench/feeder.hpp"
+#include "bench/gpu_state.hpp"
 #include "bench/nvtx.hpp"
 #include "bench/peer.hpp"
 #include "bench/per_layer.hpp"
@@ -117,6 +118,13 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                                          to_string(r.layout), gpus, r.batch_per_tower);
   BenchmarkArgv benchmark_argv;  // alive until Google Benchmark's run and Shutdown are over
   if (!init_google_benchmark(c, root, argv0, benchmark_argv)) return 2;
+  if (!c.history.empty() && root) {  // a path that cannot be appended to fails now, not after the run
+    std::ofstream h(c.history, std::ios::app);
+    if (!h) {
+      std::cerr << "stepbench: --history " << c.history << " cannot be appended to; give a file in a writable folder\n";
+      return 2;
+    }
+  }
   // the peer's Python first too: a missing torch is found before the benchmarks, not after
   std::string peer_python;
   if (c.peer != PeerKind::none && group.size() > 1) {
@@ -181,6 +189,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       const bool split = def->points > 2;  // forward_backward, step: forward | backward (| sync | update)
       const int last = def->points - 1;
       double host = 0, dev = 0, f = 0, b = 0, s = 0, u = 0;
+      GpuStateProbe gpu;
+      gpu.read(towers);
       for (auto _ : st) {
         NvtxRange nv(name);
         rt.start();
@@ -209,6 +219,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         st.counters["sync_ms"] = avg(s);
         st.counters["update_ms"] = avg(u);
       }
+      gpu.read(towers);
+      gpu.report(st);
       set_rate_counters(st, def->phase, towers, images, fl);
     });
   }
@@ -289,8 +301,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
 
   std::unique_ptr<PerLayerBench> per_layer;
   if (c.per_layer)
-    per_layer =
-        std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions, group);
+    per_layer = std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions,
+                                                group, r.fault_slow_conv);
 
   // Colour only on a terminal: logs and CI output stay plain text.
   SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
@@ -305,6 +317,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     benchmark::Shutdown();
     return reporter.errors.empty() ? 0 : 1;
   }
+  if (!c.history.empty()) append_history(c, towers, reporter);
   PeerResult peer;
   if (!peer_python.empty()) {
     const auto v = towers.backend(0).versions();

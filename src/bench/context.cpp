@@ -1,52 +1,62 @@
 // The configuration and the machine in Google Benchmark's JSON context, so that a result file says
-// what produced it.
+// what produced it; the same with every repetition as one line of a --history file.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "bench/report.hpp"
+#include "compare/compare.hpp"
 
 namespace stepbench {
 
-void add_context(const BenchConfig& c, const Towers& t) {
+std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& c, const Towers& t) {
+  std::vector<std::pair<std::string, std::string>> ctx;
+  auto add = [&](const std::string& k, const std::string& v) { ctx.emplace_back(k, v); };
   const auto& r = c.run;
   const int gpus = t.global_size();
   Backend& be = t.backend(0);
-  benchmark::AddCustomContext("stepbench_version", STEPBENCH_VERSION);
-  benchmark::AddCustomContext("backend", be.name());
-  benchmark::AddCustomContext("device", be.device_name());
-  for (const auto& [k, v] : be.versions()) benchmark::AddCustomContext(k, v);
-  benchmark::AddCustomContext("model", std::string(to_string(r.model)));
-  benchmark::AddCustomContext("image_size", std::to_string(r.model_options.image_size));
-  benchmark::AddCustomContext("aux_logits", r.model_options.aux_logits ? "on" : "off");
-  benchmark::AddCustomContext("precision", std::string(to_string(r.precision)));
-  benchmark::AddCustomContext("layout", std::string(to_string(r.layout)));
-  benchmark::AddCustomContext("gpus", std::to_string(gpus));
-  benchmark::AddCustomContext("processes", std::to_string(t.processes()));
-  benchmark::AddCustomContext("towers_per_process", std::to_string(t.size()));
-  benchmark::AddCustomContext("batch_size_per_gpu", std::to_string(r.batch_per_tower));
-  benchmark::AddCustomContext("global_batch_size", std::to_string(r.batch_per_tower * gpus));
-  benchmark::AddCustomContext("variable_update", std::string(to_string(r.variable_update)));
-  benchmark::AddCustomContext("optimizer", std::string(to_string(r.optimizer.kind)));
-  benchmark::AddCustomContext("warmup_steps", std::to_string(c.warmup));
-  benchmark::AddCustomContext("gradient_bytes", std::to_string(t.graph(0).param_arena_floats() * sizeof(float)));
-  benchmark::AddCustomContext("sync_buckets", std::to_string(t.bucket_count()));
-  benchmark::AddCustomContext("sync_overlap", r.overlap ? "on" : "off");
-  benchmark::AddCustomContext("collective", t.sync_name());
-  benchmark::AddCustomContext("ps_device", r.ps_on_host ? "cpu" : "device");
-  benchmark::AddCustomContext("cuda_graph", c.cuda_graph ? "on" : "off");
-  benchmark::AddCustomContext("workspace_mb", std::to_string(r.workspace_bytes >> 20));
-  benchmark::AddCustomContext("sync_timeout_s", fmt::format("{:g}", r.sync_timeout_s));
-  benchmark::AddCustomContext("parameters", std::to_string(t.graph(0).num_parameters()));
-  benchmark::AddCustomContext("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
-  benchmark::AddCustomContext("data", c.data_name());
+  add("stepbench_version", STEPBENCH_VERSION);
+  if (!c.revision.empty()) add("revision", c.revision);
+  add("backend", be.name());
+  add("device", be.device_name());
+  for (const auto& [k, v] : be.versions()) add(k, v);
+  add("model", std::string(to_string(r.model)));
+  add("image_size", std::to_string(r.model_options.image_size));
+  add("aux_logits", r.model_options.aux_logits ? "on" : "off");
+  add("precision", std::string(to_string(r.precision)));
+  add("layout", std::string(to_string(r.layout)));
+  add("gpus", std::to_string(gpus));
+  add("processes", std::to_string(t.processes()));
+  add("towers_per_process", std::to_string(t.size()));
+  add("batch_size_per_gpu", std::to_string(r.batch_per_tower));
+  add("global_batch_size", std::to_string(r.batch_per_tower * gpus));
+  add("variable_update", std::string(to_string(r.variable_update)));
+  add("optimizer", std::string(to_string(r.optimizer.kind)));
+  add("warmup_steps", std::to_string(c.warmup));
+  add("gradient_bytes", std::to_string(t.graph(0).param_arena_floats() * sizeof(float)));
+  add("sync_buckets", std::to_string(t.bucket_count()));
+  add("sync_overlap", r.overlap ? "on" : "off");
+  add("collective", t.sync_name());
+  add("ps_device", r.ps_on_host ? "cpu" : "device");
+  add("cuda_graph", c.cuda_graph ? "on" : "off");
+  add("workspace_mb", std::to_string(r.workspace_bytes >> 20));
+  add("sync_timeout_s", fmt::format("{:g}", r.sync_timeout_s));
+  add("parameters", std::to_string(t.graph(0).num_parameters()));
+  add("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
+  add("data", c.data_name());
   if (c.data == DataKind::jpeg_folder) {
-    benchmark::AddCustomContext("data_threads", std::to_string(c.data_threads));
-    benchmark::AddCustomContext("prefetch", std::to_string(c.prefetch));
+    add("data_threads", std::to_string(c.data_threads));
+    add("prefetch", std::to_string(c.prefetch));
   }
-  if (c.reduced()) benchmark::AddCustomContext("reduced_configuration", c.reduced_note);
+  if (c.reduced()) add("reduced_configuration", c.reduced_note);
   // what ran the convolutions, batch norm and pooling, counted per distinct choice (after warm-up:
   // a library that declined a configuration has been replaced by then)
   const auto layers = t.graph(0).layers();
@@ -56,11 +66,43 @@ void add_context(const BenchConfig& c, const Towers& t) {
       if (l.kind == kind) ++n[l.*what];
     std::string v;
     for (const auto& [impl, count] : n) v += fmt::format("{}{} x {}", v.empty() ? "" : "; ", count, impl);
-    if (!v.empty()) benchmark::AddCustomContext(key, v);
+    if (!v.empty()) add(key, v);
   };
   tally("conv_algorithms", "conv_bn_relu", &LayerInfo::conv_algorithm);
   tally("batch_norm_kernels", "conv_bn_relu", &LayerInfo::implementation);
   tally("pool_kernels", "pool", &LayerInfo::implementation);
+  return ctx;
+}
+
+void add_context(const BenchConfig& c, const Towers& t) {
+  for (const auto& [k, v] : run_context(c, t)) benchmark::AddCustomContext(k, v);
+}
+
+void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter& rep) {
+  compare::Run run;
+  for (const auto& [k, v] : run_context(c, t)) run.context[k] = v;
+  // Google Benchmark's own context keys of the machine, which the fingerprint includes
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) run.context["host_name"] = host;
+  run.context["num_cpus"] = std::to_string(benchmark::CPUInfo::Get().num_cpus);
+  for (const auto& name : rep.order) {
+    compare::Series& s = run.benchmarks[name];
+    run.order.push_back(name);
+    for (const auto& r : rep.reps.at(name)) {
+      s.ms.push_back(r.device_ms);
+      if (auto it = r.counters.find("throttled"); it != r.counters.end() && it->second > 0) ++s.throttled;
+      if (auto it = r.counters.find("layers"); it != r.counters.end()) s.layers = it->second;
+    }
+    if (auto it = rep.labels.find(name); it != rep.labels.end()) s.label = it->second;
+  }
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::ofstream f(c.history, std::ios::app);
+  if (!(f << compare::history_record(run, when) << "\n"))
+    throw std::runtime_error(fmt::format("cannot append to the history {}", c.history));
 }
 
 }  // namespace stepbench

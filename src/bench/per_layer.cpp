@@ -2,27 +2,27 @@
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
 namespace stepbench {
 
-std::string ConvShape::name() const {
-  return fmt::format("conv:{}x{}x{}x{}>{}:k{}x{}:s{}x{}:p{}x{}", x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h,
-                     p.stride_w, p.pad_h, p.pad_w);
-}
+std::string ConvShape::name() const { return conv_shape_name(x, cout, p); }
 
 std::vector<ConvShape> distinct_convs(const Graph& g) {
   std::vector<ConvShape> v;
   for (const auto& l : g.layers()) {
     if (l.kind != "conv_bn_relu") continue;
-    ConvShape s{g.shape_of(l.in[0]), g.shape_of(l.out).c, l.conv};
+    ConvShape s{g.shape_of(l.in[0]), g.shape_of(l.out).c, l.conv, 0, {}};
     auto it = std::find_if(v.begin(), v.end(), [&](const ConvShape& o) { return o.key() == s.key(); });
     if (it == v.end()) {
       s.count = 1;
+      s.layers = {l.name};
       v.push_back(s);
     } else {
       ++it->count;
+      it->layers.push_back(l.name);
     }
   }
   return v;
@@ -33,10 +33,10 @@ struct PerLayerBench::Rig {
   std::unique_ptr<ConvOp> op;
   Buffer x, y, w, dw, ws;
   TensorDesc xd, yd;
-  Rig(Backend& be, const ConvShape& s, Layout l, DType t) {
+  Rig(Backend& be, const ConvShape& s, Layout l, DType t, const SlowConvFault& fault) {
     xd = TensorDesc::dense(s.x, t, l);
     yd = TensorDesc::dense(conv_output_shape(s.x, s.cout, s.p), t, l);
-    op = be.make_conv(xd, yd, s.p);
+    op = with_fault(be.make_conv(xd, yd, s.p), s.x, s.cout, s.p, fault);
     x = Buffer(be, xd.bytes());
     y = Buffer(be, yd.bytes());
     const std::size_t wn = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
@@ -57,15 +57,16 @@ struct PerLayerBench::Rig {
 };
 
 PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                             const ProcessGroup& group) {
+                             const ProcessGroup& group, const SlowConvFault& fault) {
   for (const auto& c : distinct_convs(g)) {
-    rigs_.push_back(std::make_unique<Rig>(be, c, l, t));
+    rigs_.push_back(std::make_unique<Rig>(be, c, l, t, fault));
     Rig* rig = rigs_.back().get();
     const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * c.x.c;
+    const std::string label = fmt::format("{}", fmt::join(c.layers, ", "));  // the model's layers of this shape
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;
       benchmark::RegisterBenchmark(name.c_str(),
-                                   [&be, &group, rig, kind, macs, count = c.count](benchmark::State& st) {
+                                   [&be, &group, rig, kind, macs, label, count = c.count](benchmark::State& st) {
                                      auto& s = be.default_stream();
                                      auto run = [&] {
                                        const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
@@ -90,6 +91,7 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
                                      st.counters["GFLOP/s"] = benchmark::Counter(
                                          2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
                                      st.counters["layers"] = count;
+                                     st.SetLabel(label);
                                    })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond)

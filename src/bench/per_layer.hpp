@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/slow_conv.hpp"
 #include "comm/process_group.hpp"
 #include "graph/graph.hpp"
 
@@ -16,7 +17,8 @@ struct ConvShape {
   Shape x;
   std::int64_t cout;
   ConvParams p;
-  int count = 0;  // layers of this shape
+  int count = 0;                    // layers of this shape
+  std::vector<std::string> layers;  // their names
   auto key() const {
     return std::make_tuple(x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
   }
@@ -30,7 +32,7 @@ class PerLayerBench {
  public:
   // Registers prefix/<shape>/{fwd,bwd_data,bwd_filter} for every distinct conv shape of g.
   PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                const ProcessGroup& group);
+                const ProcessGroup& group, const SlowConvFault& fault = {});
   ~PerLayerBench();
 
  private:

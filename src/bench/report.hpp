@@ -2,6 +2,8 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench/config.hpp"
 #include "bench/feeder.hpp"
@@ -11,8 +13,13 @@
 
 namespace stepbench {
 
-// The configuration, the machine and what runs each op, into Google Benchmark's context.
+// The configuration, the machine (its fingerprint: versions, device, GPU clocks and power limit
+// where NVML reports them) and what runs each op, in order.
+std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& c, const Towers& t);
+// run_context into Google Benchmark's context.
 void add_context(const BenchConfig& c, const Towers& t);
+// One line for c.history (compare::history_record): the context and every repetition.
+void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter& rep);
 
 // Medians per phase, the step's inside, the sync's bandwidths, the input verdict and the peer's ratios.
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,

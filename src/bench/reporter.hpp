@@ -18,6 +18,8 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
     std::map<std::string, double> counters;
   };
   std::map<std::string, std::vector<Rep>> reps;  // by registered name
+  std::vector<std::string> order;                // registered names in run order
+  std::map<std::string, std::string> labels;     // per-layer benchmarks: the model's layers of that shape
   std::vector<std::string> errors;
 
   void ReportRuns(const std::vector<Run>& runs) override {
@@ -29,7 +31,10 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
       if (r.run_type != Run::RT_Iteration) continue;
       Rep rep{r.GetAdjustedRealTime(), {}};  // manual time, in the benchmark's unit (ms)
       for (const auto& [k, c] : r.counters) rep.counters[k] = c.value;
-      reps[r.run_name.function_name].push_back(std::move(rep));
+      const std::string& name = r.run_name.function_name;
+      if (!reps.count(name)) order.push_back(name);
+      if (!r.report_label.empty()) labels[name] = r.report_label;
+      reps[name].push_back(std::move(rep));
     }
     ConsoleReporter::ReportRuns(runs);
   }

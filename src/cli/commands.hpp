@@ -8,5 +8,7 @@ namespace stepbench::cli {
 int check_main(int argc, char** argv);
 // stepbench make-dataset DIR: write a synthetic JPEG folder for --data DIR.
 int make_dataset_main(int argc, char** argv);
+// stepbench compare BASE.json HEAD.json: the regression gate (exit 1 on a regression).
+int compare_main(int argc, char** argv);
 
 }  // namespace stepbench::cli

@@ -4,6 +4,8 @@
 
 #include <iostream>
 
+#include "tensor/error.hpp"
+
 namespace stepbench::cli {
 
 CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool& v, const std::string& help) {
@@ -29,10 +31,19 @@ std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, 
   try {
     std::vector<std::string> args;
     for (int i = argc - 1; i >= first; --i) args.emplace_back(argv[i]);  // CLI11 takes them reversed
+    if (app.get_config_ptr() != nullptr)
+      for (int i = first; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--config" && i + 1 < argc) check_config_file(app, argv[i + 1]);
+        if (a.rfind("--config=", 0) == 0) check_config_file(app, a.substr(9));
+      }
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
+  } catch (const UsageError& e) {
+    std::cerr << fmt::format("{}: {}\n", name, e.what());
+    return 2;
   } catch (const CLI::ParseError& e) {
     std::cerr << fmt::format("{}: {}\nRun '{} --help' for every flag and its accepted values.\n", name, e.what(), name);
     return 2;

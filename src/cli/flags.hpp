@@ -38,8 +38,13 @@ struct ModelFlags {
 };
 void add_model_flags(CLI::App& app, ModelFlags& m);
 
-// Parses argv[first..]. Returns the exit code to return at once (0 after --help, 2 after a usage
-// error, printed with `name` and how to get help), or nullopt to go on.
+// Checks a --config TOML file strictly against app's flags; throws UsageError naming the file, the
+// line and the key (an unknown key with the nearest valid one, a key given twice, a malformed line
+// or value).
+void check_config_file(const CLI::App& app, const std::string& path);
+
+// Parses argv[first..] (a --config file checked with check_config_file first). Returns the exit code to return at once
+// (0 after --help, 2 after a usage error, printed with `name` and how to get help), or nullopt to go on.
 std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, int first, const std::string& name);
 
 }  // namespace stepbench::cli

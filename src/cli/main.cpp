@@ -17,6 +17,7 @@
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "comm/process_group.hpp"
+#include "stepbench_revision.hpp"
 #include "tensor/error.hpp"
 
 using namespace stepbench;
@@ -36,6 +37,27 @@ double fault_sync_stall(int rank) {
   int r = -1;
   double sec = 0;
   return f && std::sscanf(f, "%d:%lf", &r, &sec) == 2 && r == rank ? sec : 0.0;
+}
+
+// STEPBENCH_FAULT_SLOW_CONV=<shape>/<direction>*<repeats> (tests only, backend/slow_conv.hpp): that
+// conv shape's direction runs 1 + repeats times, e.g. conv:4x16x15x15>24:k3x3:s1x1:p1x1/fwd*20.
+SlowConvFault fault_slow_conv() {
+  SlowConvFault f;
+  const char* v = std::getenv("STEPBENCH_FAULT_SLOW_CONV");
+  if (!v || !*v) return f;
+  const std::string s = v;
+  const auto star = s.rfind('*'), slash = s.rfind('/', star);
+  if (star == std::string::npos || slash == std::string::npos)
+    throw UsageError(
+        fmt::format("STEPBENCH_FAULT_SLOW_CONV={}: expected <shape>/<fwd|bwd_data|bwd_filter>*<repeats>", s));
+  f.shape = s.substr(0, slash);
+  f.direction = s.substr(slash + 1, star - slash - 1);
+  f.repeats = std::atoi(s.c_str() + star + 1);
+  if (f.direction != "fwd" && f.direction != "bwd_data" && f.direction != "bwd_filter")
+    throw UsageError(
+        fmt::format("STEPBENCH_FAULT_SLOW_CONV: direction '{}' is not fwd, bwd_data or bwd_filter", f.direction));
+  fmt::print(stderr, "stepbench: test fault: {} {} runs {} extra times\n", f.shape, f.direction, f.repeats);
+  return f;
 }
 
 // Where bench/torch_peer.py may be: beside the binary in a bundle (bin/..), else the source tree
@@ -72,7 +94,7 @@ void print_version() {
 #else
   const char* mpi = "off";
 #endif
-  fmt::print("stepbench {}\ncuda backend: {}\nmpi: {}\n", STEPBENCH_VERSION, cuda, mpi);
+  fmt::print("stepbench {} ({})\ncuda backend: {}\nmpi: {}\n", STEPBENCH_VERSION, STEPBENCH_REVISION, cuda, mpi);
 }
 
 }  // namespace
@@ -83,6 +105,7 @@ int main(int argc, char** argv) {
     const std::string_view cmd = argc > 1 ? argv[1] : "";
     if (cmd == "check") return cli::check_main(argc, argv);
     if (cmd == "make-dataset") return cli::make_dataset_main(argc, argv);
+    if (cmd == "compare") return cli::compare_main(argc, argv);
     if (argc == 2 && cmd == "--version") {
       print_version();
       return 0;
@@ -94,6 +117,8 @@ int main(int argc, char** argv) {
     if (!o.given("--peer-python")) o.bench.peer_pythons = peer_pythons();
     o.bench.run.group = group.get();
     o.bench.run.fault_sync_stall_s = fault_sync_stall(group->rank());
+    o.bench.run.fault_slow_conv = fault_slow_conv();
+    o.bench.revision = STEPBENCH_REVISION;
     return run_benchmarks(o.bench, *group, argv[0], peer_dirs());
   } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
     fmt::print(stderr, "stepbench: {}\n", e.what());

@@ -94,6 +94,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->delimiter(',')
       ->check(CLI::IsMember(names_of<Phase>()));
   app.add_option("--json", b.json, "write Google Benchmark's JSON (with the configuration in its context) here");
+  app.add_option("--history", b.history,
+                 "append this run (machine fingerprint, revision, configuration, every repetition) as one JSON line "
+                 "to this file, for stepbench compare --history");
   app.add_flag("--per-layer", b.per_layer, "also time every distinct conv layer shape: fwd, bwd_data, bwd_filter");
   add_enum(app, "--peer", b.peer,
            "after stepbench, time the same phases, precision and settings in this peer (bench/torch_peer.py: "

@@ -27,6 +27,8 @@ Graph::Graph(Backend& be, GraphConfig cfg) : impl_(std::make_unique<Impl>(be, cf
 }
 Graph::~Graph() = default;
 
+void Graph::set_fault(const SlowConvFault& f) { impl_->slow_conv = f; }
+
 ValueId Graph::input(std::int64_t c, std::int64_t h, std::int64_t w) {
   auto& g = *impl_;
   if (g.input >= 0) throw Error("graph: only one input");

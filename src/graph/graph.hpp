@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/slow_conv.hpp"
 
 namespace stepbench {
 
@@ -85,6 +86,9 @@ class Graph {
   void cross_entropy(ValueId logits, float weight, const std::string& output_name);
   // Layers added while this is set run only in training (torchvision's aux head).
   void set_training_only(bool on);
+
+  // Test-only (backend/slow_conv.hpp): convolutions planned after this carry the fault.
+  void set_fault(const SlowConvFault& f);
 
   void plan();
   bool planned() const;

@@ -42,6 +42,7 @@ struct Value {
 struct Graph::Impl {
   Backend& be;
   GraphConfig cfg;
+  SlowConvFault slow_conv;  // test-only fault (Graph::set_fault)
   std::vector<Value> values;
   std::vector<std::unique_ptr<Layer>> layers;
   std::vector<ParamEntry> params;

@@ -68,6 +68,9 @@ struct TowerOptions {
   // Fault injection for the timeout test: this process sleeps this long before its first bucket's
   // sync (the command line takes it from STEPBENCH_FAULT_SYNC_STALL); 0: never.
   double fault_sync_stall_s = 0;
+  // Fault injection for the regression gate's tests: one conv shape's work repeated
+  // (backend/slow_conv.hpp; the command line takes it from STEPBENCH_FAULT_SLOW_CONV).
+  SlowConvFault fault_slow_conv;
 
   DType dtype() const { return storage_dtype(precision); }
 };

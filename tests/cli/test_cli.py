@@ -10,6 +10,11 @@ CONFIGS = None
 FAST = ["--benchmark_min_time=0.01"]  # one short timing per repetition: these tests check plumbing
 
 
+def slurp(path):
+    with open(path) as f:
+        return f.read()
+
+
 def run(*args, timeout=300):
     p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
@@ -117,6 +122,31 @@ class Flags(unittest.TestCase):
 
 
 class Presets(unittest.TestCase):
+    def test_a_preset_with_a_wrong_line_is_a_usage_error_naming_the_file_line_and_key(self):
+        cases = [("backend = \"cpu\"\nmodel = \"tiny\"\nbatchsize = 64\n",
+                  ["line 3", "unknown key 'batchsize'", "did you mean 'batch-size'"]),
+                 ("model = \"tiny\"\nnot = [valid toml\n", ["line 2", "not a TOML string, number, boolean or array"]),
+                 ("model = \"tiny\"\n\n# a comment\nmodel = \"inception_v3\"\n", ["line 4", "'model' is given twice (first on line 1)"]),
+                 ("[run]\nmodel = \"tiny\"\n", ["line 1", "sections"]),
+                 ("model \"tiny\"\n", ["line 1", "is not key = value"]),
+                 ("model = \"tiny\" extra\n", ["line 1", "unexpected text after the value of 'model'"]),
+                 ("warmup = 1.5.3\n", ["line 1", "unexpected text"]),
+                 ("model = \"tiny\n", ["line 1", "not a TOML string"])]
+        with tempfile.TemporaryDirectory() as d:
+            for text, words in cases:
+                path = os.path.join(d, "p.toml")
+                open(path, "w").write(text)
+                rc, out, err = run("--config", path, "--backend", "cpu", "--list")
+                self.assertEqual(rc, 2, f"{text!r}: exit {rc}\n{out}{err}")
+                self.assertIn(path, err)
+                for w in words:
+                    self.assertIn(w, err, text)
+            # what TOML allows still reads: comments after values, underscores for dashes, arrays, spacing
+            open(path, "w").write("model = 'tiny'  # the small one\nimage_size=32\nphases = [\"forward\", \"step\",]\n")
+            rc, out, err = run("--config", path, "--backend", "cpu", "--list")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("tiny/fp32/nchw/gpus:1/batch:32/forward", out)
+
     def test_every_preset_runs_on_the_cpu_with_a_small_override(self):
         presets = sorted(glob.glob(os.path.join(CONFIGS, "*.toml")))
         self.assertGreaterEqual(len(presets), 4)
@@ -246,6 +276,68 @@ class Peer(unittest.TestCase):
             rc, out, err = run(*base, "--peer", "pytorch-compile", "--peer-python", "/usr/bin/python3")
             self.assertEqual(rc, 2, err)
             self.assertIn("has no torch.compile (2.0 or later has)", err)
+
+
+class Compare(unittest.TestCase):
+    """stepbench compare and --history as a user meets them (the statistics: tests/compare)."""
+    BASE = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "1", "--repetitions", "4",
+            "--phases", "forward,step", *FAST]
+
+    def test_two_runs_compare_and_the_history_records_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            hist = os.path.join(d, "runs.jsonl")
+            for name in ("a", "b"):
+                rc, out, err = run(*self.BASE, "--batch-size", "4", "--json", os.path.join(d, name + ".json"),
+                                   "--history", hist)
+                self.assertEqual(rc, 0, err)
+            lines = slurp(hist).splitlines()
+            self.assertEqual(len(lines), 2)
+            rec = json.loads(lines[0])
+            self.assertRegex(rec["revision"], r"^[0-9a-f]{7,}|unknown")
+            self.assertEqual(rec["fingerprint"]["backend"], "cpu")
+            self.assertIn("host_name", rec["fingerprint"])
+            self.assertEqual(rec["configuration"]["batch_size_per_gpu"], "4")
+            step = rec["benchmarks"]["tiny/fp32/nchw/gpus:1/batch:4/step"]
+            self.assertEqual(len(step["ms"]), 4)
+            self.assertAlmostEqual(step["median_ms"], sorted(step["ms"])[1] / 2 + sorted(step["ms"])[2] / 2)
+            md, js = os.path.join(d, "c.md"), os.path.join(d, "c.json")
+            rc, out, err = run("compare", os.path.join(d, "a.json"), os.path.join(d, "b.json"), "--markdown", md,
+                               "--json", js)
+            self.assertIn(rc, (0, 1), err)  # two runs back to back: whatever the machine did, not a usage error
+            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step", out)
+            verdict = json.loads(slurp(js))
+            self.assertEqual(rc, 1 if verdict["regression"] else 0)
+            self.assertEqual({b["benchmark"].rsplit("/", 1)[1] for b in verdict["benchmarks"]}, {"forward", "step"})
+            self.assertTrue(slurp(md).startswith("### stepbench compare"))
+            # against the history: both records have this binary's revision, so neither is a baseline
+            rc, out, err = run("compare", "--history", hist, os.path.join(d, "b.json"))
+            self.assertEqual(rc, 0, err)
+            self.assertIn("insufficient data (no earlier run", out)
+
+    def test_bad_input_is_a_usage_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            a = os.path.join(d, "a.json")
+            rc, _, err = run(*self.BASE, "--batch-size", "4", "--json", a)
+            self.assertEqual(rc, 0, err)
+            b = os.path.join(d, "b.json")
+            rc, _, err = run(*self.BASE, "--batch-size", "2", "--json", b)
+            self.assertEqual(rc, 0, err)
+            bad = os.path.join(d, "bad.json")
+            open(bad, "w").write("{oops")
+            for args, words in [(["compare", a, b], ["no benchmark in common"]),
+                                (["compare", a], ["BASE.json HEAD.json"]),
+                                (["compare", a, os.path.join(d, "missing.json")], ["missing.json"]),
+                                (["compare", a, bad], ["is not JSON"]),
+                                (["compare", a, a, "--threshold", "-1"], ["--threshold"]),
+                                (["compare", "--history", a, a, a], ["with --history, give one file"])]:
+                rc, out, err = run(*args)
+                self.assertEqual(rc, 2, f"{args}: {out}{err}")
+                for w in words:
+                    self.assertIn(w, err, args)
+                self.assertNotIn("Traceback", err)
+            rc, _, err = run(*self.BASE, "--batch-size", "4", "--history", os.path.join(d, "no", "such", "dir.jsonl"))
+            self.assertEqual(rc, 2, err)
+            self.assertIn("cannot be appended to", err)
 
 
 class Data(unittest.TestCase):

@@ -13,11 +13,14 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "backend/cuda/common.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/nvml.hpp"
 
 namespace stepbench {
 
@@ -77,6 +80,11 @@ class CudaBackend final : public Backend {
     SB_CUBLAS(cublasCreate(&blas));
     cublas_ = CublasHandle(blas);
     SB_CUBLAS(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
+    std::array<char, 32> bus{};  // "0000:3B:00.0", the name NVML knows the GPU by
+    if (cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), dev_) == cudaSuccess)
+      pci_bus_id_ = bus.data();
+    else
+      cudaGetLastError();
   }
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
@@ -91,15 +99,21 @@ class CudaBackend final : public Backend {
     int nccl = 0;
     ncclGetVersion(&nccl);  // the library loaded, which may differ from the headers built against
     auto v = [](int x) { return fmt::format("{}.{}", x / 1000, (x % 1000) / 10); };
-    return {{"cuda_runtime", v(rt)},
-            {"cuda_driver", v(drv)},
-            {"cudnn", fmt::format("{}.{}.{}", cudnn / 10000, (cudnn % 10000) / 100, cudnn % 100)},
-            {"cublas", std::to_string(cublas)},
-            {"nccl", fmt::format("{}.{}.{}", nccl / 10000, (nccl % 10000) / 100, nccl % 100)},
-            {"cudnn_built_against", fmt::format("{}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL)},
-            {"compute_capability", fmt::format("{}.{}", prop_.major, prop_.minor)},
-            {"tf32", tf32_ ? "on" : "off"}};
+    std::map<std::string, std::string> out{
+        {"cuda_runtime", v(rt)},
+        {"cuda_driver", v(drv)},
+        {"cudnn", fmt::format("{}.{}.{}", cudnn / 10000, (cudnn % 10000) / 100, cudnn % 100)},
+        {"cublas", std::to_string(cublas)},
+        {"nccl", fmt::format("{}.{}.{}", nccl / 10000, (nccl % 10000) / 100, nccl % 100)},
+        {"cudnn_built_against", fmt::format("{}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL)},
+        {"compute_capability", fmt::format("{}.{}", prop_.major, prop_.minor)},
+        {"tf32", tf32_ ? "on" : "off"}};
+    out["gpu_count"] = std::to_string(cuda_device_count_impl());
+    // the driver, power limit and clocks NVML reports for this GPU (none without NVML)
+    for (const auto& [key, value] : nvml_.fingerprint(pci_bus_id_)) out[key] = value;
+    return out;
   }
+  std::optional<DeviceState> device_state() const override { return nvml_.state(pci_bus_id_); }
   void require(DType t) const override {
     const int cc = prop_.major * 10 + prop_.minor;
     if (t == DType::bf16 && cc < 80)
@@ -278,6 +292,8 @@ class CudaBackend final : public Backend {
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
   bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels
   FallbackNotes notes_;                          // the "cuDNN declined" lines said so far
+  std::string pci_bus_id_;                       // "" where CUDA does not say
+  mutable Nvml nvml_;                            // loaded on first use; answers nothing without a driver
 };
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace stepbench {
 void ConvBnReluLayer::plan(Graph::Impl& g) {
   const Value& x = g.values[in[0]];
   zdesc = g.desc(g.values[out].shape);
-  conv = g.be.make_conv(g.desc(x.shape), zdesc, p);
+  conv = with_fault(g.be.make_conv(g.desc(x.shape), zdesc, p), x.shape, cout, p, g.slow_conv);
   bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{});
   g.reserve(z, zdesc.bytes());
   g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));

@@ -1,0 +1,76 @@
+// stepbench compare: the regression gate's command line (the statistics are in src/compare).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "cli/flags.hpp"
+#include "compare/compare.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench::cli {
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!(f << text)) throw UsageError(fmt::format("cannot write {}; give a path in a writable folder", path));
+}
+
+}  // namespace
+
+int compare_main(int argc, char** argv) {
+  CLI::App app{
+      "stepbench compare: is HEAD slower than BASE? Per benchmark a one-sided Mann-Whitney U test on the repetitions "
+      "(Holm-corrected), the median ratio with a bootstrap interval and a noise floor from each run's own spread; "
+      "names the layers that moved when both runs have --per-layer timings.\n"
+      "Exit status: 0 no regression, 1 a regression, 2 a usage error.\n"
+      "  stepbench compare BASE.json HEAD.json [--markdown FILE] [--json FILE]\n"
+      "  stepbench compare --history runs.jsonl HEAD.json   (against the last runs on this machine)",
+      "stepbench compare"};
+  std::vector<std::string> files;
+  compare::Options o;
+  double threshold_pct = 100 * o.threshold;
+  std::string markdown, json_out, history;
+  int last = 5;
+  app.add_option("files", files, "BASE.json HEAD.json (stepbench --json output), or HEAD.json with --history")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--threshold", threshold_pct, "the smallest change in percent reported as a regression")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--alpha", o.alpha, "family-wise error rate (Holm) and 1 - the intervals' confidence")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 0.5));
+  app.add_option("--min-repetitions", o.min_repetitions, "fewer repetitions on a side: insufficient data")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1000000));
+  app.add_option("--markdown", markdown, "also write the report as markdown (e.g. $GITHUB_STEP_SUMMARY)");
+  app.add_option("--json", json_out, "also write the report as JSON");
+  app.add_option("--history", history, "compare HEAD.json with earlier runs in this file (stepbench --history)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--last", last, "with --history: pool the last N matching runs")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  if (auto rc = parse_args(app, argc, argv, 2, "stepbench compare")) return *rc;
+  o.threshold = threshold_pct / 100;
+  if (history.empty() && files.size() != 2)
+    throw UsageError("compare takes BASE.json HEAD.json (or HEAD.json with --history FILE)");
+  if (!history.empty() && files.size() != 1)
+    throw UsageError("with --history, give one file: HEAD.json (the run to check against the history)");
+  try {
+    const compare::Run head = compare::load_run(files.back());
+    const compare::Run base =
+        history.empty() ? compare::load_run(files.front()) : compare::load_history(history, head, last);
+    const compare::Report rep = compare::compare_runs(base, head, o);
+    std::cout << compare::format_text(rep);
+    if (!markdown.empty()) write_file(markdown, compare::format_markdown(rep));
+    if (!json_out.empty()) write_file(json_out, compare::format_json(rep));
+    return rep.exit_code();
+  } catch (const compare::CompareError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace stepbench::cli
