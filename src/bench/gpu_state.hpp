@@ -15,15 +15,16 @@ namespace stepbench {
 class GpuStateProbe {
  public:
   void read(const Towers& t) {
-    for (int i = 0; i < t.size(); ++i) {
-      const auto s = t.backend(i).device_state();
-      if (!s) continue;
-      seen_ = true;
-      throttled_ = throttled_ || s->throttled;
-      sm_clock_ = sm_clock_ > 0 ? std::min(sm_clock_, s->sm_clock_mhz) : s->sm_clock_mhz;
-      temperature_ = std::max(temperature_, s->temperature_c);
-      power_ = std::max(power_, s->power_w);
-    }
+    for (int i = 0; i < t.size(); ++i) read(t.backend(i));
+  }
+  void read(const Backend& be) {
+    const auto s = be.device_state();
+    if (!s) return;
+    seen_ = true;
+    throttled_ = throttled_ || s->throttled;
+    sm_clock_ = sm_clock_ > 0 ? std::min(sm_clock_, s->sm_clock_mhz) : s->sm_clock_mhz;
+    temperature_ = std::max(temperature_, s->temperature_c);
+    power_ = std::max(power_, s->power_w);
   }
   void report(benchmark::State& st) const {
     if (!seen_) return;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "bench/gpu_state.hpp"
+
 namespace stepbench {
 
 std::string ConvShape::name() const { return conv_shape_name(x, cout, p); }
@@ -80,6 +82,8 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
                                      run();  // warm-up
                                      be.synchronize(s);
                                      auto e0 = be.create_event(), e1 = be.create_event();
+                                     GpuStateProbe gpu;
+                                     gpu.read(be);
                                      for (auto _ : st) {
                                        be.record(*e0, s);
                                        run();
@@ -91,6 +95,8 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
                                      st.counters["GFLOP/s"] = benchmark::Counter(
                                          2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
                                      st.counters["layers"] = count;
+                                     gpu.read(be);
+                                     gpu.report(st);
                                      st.SetLabel(label);
                                    })
           ->UseManualTime()

@@ -96,7 +96,9 @@ std::vector<std::string> context_differences(const std::map<std::string, std::st
   return d;
 }
 
-Run load_run(const std::string& path) {
+namespace {
+
+Run load_run_unchecked(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw CompareError(fmt::format("cannot read {}", path));
   json j;
@@ -119,15 +121,28 @@ Run load_run(const std::string& path) {
     if (b.value("error_occurred", false) || !b.contains("real_time")) continue;
     const std::string key = benchmark_key(b.value("run_name", b.value("name", std::string())));
     if (key.empty()) continue;
+    const double ms = to_ms(b["real_time"].get<double>(), b.value("time_unit", std::string("ns")));
+    if (!std::isfinite(ms) || ms <= 0)
+      throw CompareError(fmt::format("{}: {} has a time of {} ms; a repetition's time is positive", path, key, ms));
     auto [it, fresh] = r.benchmarks.try_emplace(key);
     if (fresh) r.order.push_back(key);
     Series& s = it->second;
-    s.ms.push_back(to_ms(b["real_time"].get<double>(), b.value("time_unit", std::string("ns"))));
+    s.ms.push_back(ms);
     if (b.contains("throttled") && b["throttled"].is_number() && b["throttled"].get<double>() > 0) ++s.throttled;
     if (b.contains("layers") && b["layers"].is_number()) s.layers = b["layers"].get<double>();
     if (b.contains("label") && b["label"].is_string()) s.label = b["label"].get<std::string>();
   }
   return r;
+}
+
+}  // namespace
+
+Run load_run(const std::string& path) {
+  try {
+    return load_run_unchecked(path);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    throw CompareError(fmt::format("{} is not stepbench's JSON ({})", path, e.what()));
+  }
 }
 
 std::string history_record(const Run& run, const std::string& time_utc) {
@@ -155,10 +170,14 @@ std::string history_record(const Run& run, const std::string& time_utc) {
   return j.dump();
 }
 
-Run load_history(const std::string& path, const Run& head, int last) {
+namespace {
+
+Run load_history_unchecked(const std::string& path, const Run& head, int last) {
   std::ifstream f(path);
   if (!f) throw CompareError(fmt::format("cannot read the history {}", path));
-  const std::string head_rev = head.context.count("revision") ? head.context.at("revision") : "";
+  // "unknown": built outside a git checkout, no revision to tell runs apart
+  std::string head_rev = head.context.count("revision") ? head.context.at("revision") : "";
+  if (head_rev == "unknown") head_rev.clear();
   std::vector<json> matching;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
@@ -169,6 +188,7 @@ Run load_history(const std::string& path, const Run& head, int last) {
     } catch (const std::exception& e) {
       throw CompareError(fmt::format("{} line {} is not JSON ({})", path, n, e.what()));
     }
+    if (!rec.is_object()) throw CompareError(fmt::format("{} line {} is not a stepbench --history record", path, n));
     std::map<std::string, std::string> ctx;
     for (const char* part : {"fingerprint", "configuration"})
       if (rec.contains(part) && rec[part].is_object())
@@ -200,6 +220,16 @@ Run load_history(const std::string& path, const Run& head, int last) {
                           : fmt::format("history {} ({} run{}: {})", path, revs.size(), revs.size() == 1 ? "" : "s",
                                         fmt::join(revs, ", "));
   return r;
+}
+
+}  // namespace
+
+Run load_history(const std::string& path, const Run& head, int last) {
+  try {
+    return load_history_unchecked(path, head, last);
+  } catch (const nlohmann::json::exception& e) {
+    throw CompareError(fmt::format("{} is not a stepbench --history file ({})", path, e.what()));
+  }
 }
 
 }  // namespace stepbench::compare

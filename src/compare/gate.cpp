@@ -69,7 +69,11 @@ void decide(Row& r, const Options& o) {
   const double floor = std::max(o.threshold, r.noise);
   const bool slower = r.p_slower < o.alpha && r.ci_lo > 1 && r.change > floor;
   const bool faster = r.p_faster < o.alpha && r.ci_hi < 1 && -r.change > floor;
-  const bool throttled = r.throttled_base + r.throttled_head > 0;
+  // a GPU throttled in some repetitions of one side and not as often in the other: the difference
+  // may be the clocks, not the code (both sides held at the same power cap compare fairly)
+  const bool throttled = r.n_base > 0 && r.n_head > 0 &&
+                         static_cast<double>(r.throttled_base) / static_cast<double>(r.n_base) !=
+                             static_cast<double>(r.throttled_head) / static_cast<double>(r.n_head);
   const std::string floor_text =
       fmt::format("{:.1f}% ({})", 100 * floor, floor > o.threshold ? "the runs' own spread" : "--threshold");
   if (slower) {
@@ -170,14 +174,27 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
       else if (std::min(r.n_base, r.n_head) < static_cast<std::size_t>(o.min_repetitions))
         r.reason = fmt::format("{} and {} repetitions; at least {} per side (--repetitions)", r.n_base, r.n_head,
                                o.min_repetitions);
-      else if (smallest_p(r.n_base, r.n_head) >= o.alpha)
-        r.reason = fmt::format("{} and {} repetitions cannot reach p < {:g}; run more", r.n_base, r.n_head, o.alpha);
       else
-        r.status = Status::no_change;  // eligible: decided below
+        r.status = Status::no_change;  // eligible so far: the family's size decides below
     }
     rep.rows.push_back(r);
   }
   for (bool layer_family : {false, true}) {
+    // Holm multiplies the smallest p-value by the family's size m: sizes whose smallest reachable
+    // p-value (1 / C(n1 + n2, n1)) times m is not below alpha can never be significant
+    std::size_t m = 0;
+    for (const auto& r : rep.rows) m += r.per_layer == layer_family && r.status != Status::insufficient;
+    for (auto& r : rep.rows) {
+      if (r.per_layer != layer_family || r.status == Status::insufficient) continue;
+      if (static_cast<double>(m) * smallest_p(r.n_base, r.n_head) >= o.alpha) {
+        std::size_t n = 2;
+        while (static_cast<double>(m) * smallest_p(n, n) >= o.alpha) ++n;
+        r.status = Status::insufficient;
+        r.reason =
+            fmt::format("{} and {} repetitions cannot reach p < {:g} after Holm over {} {}; at least {} per side",
+                        r.n_base, r.n_head, o.alpha, m, layer_family ? "per-layer benchmarks" : "phases", n);
+      }
+    }
     std::vector<std::size_t> idx;
     std::vector<double> ps, pf;
     for (std::size_t i = 0; i < rep.rows.size(); ++i) {

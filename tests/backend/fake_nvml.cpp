@@ -1,9 +1,10 @@
-// A stand-in for the driver's libnvidia-ml.so.1 with one GPU at bus id 00000000:3B:00.0, for
+// A stand-in for the driver's libnvidia-ml.so.1 with one GPU at bus id 0000:3B:00.0, for
 // tests/backend/nvml_test.cpp: what stepbench's NVML reader looks up by name, returning fixed
 // values (SM 1755 MHz, memory 2619 MHz, 47 C, 312.456 W, power limit 700 W, max SM clock 1980
 // MHz, no application clocks, throttle reasons 0x44 = sw_power_cap | hw_thermal). It exports only
 // the old name of the throttle-reason call, as drivers before 535 do. Return codes as nvml.h:
 // 0 success, 2 invalid argument, 3 not supported, 6 not found.
+#include <cstdio>
 #include <cstring>
 
 extern "C" {
@@ -22,7 +23,11 @@ int nvmlDeviceGetCount_v2(unsigned* n) {
   return 0;
 }
 int nvmlDeviceGetHandleByPciBusId_v2(const char* id, nvmlDevice_t* d) {
-  if (std::strcmp(id, "00000000:3B:00.0") != 0) return 6;
+  // domain:bus:device.function in hex, the domain 4 digits (cudaDeviceGetPCIBusId) or 8 (NVML)
+  unsigned domain = 0, bus = 0, device = 0, function = 0;
+  if (std::sscanf(id, "%x:%x:%x.%x", &domain, &bus, &device, &function) != 4 || domain != 0 || bus != 0x3b ||
+      device != 0 || function != 0)
+    return 6;
   *d = &dev;
   return 0;
 }

@@ -143,17 +143,52 @@ TEST(CompareGate, DifferentMachinesOrTooFewRepetitionsAreInsufficientData) {
   ASSERT_FALSE(rep.notes.empty());
   EXPECT_NE(rep.notes[0].find("different machines: device cpu0 vs cpu1"), std::string::npos) << rep.notes[0];
   for (const auto& r : rep.rows) EXPECT_EQ(r.status, Status::insufficient) << r.key;
-  // the same machine, a 50% slower step, but 3 repetitions a side: p cannot go below 0.05
-  const CRun c = synthetic(rng, 3, 0.01, 1.0), d = synthetic(rng, 3, 0.01, 1.5);
-  const Report few = compare_runs(c, d, Options{});
-  EXPECT_EQ(few.exit_code(), 0);
-  for (const auto& r : few.rows) {
-    EXPECT_EQ(r.status, Status::insufficient);
-    EXPECT_NE(r.reason.find("cannot reach p < 0.05"), std::string::npos) << r.reason;
+  // the same machine, a 50% slower step, but 3 or 4 repetitions a side: Holm over the 5 phases
+  // needs 5 x 1 / C(2n, n) < 0.05, which 4 vs 4 (5 / 70) misses and 5 vs 5 (5 / 252) reaches
+  for (int n : {3, 4}) {
+    const CRun c = synthetic(rng, n, 0.01, 1.0), d = synthetic(rng, n, 0.01, 1.5);
+    const Report few = compare_runs(c, d, Options{});
+    EXPECT_EQ(few.exit_code(), 0);
+    for (const auto& r : few.rows) {
+      EXPECT_EQ(r.status, Status::insufficient);
+      EXPECT_NE(r.reason.find("cannot reach p < 0.05 after Holm over 5 phases; at least 5 per side"), std::string::npos)
+          << r.reason;
+    }
   }
+  const Report five = compare_runs(synthetic(rng, 5, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), Options{});
+  EXPECT_EQ(five.rows[3].status, Status::regression) << five.rows[3].reason;
   CRun e = synthetic(rng, 10, 0.01, 1.0);
   e.context["precision"] = "bf16";
   EXPECT_EQ(compare_runs(a, e, Options{}).rows[0].reason, "different configurations");
+}
+
+TEST(CompareStats, PValuesAreCalibratedAndHolmHoldsTheFamilyWiseRate) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<double> n(10, 0.1);
+  auto sample = [&](int k) {
+    std::vector<double> v(static_cast<std::size_t>(k));
+    for (auto& x : v) x = n(rng);
+    return v;
+  };
+  // under the null the one-sided p-value is uniform: P(p < 0.05) ~ 0.05 (the exact test at 6 a
+  // side is discrete, its level a little under 0.05)
+  for (int k : {6, 10, 20}) {
+    int below = 0;
+    for (int t = 0; t < 4000; ++t) below += mann_whitney_u(sample(k), sample(k), Alternative::greater).p < 0.05;
+    EXPECT_GT(below, 4000 * 0.035) << k;
+    EXPECT_LT(below, 4000 * 0.065) << k;
+  }
+  // five null benchmarks: some raw p below 0.05 in ~23% of trials; after Holm in at most ~5%
+  int raw = 0, adjusted = 0;
+  for (int t = 0; t < 2000; ++t) {
+    std::vector<double> p;
+    for (int b = 0; b < 5; ++b) p.push_back(mann_whitney_u(sample(10), sample(10), Alternative::greater).p);
+    raw += *std::min_element(p.begin(), p.end()) < 0.05;
+    const auto a = holm(p);
+    adjusted += *std::min_element(a.begin(), a.end()) < 0.05;
+  }
+  EXPECT_GT(raw, 2000 * 0.15);
+  EXPECT_LT(adjusted, 2000 * 0.065);
 }
 
 TEST(CompareGate, ThrottledRepetitionsMakeARegressionUnstable) {
@@ -167,6 +202,11 @@ TEST(CompareGate, ThrottledRepetitionsMakeARegressionUnstable) {
   ASSERT_EQ(step.key, kPrefix + "/step");
   EXPECT_EQ(step.status, Status::unstable);
   EXPECT_NE(step.reason.find("throttled in 0 base and 2 head"), std::string::npos) << step.reason;
+  // both sides held at the same cap in every repetition compare fairly: a regression
+  CRun a2 = a;
+  a2.benchmarks[kPrefix + "/step"].throttled = 10;
+  b.benchmarks[kPrefix + "/step"].throttled = 10;
+  EXPECT_EQ(compare_runs(a2, b, Options{}).rows[3].status, Status::regression);
 }
 
 TEST(CompareGate, AFasterStepIsAnImprovementAndTheThresholdHolds) {
@@ -263,6 +303,11 @@ TEST(CompareFiles, ReadsIterationsAcrossUnitsAndRefusesWhatIsNotARun) {
   EXPECT_THROW(load_run((d.p / "missing.json").string()), CompareError);
   EXPECT_THROW(load_run(d.write("bad.json", "{not json")), CompareError);
   EXPECT_THROW(load_run(d.write("other.json", R"({"results": []})")), CompareError);
+  // fields of the wrong type or impossible times: a usage error, not an exception that exits 1
+  EXPECT_THROW(load_run(d.write("t1.json", R"({"benchmarks": [{"name": "a/step", "real_time": "2.5"}]})")),
+               CompareError);
+  EXPECT_THROW(load_run(d.write("t2.json", R"({"benchmarks": [{"name": "a/step", "real_time": 0}]})")), CompareError);
+  EXPECT_THROW(load_run(d.write("t3.json", R"({"benchmarks": [{"name": 5, "real_time": 1}]})")), CompareError);
   CRun other = r;
   other.benchmarks.clear();
   other.benchmarks["n/step"].ms = {1.0};
@@ -293,6 +338,14 @@ TEST(CompareFiles, HistoryPoolsTheLastMatchingRunsOfOtherRevisions) {
   EXPECT_EQ(rep.exit_code(), 0);
   EXPECT_EQ(rep.rows[0].status, Status::insufficient);
   EXPECT_THROW(load_history(d.write("bad.jsonl", "{}\n{oops\n"), head, 5), CompareError);
+  EXPECT_THROW(load_history(d.write("arr.jsonl", "[]\n"), head, 5), CompareError);
+  EXPECT_THROW(load_history(d.write("rev.jsonl", R"({"revision": 5})"), head, 5), CompareError);
+  // built outside git: every revision is "unknown", which excludes nothing
+  head.context["device"] = "cpu0";
+  CRun u = synthetic(rng, 5, 0.01, 1.0);
+  u.context["revision"] = "unknown";
+  head.context["revision"] = "unknown";
+  EXPECT_EQ(load_history(d.write("u.jsonl", history_record(u, "t") + "\n"), head, 5).benchmarks.size(), 5u);
 }
 
 }  // namespace
