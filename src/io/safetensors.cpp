@@ -18,6 +18,21 @@ std::size_t dtype_bytes(const std::string& dt) {
   return 0;
 }
 std::string shape_str(const std::vector<std::int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The bytes of `shape` in elements of `elem` bytes, checked: no negative dimension, and no product
+// above `limit` (what the file holds), so a corrupt shape can neither overflow nor make a huge
+// allocation.
+std::uint64_t checked_bytes(const std::vector<std::int64_t>& shape, std::uint64_t elem, std::uint64_t limit) {
+  std::uint64_t n = elem;
+  for (auto d : shape) {
+    if (d < 0) throw Error(fmt::format("shape {} has a negative dimension", shape_str(shape)));
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u != 0 && n > limit / u)
+      throw Error(fmt::format("shape {} needs more bytes than the file holds ({})", shape_str(shape), limit));
+    n *= u;  // a zero dimension makes every later check pass and the product 0
+  }
+  return n;
+}
 }  // namespace
 
 std::int64_t HostArray::numel() const {
@@ -63,7 +78,7 @@ TensorMap read_safetensors(const std::string& path) {
       const auto off = it->at("data_offsets").get<std::vector<std::uint64_t>>();
       if (off.size() != 2 || off[0] > off[1] || off[1] > data_size) throw Error("data offsets outside the file");
       if (dtype_bytes(a.dtype) == 0) throw Error(fmt::format("unknown dtype {}", a.dtype));
-      if (static_cast<std::uint64_t>(a.numel()) * dtype_bytes(a.dtype) != off[1] - off[0])
+      if (checked_bytes(a.shape, dtype_bytes(a.dtype), data_size) != off[1] - off[0])
         throw Error(fmt::format("{} bytes for shape {} of {}", off[1] - off[0], shape_str(a.shape), a.dtype));
       a.bytes.assign(data.begin() + static_cast<std::ptrdiff_t>(off[0]),
                      data.begin() + static_cast<std::ptrdiff_t>(off[1]));
@@ -151,6 +166,9 @@ void import_weights(Graph& g, const TensorMap& tensors) {
 HostArray read_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(fmt::format("cannot open '{}'", path));
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uint64_t>(f.tellg());
+  f.seekg(0);
   char magic[8];
   if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
     throw Error(fmt::format("'{}' is not a .npy file", path));
@@ -162,6 +180,7 @@ HostArray read_npy(const std::string& path) {
   } else {
     f.read(reinterpret_cast<char*>(&hlen), 4);
   }
+  if (!f || hlen > size) throw Error(fmt::format("'{}': truncated .npy header", path));
   std::string header(hlen, '\0');
   if (!f.read(header.data(), hlen)) throw Error(fmt::format("'{}': truncated .npy header", path));
   auto field = [&](const std::string& key) {
@@ -177,15 +196,23 @@ HostArray read_npy(const std::string& path) {
   const std::string shape_part = field("shape");
   HostArray a;
   std::string num;
-  for (char c : shape_part.substr(shape_part.find('(') + 1, shape_part.find(')') - shape_part.find('(') - 1)) {
+  const auto open = shape_part.find('('), close = shape_part.find(')');
+  if (open == std::string::npos || close == std::string::npos || close < open)
+    throw Error(fmt::format("'{}': .npy header's shape is not a tuple", path));
+  auto push = [&] {
+    if (num.size() > 18) throw Error(fmt::format("'{}': .npy dimension {} is too large", path, num));
+    a.shape.push_back(std::stoll(num));
+    num.clear();
+  };
+  for (char c : shape_part.substr(open + 1, close - open - 1)) {
     if (std::isdigit(static_cast<unsigned char>(c)))
       num += c;
-    else if (!num.empty()) {
-      a.shape.push_back(std::stoll(num));
-      num.clear();
-    }
+    else if (c == ',' || c == ' ' || c == 'L')  // 'L': Python 2's long suffix
+      (num.empty() ? void() : push());
+    else
+      throw Error(fmt::format("'{}': .npy header's shape has '{}'", path, c));
   }
-  if (!num.empty()) a.shape.push_back(std::stoll(num));
+  if (!num.empty()) push();
   if (descr == "<f4")
     a.dtype = "F32";
   else if (descr == "<f8")
@@ -196,7 +223,17 @@ HostArray read_npy(const std::string& path) {
     a.dtype = "I64";
   else
     throw Error(fmt::format("'{}': unsupported .npy dtype '{}' (use float32 or int64)", path, descr));
-  a.bytes.resize(static_cast<std::size_t>(a.numel()) * dtype_bytes(a.dtype));
+  const std::uint64_t start = static_cast<std::uint64_t>(f.tellg()), left = size > start ? size - start : 0;
+  std::uint64_t need = 0;
+  try {
+    need = checked_bytes(a.shape, dtype_bytes(a.dtype), left);
+  } catch (const Error& e) {
+    throw Error(fmt::format("'{}': truncated .npy data: {}", path, e.what()));
+  }
+  if (need > left)
+    throw Error(fmt::format("'{}': truncated .npy data ({} bytes for shape {}, {} in the file)", path, need,
+                            shape_str(a.shape), left));
+  a.bytes.resize(need);
   if (!f.read(a.bytes.data(), static_cast<std::streamsize>(a.bytes.size())))
     throw Error(fmt::format("'{}': truncated .npy data", path));
   return a;
