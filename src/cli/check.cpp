@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "backend/registry.hpp"
@@ -15,15 +17,46 @@
 namespace stepbench::cli {
 namespace {
 
+// A damaged or mismatched file the user gave is a usage error (exit 2) naming the flag and file.
+template <class F>
+auto from_user_file(const std::string& flag, const std::string& path, F read) {
+  try {
+    return read();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("{} '{}': {}", flag, path, e.what()));
+  }
+}
+
 int check(const ModelFlags& c, const std::string& weights, const std::string& input, const std::string& labels_path,
           const std::string& mode, const std::string& output, bool dropout) {
-  const HostArray x = read_npy(input);
+  const HostArray x = from_user_file("--input", input, [&] { return read_npy(input); });
   if (x.dtype != "F32" || x.shape.size() != 4 || x.shape[1] != 3)
     throw UsageError(fmt::format("--input '{}' must be a float32 array of shape N x 3 x H x W", input));
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    if (!std::isfinite(x.as<float>()[i])) {
+      const std::int64_t hw = x.shape[2] * x.shape[3], chw = 3 * hw;
+      throw UsageError(fmt::format("--input '{}': element [{}, {}, {}, {}] is {}; the images must be finite", input,
+                                   i / chw, i % chw / hw, i % hw / x.shape[3], i % x.shape[3], x.as<float>()[i]));
+    }
   if (x.shape[2] != x.shape[3])
     throw UsageError(fmt::format("--input '{}': images must be square, got {}x{}", input, x.shape[2], x.shape[3]));
   const bool train = mode == "train";
   if (train && labels_path.empty()) throw UsageError("--mode train needs --labels Y.npy (int64, N entries)");
+  const std::int64_t n = x.shape[0];
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(n), 0);
+  if (!labels_path.empty()) {
+    const HostArray y = from_user_file("--labels", labels_path, [&] { return read_npy(labels_path); });
+    if ((y.dtype != "I64" && y.dtype != "I32") || y.numel() != n)
+      throw UsageError(fmt::format("--labels '{}' must be an int64 array of {} entries", labels_path, n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t v = y.dtype == "I64" ? y.as<std::int64_t>()[i] : y.as<std::int32_t>()[i];
+      if (v < 0 || v > std::numeric_limits<std::int32_t>::max())  // the model's range is checked below
+        throw UsageError(fmt::format("--labels '{}': label {} of sample {} is not a class index", labels_path, v, i));
+      labels[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v);
+    }
+  }
   BackendOptions bo;
   bo.kind = c.backend;
   bo.precision = c.precision;  // tf32: tensor-op math on, as in the benchmark run
@@ -31,7 +64,6 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   if (c.backend == BackendKind::automatic)
     fmt::print(stderr, "stepbench: --backend auto picked {} ({}){}\n", be->name(), be->device_name(),
                be->kind() == DeviceKind::cpu ? fmt::format(": {}", cuda_unavailable_reason()) : "");
-  const std::int64_t n = x.shape[0];
   Graph g(*be, GraphConfig{n, c.layout, storage_dtype(c.precision), 1});
   ModelOptions mo;
   mo.image_size = x.shape[2];
@@ -39,17 +71,11 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   mo.dropout = dropout ? 0.5 : 0.0;
   build_model(g, c.model, mo);
   g.plan();
-  import_weights(g, read_safetensors(weights));
+  from_user_file("--weights", weights, [&] {
+    import_weights(g, read_safetensors(weights));
+    return 0;
+  });
   g.set_input_nchw(x.as<float>());
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(n), 0);
-  if (!labels_path.empty()) {
-    const HostArray y = read_npy(labels_path);
-    if ((y.dtype != "I64" && y.dtype != "I32") || y.numel() != n)
-      throw UsageError(fmt::format("--labels '{}' must be an int64 array of {} entries", labels_path, n));
-    for (std::int64_t i = 0; i < n; ++i)
-      labels[static_cast<std::size_t>(i)] =
-          static_cast<std::int32_t>(y.dtype == "I64" ? y.as<std::int64_t>()[i] : y.as<std::int32_t>()[i]);
-  }
   g.set_labels(labels.data());
   auto& s = be->default_stream();
   TensorMap out;

@@ -120,6 +120,36 @@ class Flags(unittest.TestCase):
             self.assertEqual(rc, 2, err)
             self.assertIn("fp32", err)
 
+    def test_check_names_what_is_wrong_in_the_users_files(self):
+        import struct
+
+        def npy(path, descr, shape, raw):
+            h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+            h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+            with open(path, "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + raw)
+
+        with tempfile.TemporaryDirectory() as d:
+            x, xnan, y, w = (os.path.join(d, n) for n in ("x.npy", "xnan.npy", "y.npy", "w.safetensors"))
+            pixels = [0.5] * (2 * 3 * 16 * 16)
+            npy(x, "<f4", "(2, 3, 16, 16)", struct.pack("<%df" % len(pixels), *pixels))
+            pixels[3 * 256 + 16 * 2 + 5] = float("nan")  # sample 1, channel 0, row 2, column 5
+            npy(xnan, "<f4", "(2, 3, 16, 16)", struct.pack("<%df" % len(pixels), *pixels))
+            npy(y, "<i8", "(2,)", struct.pack("<2q", 2 ** 32 + 3, 1))  # would wrap to 3 as int32
+            hdr = b'{"fc.weight": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}'
+            with open(w, "wb") as f:
+                f.write(struct.pack("<Q", len(hdr)) + hdr + b"\0" * 8)
+            base = ["check", "--backend", "cpu", "--model", "tiny", "--image-size", "16", "--output",
+                    os.path.join(d, "o.safetensors")]
+            for args, words in [(["--weights", w, "--input", xnan], ["xnan.npy", "element [1, 0, 2, 5] is nan"]),
+                                (["--weights", w, "--input", x, "--labels", y, "--mode", "train"],
+                                 ["y.npy", "label 4294967299 of sample 0 is not a class index"]),
+                                (["--weights", w, "--input", x], ["--weights", "w.safetensors", "tensor"])]:
+                rc, out, err = run(*base, *args)
+                self.assertEqual(rc, 2, f"{args}: {out}{err}")
+                for word in words:
+                    self.assertIn(word, err, args)
+
 
 class Presets(unittest.TestCase):
     def test_a_preset_with_a_wrong_line_is_a_usage_error_naming_the_file_line_and_key(self):
