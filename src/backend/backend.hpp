@@ -172,6 +172,10 @@ class SoftmaxCrossEntropyOp {
   virtual void forward(Stream&, const Tensor& logits, const std::int32_t* labels, float* loss, void* reserve) = 0;
   virtual void backward(Stream&, const std::int32_t* labels, const Tensor& dlogits, float scale, float beta,
                         const void* reserve, const float* loss_scale) = 0;
+  // Called once the stream of the last forward has been synchronised: throws UsageError when a label
+  // of that forward was outside [0, classes). The cpu op throws in forward already; the cuda op's
+  // kernel flags it on the device (no synchronisation in the step, and under CUDA Graph replay too).
+  virtual void check_labels() {}
 };
 
 // Dynamic loss scaling (fp16, as PyTorch's GradScaler), kept in device memory so that no step waits
@@ -233,6 +237,8 @@ class Backend {
   virtual Stream& default_stream() = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+  // An event only waited on, never timed (elapsed_ms refuses it on cuda): cheaper to record.
+  virtual std::unique_ptr<Event> create_sync_event() { return create_event(); }
   virtual void record(Event& e, Stream& s) = 0;
   virtual void wait(Stream& s, Event& e) = 0;  // s waits for e
   virtual void synchronize(Stream& s) = 0;

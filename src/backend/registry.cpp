@@ -40,7 +40,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) throw UnsupportedError(fmt::format("--backend cuda: {}; use --backend cpu or auto", why));
 #ifdef STEPBENCH_HAVE_CUDA
-    be = make_cuda_backend(CudaBackendOptions{o.device, o.own_kernels});
+    be = make_cuda_backend(CudaBackendOptions{o.device, o.own_kernels, o.plans});
 #endif
   }
   be->set_tensor_math(tensor_math(o.precision));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/plan_cache.hpp"
 #include "tensor/names.hpp"
 
 namespace stepbench {
@@ -22,6 +23,9 @@ struct BackendOptions {
   Precision precision = Precision::fp32;                 // tf32 turns tensor-op math on
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;                              // cuda: see CudaBackendOptions
+  // cuda: where convolution plans are looked up and recorded; shared by the backends of one process
+  // (Towers passes one to each tower). Null: the backend keeps its own.
+  std::shared_ptr<ConvPlanCache> plans;
 };
 
 // automatic: cuda when a GPU is visible, else cpu. Throws UnsupportedError when the backend cannot

@@ -148,6 +148,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         r.batch_per_tower, r.model_options.image_size, r.model_options.image_size, to_string(r.precision),
         to_string(r.layout), c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
   Towers towers(r);
+  if (!c.plan_cache.empty() && r.plans && root) r.plans->save(c.plan_cache);  // kept even if the run fails later
   towers.set_synthetic_batch(42);
   const Graph& g0 = towers.graph(0);
   const Flops fl{2.0 * static_cast<double>(g0.forward_macs_per_image(false)),
@@ -318,6 +319,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     return reporter.errors.empty() ? 0 : 1;
   }
   if (!c.history.empty()) append_history(c, towers, reporter);
+  if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans
   PeerResult peer;
   if (!peer_python.empty()) {
     const auto v = towers.backend(0).versions();

@@ -48,9 +48,10 @@ struct BenchConfig {
   std::string data_dir;  // jpeg_folder
   int data_threads = 2;
   int prefetch = 2;
-  std::string json;      // Google Benchmark's JSON goes here ("": none)
-  std::string history;   // --history: one JSON line per run appended here ("": none)
-  std::string revision;  // the source revision this binary was built from (git describe), for the context
+  std::string json;        // Google Benchmark's JSON goes here ("": none)
+  std::string history;     // --history: one JSON line per run appended here ("": none)
+  std::string plan_cache;  // --plan-cache: run.plans was loaded from it, and is written back ("": none)
+  std::string revision;    // the source revision this binary was built from (git describe), for the context
   bool per_layer = false;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;

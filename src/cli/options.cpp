@@ -70,6 +70,10 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "within it is picked")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--plan-cache", b.plan_cache,
+                 "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
+                 "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
+                 "driver and cuDNN version); written after planning and at the end");
   app.add_flag("--cuda-graph", b.cuda_graph,
                "cuda: also capture the step and the forward as CUDA Graphs after warm-up and time their replays "
                "(rows step:cuda_graph, forward:cuda_graph); one GPU per process, synthetic data");
@@ -170,6 +174,12 @@ void resolve(Options& o) {
     throw UsageError("--cuda-graph replays the synthetic batch on the device: use --data synthetic with it");
   if (b.cuda_graph && o.ps_on_cpu)
     throw UsageError("--cuda-graph cannot capture the host parameter server's CPU work; use --ps-device device");
+  if (!b.plan_cache.empty() && !cuda)
+    throw UsageError("--plan-cache keeps cuDNN's convolution plans; the cpu backend has none: drop it on the cpu");
+  if (!b.plan_cache.empty()) {
+    b.run.plans = std::make_shared<ConvPlanCache>();
+    b.run.plans->load(b.plan_cache);  // a damaged file: UsageError naming it
+  }
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
   if (b.peer != PeerKind::none && !cuda && m.precision != Precision::fp32)

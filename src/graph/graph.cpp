@@ -135,7 +135,12 @@ std::vector<float> Graph::loss_terms(Stream& s) const {
   std::vector<float> out(static_cast<std::size_t>(g.num_losses));
   if (!out.empty()) g.be.copy(s, out.data(), g.losses.get(), out.size() * sizeof(float));
   g.be.synchronize(s);
+  check_after_sync();
   return out;
+}
+
+void Graph::check_after_sync() const {
+  for (const auto& l : impl_->layers) l->check_after_sync();
 }
 
 float Graph::loss(Stream& s) const {

@@ -130,6 +130,9 @@ class Graph {
   // to the host (synchronises the stream).
   float loss(Stream& s) const;
   std::vector<float> loss_terms(Stream& s) const;
+  // After the caller synchronised the stream: throws what the device flagged in the last step (a
+  // label outside the class range, as UsageError). loss() and loss_terms() call it.
+  void check_after_sync() const;
 
   // ---- parameters ----
   const std::vector<ParamEntry>& params() const;  // trainable first-registered order, then state

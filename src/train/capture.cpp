@@ -44,6 +44,9 @@ void Towers::replay(bool step) {
   g->replay(stream(0));
 }
 
-void Towers::synchronize() const { sync_->synchronize(); }
+void Towers::synchronize() const {
+  sync_->synchronize();
+  for (const auto& t : towers_) t->g->check_after_sync();  // a bad label the device flagged in the step
+}
 
 }  // namespace stepbench

@@ -16,8 +16,8 @@ void Towers::enable_staging() {
       st->images[k] = Buffer(be, input_floats() * sizeof(float));
       if (opt_.dtype() != DType::f32) st->narrow[k] = Buffer(be, input_bytes());
       st->labels[k] = Buffer(be, sizeof(std::int32_t) * static_cast<std::size_t>(opt_.batch_per_tower));
-      st->copied[k] = be.create_event();
-      st->consumed[k] = be.create_event();
+      st->copied[k] = be.create_sync_event();
+      st->consumed[k] = be.create_sync_event();
     }
     st->copy = be.create_stream();
     staging_.push_back(std::move(st));

@@ -38,6 +38,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
   }
   check_sync_options(o);
   if (o.group) o.group->set_sync_timeout(o.sync_timeout_s);
+  const auto plans = o.plans ? o.plans : std::make_shared<ConvPlanCache>();
   for (int i = 0; i < o.towers; ++i) {
     auto t = std::make_unique<Replica>();
     BackendOptions bo;
@@ -46,6 +47,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     bo.precision = o.precision;
     bo.workspace_bytes = o.workspace_bytes;
     bo.own_kernels = o.own_kernels;
+    bo.plans = plans;
     t->be = make_backend(bo);
     const int global = rank_ * o.towers + i;  // each replica draws its own dropout masks
     t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype(), o.seed + 977 * global});
@@ -80,9 +82,9 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
 
   for (auto& t : towers_) {
     t->comm = t->be->create_stream();
-    for (std::size_t k = 0; k < buckets_.size(); ++k) t->ready.push_back(t->be->create_event());
-    t->computed = t->be->create_event();
-    t->synced = t->be->create_event();
+    for (std::size_t k = 0; k < buckets_.size(); ++k) t->ready.push_back(t->be->create_sync_event());
+    t->computed = t->be->create_sync_event();
+    t->synced = t->be->create_sync_event();
   }
   sync_ = make_gradient_sync(opt_, SyncTowers{towers_, buckets_, grads_, params_, group(), total, o.sync_timeout_s});
   stall_s_ = o.fault_sync_stall_s;

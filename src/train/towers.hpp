@@ -65,6 +65,9 @@ struct TowerOptions {
   double sync_timeout_s = 600.0;
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;  // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
+  // cuda: the convolution plans every tower's backend looks up and records (--plan-cache FILE loads
+  // one); null: the towers share one of their own, so each convolution is searched once per process.
+  std::shared_ptr<ConvPlanCache> plans;
   // Fault injection for the timeout test: this process sleeps this long before its first bucket's
   // sync (the command line takes it from STEPBENCH_FAULT_SYNC_STALL); 0: never.
   double fault_sync_stall_s = 0;

@@ -71,6 +71,7 @@ class Flags(unittest.TestCase):
         self.bad(["--sync-timeout-s", "-1"], "--sync-timeout-s")
         self.bad(["--workspace-mb", "-5"], "--workspace-mb")
         self.bad(["--backend", "cpu", "--cuda-graph"], "--cuda-graph", "cuda backend")
+        self.bad(["--backend", "cpu", "--plan-cache", "/tmp/plans.json"], "--plan-cache", "cpu")
 
     def test_cuda_without_a_gpu_is_a_clear_error(self):
         rc, out, err = run("--backend", "cuda", "--list")

@@ -43,10 +43,11 @@ namespace {
 
 struct CudaEvent final : Event {
   EventHandle e;
-  explicit CudaEvent(int device) {
+  bool timing;
+  CudaEvent(int device, bool timed) : timing(timed) {
     SB_CUDA(cudaSetDevice(device));
     cudaEvent_t h = nullptr;
-    SB_CUDA(cudaEventCreate(&h));
+    SB_CUDA(cudaEventCreateWithFlags(&h, timed ? cudaEventDefault : cudaEventDisableTiming));
     e = EventHandle(h);
   }
 };
@@ -70,7 +71,11 @@ struct CudaGraphWork final : CapturedWork {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool own_kernels) : dev_(device), stream_(device), own_norm_pool_(own_kernels) {
+  CudaBackend(int device, bool own_kernels, std::shared_ptr<ConvPlanCache> plans)
+      : dev_(device),
+        stream_(device),
+        own_norm_pool_(own_kernels),
+        plans_(plans ? std::move(plans) : std::make_shared<ConvPlanCache>()) {
     SB_CUDA(cudaSetDevice(dev_));
     SB_CUDA(cudaGetDeviceProperties(&prop_, dev_));
     cudnnHandle_t dnn = nullptr;
@@ -79,12 +84,21 @@ class CudaBackend final : public Backend {
     cublasHandle_t blas = nullptr;
     SB_CUBLAS(cublasCreate(&blas));
     cublas_ = CublasHandle(blas);
+    blas_.handle = blas;
     SB_CUBLAS(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
     std::array<char, 32> bus{};  // "0000:3B:00.0", the name NVML knows the GPU by
     if (cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), dev_) == cudaSuccess)
       pci_bus_id_ = bus.data();
     else
       cudaGetLastError();
+    // a plan's machine key: what decides cudnnFind's choice besides the convolution itself
+    int drv = 0;
+    cudaDriverGetVersion(&drv);
+    const auto fp = nvml_.fingerprint(pci_bus_id_);
+    const auto nv = fp.find("nvml_driver");  // "570.86.15"; CUDA says only "12080"
+    machine_ =
+        fmt::format("{} cc{}.{} {} SMs, driver {}, cuDNN {}", prop_.name, prop_.major, prop_.minor,
+                    prop_.multiProcessorCount, nv != fp.end() ? nv->second : std::to_string(drv), cudnnGetVersion());
   }
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
@@ -111,6 +125,12 @@ class CudaBackend final : public Backend {
     out["gpu_count"] = std::to_string(cuda_device_count_impl());
     // the driver, power limit and clocks NVML reports for this GPU (none without NVML)
     for (const auto& [key, value] : nvml_.fingerprint(pci_bus_id_)) out[key] = value;
+    // the convolution plans of this process (shared by its towers): searched now, or reused
+    out["cudnn_plans_searched"] = std::to_string(plans_->searched());
+    out["cudnn_plans_reused"] = std::to_string(plans_->reused());
+    out["cudnn_plan_cache"] =
+        plans_->path().empty() ? "this run only" : fmt::format("{} ({} plans read)", plans_->path(), plans_->loaded());
+    out["cudnn_fallbacks"] = notes_.summary();
     return out;
   }
   std::optional<DeviceState> device_state() const override { return nvml_.state(pci_bus_id_); }
@@ -178,7 +198,8 @@ class CudaBackend final : public Backend {
 
   Stream& default_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(dev_); }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(dev_); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(dev_, true); }
+  std::unique_ptr<Event> create_sync_event() override { return std::make_unique<CudaEvent>(dev_, false); }
   void record(Event& e, Stream& s) override { SB_CUDA(cudaEventRecord(static_cast<CudaEvent&>(e).e.get(), S(s))); }
   void wait(Stream& s, Event& e) override { SB_CUDA(cudaStreamWaitEvent(S(s), static_cast<CudaEvent&>(e).e.get(), 0)); }
   void synchronize(Stream& s) override { SB_CUDA(cudaStreamSynchronize(S(s))); }
@@ -189,6 +210,8 @@ class CudaBackend final : public Backend {
     return true;
   }
   double elapsed_ms(Event& a, Event& b) override {
+    SB_CHECK(static_cast<CudaEvent&>(a).timing && static_cast<CudaEvent&>(b).timing,
+             "elapsed_ms between events made by create_sync_event (no timing)");
     float ms = 0;
     SB_CUDA(cudaEventElapsedTime(&ms, static_cast<CudaEvent&>(a).e.get(), static_cast<CudaEvent&>(b).e.get()));
     return ms;
@@ -237,6 +260,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return make_cuda_relu(ctx()); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
+    blas_.reserve(dev_);
     return make_cuda_linear(ctx(), x, y);
   }
   std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) override {
@@ -282,18 +306,21 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Ctx ctx() { return Ctx{dev_, cudnn_.get(), cublas_.get(), tf32_, budget_, own_norm_pool_, &notes_}; }
+  Ctx ctx() { return Ctx{dev_, cudnn_.get(), &blas_, tf32_, budget_, own_norm_pool_, &notes_, plans_.get(), machine_}; }
   int dev_;
   cudaDeviceProp prop_{};
   CudaStream stream_;
   CudnnHandle cudnn_;
   CublasHandle cublas_;
+  CublasBinding blas_;  // cublas_ with its stream and workspace
   bool tf32_ = false;
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
   bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels
   FallbackNotes notes_;                          // the "cuDNN declined" lines said so far
   std::string pci_bus_id_;                       // "" where CUDA does not say
   mutable Nvml nvml_;                            // loaded on first use; answers nothing without a driver
+  std::shared_ptr<ConvPlanCache> plans_;         // CudaBackendOptions::plans, or this backend's own
+  std::string machine_;                          // Ctx::machine
 };
 
 }  // namespace
@@ -302,7 +329,7 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& o) {
   const int n = cuda_device_count_impl();
   if (o.device < 0 || o.device >= n) throw UsageError(fmt::format("GPU {} requested but {} visible", o.device, n));
-  return std::make_unique<cuda::CudaBackend>(o.device, o.own_kernels);
+  return std::make_unique<cuda::CudaBackend>(o.device, o.own_kernels, o.plans);
 }
 
 }  // namespace stepbench

@@ -44,29 +44,31 @@ class CudaBatchNorm final : public BatchNormOp {
     SB_CHECK(x.shape == y.shape && x.dtype == y.dtype, "batch norm: x and y differ in shape or type");
     own_ = c.own_norm_pool || !x.is_dense();
     if (x.layout == Layout::nhwc) mode_ = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-    if (!own_ && p.relu && x.layout == Layout::nhwc && y.is_dense()) {
+    // NHWC: the Ex API, with the ReLU fused where cuDNN offers it (y dense), else with BN alone on
+    // dense buffers (y a concat slice, no ReLU, or the fused call declined at run time); the non-Ex
+    // calls take cuDNN's slow generic kernels for NHWC (measured on an H100: 44 such layers of
+    // Inception-v3 took about half of a bf16 training step). The workspace and reserve fit both, so
+    // a fused call declined in a step falls back to BN alone without allocating.
+    if (!own_ && x.layout == Layout::nhwc) {
       std::size_t f = 0, b = 0, r = 0;
-      fused_ = ex_sizes(CUDNN_BATCHNORM_OPS_BN_ACTIVATION, act_.get(), f, b, r);
-      if (fused_) {
+      bn_ok_ = ex_sizes(CUDNN_BATCHNORM_OPS_BN, nullptr, f, b, r);
+      if (bn_ok_) {
         ex_ws_ = std::max(f, b);
         reserve_ = r;
       }
-    }
-    // NHWC without the fused ReLU (y a concat slice, or no ReLU): the Ex API with BN alone, on dense
-    // buffers; the non-Ex calls take cuDNN's slow generic kernels for NHWC (measured on an H100: 44
-    // such layers of Inception-v3 took about half of a bf16 training step).
-    if (!own_ && !fused_ && x.layout == Layout::nhwc) {
-      std::size_t f = 0, b = 0, r = 0;
-      ex_bn_ = ex_sizes(CUDNN_BATCHNORM_OPS_BN, nullptr, f, b, r);
-      if (ex_bn_) {
-        ex_ws_ = std::max(f, b);
-        reserve_ = r;
+      if (p.relu && y.is_dense() && ex_sizes(CUDNN_BATCHNORM_OPS_BN_ACTIVATION, act_.get(), f, b, r)) {
+        fused_ = true;
+        ex_ws_ = std::max({ex_ws_, f, b});
+        reserve_ = std::max(reserve_, r);
       }
+      ex_bn_ = !fused_ && bn_ok_;
     }
-    // [masked gradient or dense y, x.bytes() | cuDNN's own workspace for the Ex calls]
+    // [masked gradient or dense y, x.bytes() | cuDNN's own workspace for the Ex calls]; our kernels'
+    // partial sums (from the start) where they run, from the beginning or after a decline
     if (!own_) temp_ = (x.bytes() + 255) / 256 * 256;
+    scratch_ = bn_scratch_bytes(x.shape.n, x.shape.c, x.shape.h, x.shape.w);
   }
-  std::size_t workspace_bytes() const override { return temp_ + ex_ws_; }
+  std::size_t workspace_bytes() const override { return std::max(temp_ + ex_ws_, scratch_); }
   std::size_t reserve_bytes() const override { return reserve_; }
   std::string implementation() const override {
     if (own_) return "stepbench kernel";
@@ -84,21 +86,21 @@ class CudaBatchNorm final : public BatchNormOp {
     const float one = 1, zero = 0;
     if (!own_ && x.desc == x_ && y.desc == y_) {
       if (fused_) {
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTrainingEx(
-                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, xd_.get(), x.data, nullptr, nullptr,
-                yd_.get(), y.data, bnd_.get(), gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, act_.get(), ex_ws(ws),
-                ex_ws_, reserve, reserve_)))
-          return;
-        fused_ = false;  // declined: BN, then our ReLU, from now on
-        c_.notes->note("batch norm", "fused ReLU (Ex API)", x_);
+        const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationForwardTrainingEx(
+            c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, xd_.get(), x.data, nullptr, nullptr,
+            yd_.get(), y.data, bnd_.get(), gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, act_.get(), ex_ws(ws),
+            ex_ws_, reserve, reserve_));
+        if (st == CUDNN_STATUS_SUCCESS) return;
+        drop_fused("forward", st);
       }
       if (ex_bn_) {
         // BN into a dense y in the workspace, then the ReLU (or a copy) into y, which may be a slice
         const Tensor t{ws, x_};
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTrainingEx(
-                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, xd_.get(), x.data, nullptr, nullptr, xd_.get(),
-                t.data, bnd_.get(), gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, nullptr, ex_ws(ws), ex_ws_,
-                reserve, reserve_))) {
+        const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationForwardTrainingEx(
+            c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, xd_.get(), x.data, nullptr, nullptr, xd_.get(),
+            t.data, bnd_.get(), gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si, nullptr, ex_ws(ws), ex_ws_, reserve,
+            reserve_));
+        if (st == CUDNN_STATUS_SUCCESS) {
           if (p_.relu)
             SB_CUDA(cuda::launch_relu_forward(view(t), view(y), S(s)));
           else
@@ -106,20 +108,21 @@ class CudaBatchNorm final : public BatchNormOp {
           return;
         }
         ex_bn_ = false;
-        c_.notes->note("batch norm", "forward (Ex API)", x_);
+        c_.notes->note("batch norm", "forward (Ex API, OPS_BN)", x_, st, "the non-Ex API");
       }
       while (!own_) {
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationForwardTraining(c_.cudnn, mode_, &one, &zero, xd_.get(), x.data,
-                                                                yd_.get(), y.data, bnd_.get(), gamma, beta, p_.momentum,
-                                                                rm, rv, p_.eps, sm, si))) {
+        const cudnnStatus_t st = SB_CUDNN_TRY(
+            cudnnBatchNormalizationForwardTraining(c_.cudnn, mode_, &one, &zero, xd_.get(), x.data, yd_.get(), y.data,
+                                                   bnd_.get(), gamma, beta, p_.momentum, rm, rv, p_.eps, sm, si));
+        if (st == CUDNN_STATUS_SUCCESS) {
           if (p_.relu) SB_CUDA(cuda::launch_relu_forward(view(y), view(y), S(s)));
           return;
         }
-        decline("forward");
+        decline("forward", st);
       }
     }
     SB_CUDA(cuda::launch_bn_forward_training(view(x), view(y), gamma, beta, rm, rv, sm, si, p_.eps, p_.momentum,
-                                             p_.relu, S(s)));
+                                             p_.relu, ws, S(s)));
   }
   // Inference is one elementwise pass per channel's affine map (and the ReLU): our kernel, in the
   // tensor's memory order and fused with the ReLU, in one read and one write (cuDNN's would be a
@@ -136,12 +139,12 @@ class CudaBatchNorm final : public BatchNormOp {
     const float one = 1, zero = 0;
     if (!own_ && x.desc == x_ && y.desc == y_ && dx.desc == x_) {
       if (fused_ && dy.desc == y_) {
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackwardEx(
-                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &beta_dx, &one, &zero, xd_.get(), x.data,
-                yd_.get(), y.data, yd_.get(), dy.data, nullptr, nullptr, xd_.get(), dx.data, bnd_.get(), gamma, beta,
-                dgamma, dbeta, p_.eps, sm, si, act_.get(), ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_)))
-          return;
-        fused_ = false;
+        const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationBackwardEx(
+            c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &beta_dx, &one, &zero, xd_.get(), x.data,
+            yd_.get(), y.data, yd_.get(), dy.data, nullptr, nullptr, xd_.get(), dx.data, bnd_.get(), gamma, beta,
+            dgamma, dbeta, p_.eps, sm, si, act_.get(), ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_));
+        if (st == CUDNN_STATUS_SUCCESS) return;
+        drop_fused("backward", st);
       }
       // the gradient cuDNN reads: dy masked by the ReLU (y > 0), or dy copied dense
       const Tensor g{ws, x_};
@@ -150,35 +153,46 @@ class CudaBatchNorm final : public BatchNormOp {
       else
         SB_CUDA(cuda::launch_add(view(dy), view(g), 0.0f, S(s)));
       if (ex_bn_) {
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackwardEx(
-                c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &beta_dx, &one, &zero, xd_.get(), x.data, nullptr,
-                nullptr, xd_.get(), g.data, nullptr, nullptr, xd_.get(), dx.data, bnd_.get(), gamma, beta, dgamma,
-                dbeta, p_.eps, sm, si, nullptr, ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_)))
-          return;
+        const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationBackwardEx(
+            c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &beta_dx, &one, &zero, xd_.get(), x.data, nullptr, nullptr,
+            xd_.get(), g.data, nullptr, nullptr, xd_.get(), dx.data, bnd_.get(), gamma, beta, dgamma, dbeta, p_.eps, sm,
+            si, nullptr, ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_));
+        if (st == CUDNN_STATUS_SUCCESS) return;
         ex_bn_ = false;
-        c_.notes->note("batch norm", "backward (Ex API)", x_);
+        c_.notes->note("batch norm", "backward (Ex API, OPS_BN)", x_, st, "the non-Ex API");
       }
       while (!own_) {
-        if (SB_CUDNN_RAN(cudnnBatchNormalizationBackward(c_.cudnn, mode_, &one, &beta_dx, &one, &zero, xd_.get(),
-                                                         x.data, xd_.get(), g.data, xd_.get(), dx.data, bnd_.get(),
-                                                         gamma, dgamma, dbeta, p_.eps, sm, si)))
-          return;
-        decline("backward");
+        const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationBackward(
+            c_.cudnn, mode_, &one, &beta_dx, &one, &zero, xd_.get(), x.data, xd_.get(), g.data, xd_.get(), dx.data,
+            bnd_.get(), gamma, dgamma, dbeta, p_.eps, sm, si));
+        if (st == CUDNN_STATUS_SUCCESS) return;
+        decline("backward", st);
       }
     }
     SB_CUDA(cuda::launch_bn_backward(view(x), view(y), view(dy), view(dx), gamma, sm, si, dgamma, dbeta, beta_dx,
-                                     p_.relu, S(s)));
+                                     p_.relu, ws, S(s)));
   }
 
  private:
-  // persistent -> spatial -> our kernel
-  void decline(const char* step) {
+  // persistent -> spatial -> our kernel, each step said once per kind
+  void decline(const char* step, cudnnStatus_t st) {
     if (mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
       mode_ = CUDNN_BATCHNORM_SPATIAL;
+      c_.notes->note("batch norm", fmt::format("{} (spatial persistent)", step).c_str(), x_, st,
+                     "cuDNN's spatial (not persistent) kernels");
       return;
     }
     own_ = true;
-    c_.notes->note("batch norm", step, x_);
+    c_.notes->note("batch norm", step, x_, st, "stepbench's kernel");
+  }
+  // The fused BN + ReLU declined: the Ex API with BN alone (and our ReLU pass), as where y is a slice
+  // (the workspace and reserve were sized for it too).
+  void drop_fused(const char* step, cudnnStatus_t st) {
+    fused_ = false;
+    ex_bn_ = bn_ok_;
+    c_.notes->note(
+        "batch norm", fmt::format("{} with the ReLU fused (Ex API)", step).c_str(), x_, st,
+        ex_bn_ ? "the Ex API without the ReLU, then stepbench's ReLU" : "the non-Ex API, then stepbench's ReLU");
   }
   void* ex_ws(void* ws) const { return ex_ws_ ? static_cast<char*>(ws) + temp_ : nullptr; }
   // cuDNN's workspace (forward, backward) and reserve sizes for the Ex calls with these ops, or false
@@ -206,8 +220,8 @@ class CudaBatchNorm final : public BatchNormOp {
   TensorDescriptor bnd_;  // bn_param_descriptor
   ActivationDescriptor act_;
   cudnnBatchNormMode_t mode_ = CUDNN_BATCHNORM_SPATIAL;
-  bool fused_ = false, ex_bn_ = false, own_ = false;
-  std::size_t temp_ = 0, ex_ws_ = 0, reserve_ = 0;
+  bool fused_ = false, ex_bn_ = false, bn_ok_ = false, own_ = false;
+  std::size_t temp_ = 0, ex_ws_ = 0, reserve_ = 0, scratch_ = 0;
 };
 
 }  // namespace

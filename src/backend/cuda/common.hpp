@@ -9,28 +9,47 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/handles.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "backend/plan_cache.hpp"
 
 namespace stepbench::cuda {
 
 class FallbackNotes;  // below
 
+// The backend's cuBLAS handle bound to a stream and to a workspace of its own. cublasSetStream resets
+// the workspace to cuBLAS's pool, which allocates on first use (also inside a CUDA Graph capture, which
+// then holds allocation nodes), so the stream and the workspace are set together, and only when an op
+// runs on another stream than the last one.
+struct CublasBinding {
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  std::size_t bytes = 0;
+  cudaStream_t stream = nullptr;
+  bool bound = false;
+  // The workspace, once per backend, at planning time: 32 MiB, PyTorch's choice for Hopper
+  // (CUBLAS_WORKSPACE_CONFIG :4096:8), enough for every GEMM of an FC layer.
+  void reserve(int device);
+  void bind(cudaStream_t s);
+};
+
 struct Ctx {  // what every op of one backend shares
   int device;
   cudnnHandle_t cudnn;
-  cublasHandle_t cublas;
+  CublasBinding* blas;
   bool tf32;
   std::size_t workspace_budget;
   bool own_norm_pool;    // CudaBackendOptions::own_kernels: batch norm and pooling on our kernels, not cuDNN
   FallbackNotes* notes;  // the backend's, which outlives its ops
+  ConvPlanCache* plans;  // the backend's (maybe shared with other backends), which outlives its ops
+  std::string machine;   // this GPU's part of a plan's key: model, compute capability, driver, cuDNN
 };
 
 struct CudaStream final : Stream {
@@ -60,21 +79,41 @@ inline Flat flat(const void* p, DType t) { return Flat{const_cast<void*>(p), ele
 TensorDescriptor tensor_descriptor(const TensorDesc& t);
 
 // ---- cuDNN declining a configuration --------------------------------------------------------------
-// cuDNN may decline a configuration (a layout, a stride pattern or a type it has no kernel for).
-// Such a call launches nothing; the op then runs stepbench's kernel for good, and says so once per
-// kind of refusal (Ctx::notes). Any other failure throws.
-bool cudnn_ran(cudnnStatus_t st, const char* call, const char* file, int line);
-#define SB_CUDNN_RAN(call) ::stepbench::cuda::cudnn_ran((call), #call, __FILE__, __LINE__)
+// What a cuDNN status means for the caller (the table is classify_cudnn_status, tested on every
+// status cuDNN 9 defines):
+//   ran        CUDNN_STATUS_SUCCESS
+//   declined   cuDNN has no kernel for this configuration (the generic BAD_PARAM and INVALID_VALUE,
+//              which the legacy API returns for an unsupported layout or type, and the NOT_SUPPORTED
+//              codes of a shape, type, layout, padding, pattern, shared memory or launch): nothing was
+//              launched; the op falls back for good and says so once (FallbackNotes)
+//   unavailable this installation cannot run cuDNN here (a sub-library missing or of another
+//              version, a driver or runtime too old, an architecture not built, a licence): the run
+//              stops with the call and what to install
+//   failed     everything else: a bug in stepbench's call (NULL or misaligned pointer, workspace too
+//              small, stream or CUDA Graph mismatch, a descriptor out of bounds or of the wrong type,
+//              mismatched shapes), an internal error or a failed execution: the run stops with the call
+enum class CudnnVerdict { ran, declined, unavailable, failed };
+CudnnVerdict classify_cudnn_status(int status);
+const char* to_string(CudnnVerdict v);
 
-// The kinds of "cuDNN declined" one backend has reported (ops of several threads may report).
+// SUCCESS or a status that declines the configuration; throws Error naming the call otherwise.
+cudnnStatus_t cudnn_try(cudnnStatus_t st, const char* call, const char* file, int line);
+#define SB_CUDNN_TRY(call) ::stepbench::cuda::cudnn_try((call), #call, __FILE__, __LINE__)
+
+// The kinds of fallback one backend has taken (ops of several threads may report): each kind is
+// printed once on stderr with cuDNN's status, and counted per op that took it.
 class FallbackNotes {
  public:
-  // Prints, once per backend for each op, step, layout and type, that stepbench's kernel runs it.
-  void note(const char* op, const char* step, const TensorDesc& x);
+  // op (e.g. "batch norm"), what cuDNN declined ("forward (Ex API)"), the input, cuDNN's status, and
+  // what runs instead ("stepbench's kernel", "the spatial (not persistent) kernels").
+  void note(const char* op, const char* step, const TensorDesc& x, cudnnStatus_t st, const char* instead);
+  // "3 x batch norm forward (Ex API) on nhwc bf16: CUDNN_STATUS_NOT_SUPPORTED -> stepbench's kernel; ..."
+  // or "none": for the JSON context.
+  std::string summary() const;
 
  private:
-  std::mutex m_;
-  std::set<std::string> said_;
+  mutable std::mutex m_;
+  std::map<std::string, int> count_;
 };
 
 // ---- the ops ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Convolution on cuDNN: cudnnFind* at planning time picks each direction's fastest algorithm within
-// the workspace budget (--workspace-mb); strided descriptors, so x and y may be concat slices.
+// the workspace budget (--workspace-mb), once per process and key (the plan cache, Ctx::plans; kept
+// between runs with --plan-cache FILE); strided descriptors, so x and y may be concat slices.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -38,18 +39,13 @@ struct ConvDescriptor {
   }
 };
 
-// The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget; the
-// descriptor takes the math type it was timed with.
+// The fastest algorithm cudnnFind* returned (it sorts them) that fits the workspace budget, as a plan.
 template <class Perf>
-decltype(Perf{}.algo)
-    pick(const Perf* p, int n, const char* what, std::size_t budget, std::size_t& ws, ConvDescriptor& cd) {
+ConvPlan fastest(const Perf* p, int n, const char* what, std::size_t budget) {
   for (int i = 0; i < n; ++i)
-    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget) {
-      ws = p[i].memory;
-      // plain fp32 stays on FMA math: DEFAULT_MATH would allow TF32 on Ampere and later
-      if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d.get(), p[i].mathType));
-      return p[i].algo;
-    }
+    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= budget)
+      return ConvPlan{static_cast<int>(p[i].algo), static_cast<int>(p[i].mathType), p[i].memory,
+                      static_cast<double>(p[i].time)};
   throw Error(
       fmt::format("cuDNN found no {} convolution algorithm within the {} MiB workspace budget "
                   "(--workspace-mb)",
@@ -108,21 +104,33 @@ class CudnnConv final : public ConvOp {
       wpad_ = zeroed_device_buffer(c_.device, wbytes);
       dwpad_ = zeroed_device_buffer(c_.device, wbytes);
     }
-    // Each direction runs with the math type cudnnFind timed its algorithm with (one algorithm may
-    // be listed once per math type, with different workspaces and kernels).
-    int n = 0;
-    cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.get(), wd_.get(), fwd_cd_.d.get(), yd_.get(),
-                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
-    fwd_ = pick(f, n, "forward", c_.workspace_budget, fwd_ws_, fwd_cd_);
-    cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(c_.cudnn, wd_.get(), yd_.get(), data_cd_.d.get(), xd_.get(),
-                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, d));
-    bwd_data_ = pick(d, n, "backward data", c_.workspace_budget, data_ws_, data_cd_);
-    cudnnConvolutionBwdFilterAlgoPerf_t w[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    SB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(c_.cudnn, xd_.get(), yd_.get(), filter_cd_.d.get(), wd_.get(),
-                                                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, w));
-    bwd_filter_ = pick(w, n, "backward filter", c_.workspace_budget, filter_ws_, filter_cd_);
+    // Each direction runs the plan the cache holds for its key, or the one cudnnFind picks now (then
+    // recorded for every other tower and the per-layer benchmarks), with the math type Find timed it
+    // with (one algorithm may be listed once per math type, with other kernels and workspaces).
+    fwd_ = static_cast<cudnnConvolutionFwdAlgo_t>(plan(ConvDirection::forward, y, fwd_cd_, fwd_ws_, [&] {
+      int n = 0;
+      cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      SB_CUDNN(cudnnFindConvolutionForwardAlgorithm(c_.cudnn, xd_.get(), wd_.get(), fwd_cd_.d.get(), yd_.get(),
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
+      return fastest(f, n, "forward", c_.workspace_budget);
+    }));
+    bwd_data_ =
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(plan(ConvDirection::backward_data, y, data_cd_, data_ws_, [&] {
+          int n = 0;
+          cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+          SB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(c_.cudnn, wd_.get(), yd_.get(), data_cd_.d.get(),
+                                                             xd_.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, d));
+          return fastest(d, n, "backward data", c_.workspace_budget);
+        }));
+    bwd_filter_ = static_cast<cudnnConvolutionBwdFilterAlgo_t>(
+        plan(ConvDirection::backward_filter, y, filter_cd_, filter_ws_, [&] {
+          int n = 0;
+          cudnnConvolutionBwdFilterAlgoPerf_t w[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+          SB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(c_.cudnn, xd_.get(), yd_.get(), filter_cd_.d.get(),
+                                                               wd_.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n,
+                                                               w));
+          return fastest(w, n, "backward filter", c_.workspace_budget);
+        }));
   }
   std::size_t workspace_bytes() const override { return std::max({fwd_ws_, data_ws_, filter_ws_}); }
   std::string algorithm() const override {
@@ -167,6 +175,38 @@ class CudnnConv final : public ConvOp {
 
  private:
   bool padded() const { return xp_.shape.c != x_.shape.c; }
+  // The plan of one direction: from the cache, or searched (search()) and recorded there. The
+  // descriptor takes the plan's math type (plain fp32 stays on FMA math: DEFAULT_MATH would allow
+  // TF32 on Ampere and later) and ws the workspace cuDNN reports for the algorithm with it.
+  template <class Search>
+  int plan(ConvDirection d, const TensorDesc& y, ConvDescriptor& cd, std::size_t& ws, Search search) {
+    const std::string key = conv_plan_key(c_.machine, d, xp_, y, p_, cd.fma ? "fma" : "tensor_op", c_.workspace_budget);
+    const auto hit = c_.plans->find(key);
+    const ConvPlan pl = hit ? *hit : c_.plans->insert(key, search());
+    if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d.get(), static_cast<cudnnMathType_t>(pl.math)));
+    switch (d) {
+      case ConvDirection::forward:
+        SB_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(c_.cudnn, xd_.get(), wd_.get(), cd.d.get(), yd_.get(),
+                                                         static_cast<cudnnConvolutionFwdAlgo_t>(pl.algo), &ws));
+        break;
+      case ConvDirection::backward_data:
+        SB_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(c_.cudnn, wd_.get(), yd_.get(), cd.d.get(), xd_.get(),
+                                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(pl.algo),
+                                                              &ws));
+        break;
+      case ConvDirection::backward_filter:
+        SB_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(c_.cudnn, xd_.get(), yd_.get(), cd.d.get(), wd_.get(),
+                                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(pl.algo),
+                                                                &ws));
+        break;
+    }
+    if (ws > c_.workspace_budget)
+      throw Error(
+          fmt::format("cuDNN's {} algorithm {} needs {} bytes of workspace, over the {} MiB budget: the plan "
+                      "cache (--plan-cache) holds a plan this cuDNN does not agree with; delete the file",
+                      to_string(d), pl.algo, ws, c_.workspace_budget >> 20));
+    return pl.algo;
+  }
   const void* pad_input(Stream& s, const Tensor& x) {
     const Tensor xp{xpad_.get(), xp_};
     SB_CUDA(cuda::launch_add(view(x), view(xp.channel_slice(0, x_.shape.c)), 0.0f, S(s)));

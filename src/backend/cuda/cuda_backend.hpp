@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/plan_cache.hpp"
 
 namespace stepbench {
 
@@ -12,6 +13,9 @@ struct CudaBackendOptions {
   // Batch norm and pooling on stepbench's kernels, never cuDNN's: the path the backend falls back to
   // where cuDNN declines a configuration, forced for testing it (ctest ops.cuda_own_kernels).
   bool own_kernels = false;
+  // The convolution plans (cudnnFind's choices) this backend looks up before searching and records
+  // after; several backends may share one. Null: a cache of its own.
+  std::shared_ptr<ConvPlanCache> plans;
 };
 
 // Throws UnsupportedError when the device does not exist.

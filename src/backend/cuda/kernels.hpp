@@ -44,15 +44,20 @@ cudaError_t launch_add(View src, View dst, float beta, cudaStream_t s);
 cudaError_t launch_relu_forward(View x, View y, cudaStream_t s);
 cudaError_t launch_relu_backward(View y, View dy, View dx, float beta, cudaStream_t s);
 
-// Batch norm over (N, H, W) per channel: one block per channel, two-pass statistics in double.
+// Batch norm over (N, H, W) per channel, deterministic. Where x, y (and dy, dx) are rows in one order
+// (dense tensors and channel slices: kernels_rows.cuh) the statistics are multi-block reductions,
+// coalesced (channels-last: threads along channels; NCHW: along each plane), into per-chunk partial
+// sums in double in `scratch` (bn_scratch_bytes), summed per channel in a fixed order, then one
+// vectorised pass applies them. Other views: one block per channel, two-pass statistics in double.
+std::size_t bn_scratch_bytes(long long n, long long c, long long h, long long w);
 cudaError_t launch_bn_forward_training(View x, View y, const float* gamma, const float* beta, float* running_mean,
                                        float* running_var, float* save_mean, float* save_invstd, double eps,
-                                       double momentum, bool relu, cudaStream_t s);
+                                       double momentum, bool relu, void* scratch, cudaStream_t s);
 cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, const float* beta, const float* rmean,
                                         const float* rvar, double eps, bool relu, cudaStream_t s);
 cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* gamma, const float* save_mean,
                                const float* save_invstd, float* dgamma, float* dbeta, float beta_dx, bool relu,
-                               cudaStream_t s);
+                               void* scratch, cudaStream_t s);
 
 // Pooling; argmax (max pool) holds, per output in logical NCHW order, the input position h * W + w.
 // It may be null: the forward then does not record it and the backward finds it again in x.

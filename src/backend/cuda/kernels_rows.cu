@@ -41,6 +41,29 @@ __global__ void rows_k(RowArgs a) {
       for (int k = 0; k < V; ++k)
         d.v[k] = from_f<T>(a.beta == 0.0f ? to_f(x.v[k]) : to_f(x.v[k]) + a.beta * to_f(d.v[k]));
       *dp = d;
+    } else if (OP == kBnApply) {
+      const Pack<T, V> x = *at<T, V>(a.a, row, j);
+      Pack<T, V> y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float4 f = a.coef[a.cl ? j + k : row % a.channels];
+        const float v = f.x * to_f(x.v[k]) + f.y;
+        y.v[k] = from_f<T>(a.relu ? fmaxf(v, 0.0f) : v);
+      }
+      *at<T, V>(a.b, row, j) = y;
+    } else if (OP == kBnBwdApply) {
+      const Pack<T, V> x = *at<T, V>(a.a, row, j), y = *at<T, V>(a.b, row, j), dy = *at<T, V>(a.c, row, j);
+      Pack<T, V>* dxp = at<T, V>(a.d, row, j);
+      Pack<T, V> dx;
+      if (a.beta != 0.0f) dx = *dxp;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float4 f = a.coef[a.cl ? j + k : row % a.channels];
+        const float g = (!a.relu || to_f(y.v[k]) > 0.0f) ? to_f(dy.v[k]) : 0.0f;
+        const float v = f.x * (g - f.y - (to_f(x.v[k]) - f.w) * f.z);
+        dx.v[k] = from_f<T>(a.beta == 0.0f ? v : v + a.beta * to_f(dx.v[k]));
+      }
+      *dxp = dx;
     } else {  // kBnInfer
       const Pack<T, V> x = *at<T, V>(a.a, row, j);
       Pack<T, V> y;
@@ -56,7 +79,8 @@ __global__ void rows_k(RowArgs a) {
   }
 }
 
-// The rows of v in the given order, or false when v is not such a view.
+}  // namespace
+
 bool as_rows(const View& v, bool cl, Rows& r) {
   r.p = static_cast<char*>(v.p);
   if (cl) {
@@ -75,10 +99,20 @@ bool as_rows(const View& v, bool cl, Rows& r) {
   return true;
 }
 
+bool all_rows(const View* v, int n, bool cl, Rows* r) {
+  for (int k = 0; k < n; ++k) {
+    if (v[k].t != v[0].t || v[k].n != v[0].n || v[k].c != v[0].c || v[k].h != v[0].h || v[k].w != v[0].w) return false;
+    if (!as_rows(v[k], cl, r[k])) return false;
+  }
+  return true;
+}
+
+namespace {
+
 template <int OP, class T>
 cudaError_t launch_rows_t(RowArgs a, int n_views, long long rows, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
-  const Rows* views[3] = {&a.a, &a.b, &a.c};
+  const Rows* views[4] = {&a.a, &a.b, &a.c, &a.d};
   bool vec = a.a.len % V == 0;
   for (int k = 0; k < n_views && vec; ++k) {
     const Rows& r = *views[k];
@@ -102,11 +136,12 @@ cudaError_t launch_rows_t(RowArgs a, int n_views, long long rows, cudaStream_t s
 template <int OP>
 bool launch_rows(RowArgs a, const View* v, int n_views, cudaStream_t s, cudaError_t& err) {
   const bool cl = v[n_views - 1].sc == 1 && v[n_views - 1].c > 1;  // the destination's order
-  Rows* rs[3] = {&a.a, &a.b, &a.c};
-  for (int k = 0; k < n_views; ++k) {
-    if (v[k].t != v[0].t || v[k].n != v[0].n || v[k].c != v[0].c || v[k].h != v[0].h || v[k].w != v[0].w) return false;
-    if (!as_rows(v[k], cl, *rs[k])) return false;
-  }
+  Rows rs[4] = {};
+  if (!all_rows(v, n_views, cl, rs)) return false;
+  a.a = rs[0];
+  a.b = rs[1];
+  a.c = rs[2];
+  a.d = rs[3];
   const long long rows = cl ? v[0].n * v[0].h * v[0].w : v[0].n * v[0].c;
   const unsigned long long total = static_cast<unsigned long long>(rows) * static_cast<unsigned long long>(a.a.len);
   if (total >= (1ULL << 31)) return false;
@@ -125,5 +160,7 @@ template bool launch_rows<kRelu>(RowArgs, const View*, int, cudaStream_t, cudaEr
 template bool launch_rows<kReluBwd>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 template bool launch_rows<kAdd>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 template bool launch_rows<kBnInfer>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
+template bool launch_rows<kBnApply>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
+template bool launch_rows<kBnBwdApply>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 
 }  // namespace stepbench::cuda

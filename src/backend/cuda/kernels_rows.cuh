@@ -15,11 +15,16 @@ struct Rows {
   long long len, r1, so, si;  // elements
 };
 
-enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer };
+// kBnApply: y = coef[c].x * x + coef[c].y (then the ReLU); kBnBwdApply: with g = dy masked by y > 0
+// (or dy), dx = k1 (g - k2 - (x - mean) k3) + beta dx, coef[c] = {k1, k2, k3, mean}: the last passes
+// of batch norm's training forward and backward once the statistics are known (kernels_batch_norm.cu).
+enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer, kBnApply, kBnBwdApply };
 struct RowArgs {
-  Rows a, b, c;  // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference: x, y
-  float beta;    // accumulate into the destination (kReluBwd, kAdd)
+  Rows a, b, c, d;  // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference and apply: x, y;
+                    // bn backward apply: x, y, dy, dx
+  float beta;       // accumulate into the destination (kReluBwd, kAdd, kBnBwdApply)
   const float *gamma, *bnbeta, *mean, *var;
+  const float4* coef;  // kBnApply, kBnBwdApply
   float eps;
   bool relu, cl;  // bn: fused ReLU; channels-last rows (the channel is the column), else NCHW rows
   unsigned vec_per_row, total, channels;
@@ -30,5 +35,11 @@ struct RowArgs {
 // kernels_rows.cu for every RowOp.
 template <int OP>
 bool launch_rows(RowArgs a, const View* v, int n_views, cudaStream_t s, cudaError_t& err);
+
+// The rows of v in channels-last order (cl: N*H*W rows of C) or NCHW order (N*C rows of H*W), or
+// false when v is not such a view.
+bool as_rows(const View& v, bool cl, Rows& r);
+// Whether all n views are rows in that order, with one shape and element type (r gets them).
+bool all_rows(const View* v, int n, bool cl, Rows* r);
 
 }  // namespace stepbench::cuda

@@ -41,15 +41,15 @@ class CublasLinear final : public LinearOp {
  private:
   void set(Stream& s) {
     SB_CUDA(cudaSetDevice(c_.device));
-    SB_CUBLAS(cublasSetStream(c_.cublas, S(s)));
+    c_.blas->bind(S(s));
   }
   // Every storage type through cublasGemmEx with fp32 accumulation (the handle's math mode decides
   // TF32 for fp32 data).
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha, const void* A, int lda,
             const void* B, int ldb, const float* beta, void* C, int ldc) {
     const cudaDataType_t t = cuda_type(t_);
-    SB_CUBLAS(cublasGemmEx(c_.cublas, ta, tb, m, n, k, alpha, A, t, lda, B, t, ldb, beta, C, t, ldc, CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT));
+    SB_CUBLAS(cublasGemmEx(c_.blas->handle, ta, tb, m, n, k, alpha, A, t, lda, B, t, ldb, beta, C, t, ldc,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   Ctx c_;
   int N_, K_, M_;

@@ -53,10 +53,11 @@ class CudaPool final : public PoolOp {
     set(s);
     const float one = 1, zero = 0;
     if (!own_ && x.desc == x_ && y.desc == y_) {
-      if (SB_CUDNN_RAN(cudnnPoolingForward(c_.cudnn, pd_.get(), &one, xd_.get(), x.data, &zero, yd_.get(), y.data)))
-        return;
+      const cudnnStatus_t st =
+          SB_CUDNN_TRY(cudnnPoolingForward(c_.cudnn, pd_.get(), &one, xd_.get(), x.data, &zero, yd_.get(), y.data));
+      if (st == CUDNN_STATUS_SUCCESS) return;
       own_ = true;
-      c_.notes->note("pooling", "forward", x_);
+      c_.notes->note("pooling", "forward", x_, st, "stepbench's kernel");
     }
     SB_CUDA(cuda::launch_pool_forward(view(x), view(y), a_, nullptr, S(s)));
   }
@@ -65,11 +66,12 @@ class CudaPool final : public PoolOp {
     set(s);
     const float one = 1;
     if (!own_ && x.desc == x_ && y.desc == y_ && dy.desc == y_ && dx.desc == x_) {
-      if (SB_CUDNN_RAN(cudnnPoolingBackward(c_.cudnn, pd_.get(), &one, yd_.get(), y.data, yd_.get(), dy.data, xd_.get(),
-                                            x.data, &beta, xd_.get(), dx.data)))
-        return;
+      const cudnnStatus_t st =
+          SB_CUDNN_TRY(cudnnPoolingBackward(c_.cudnn, pd_.get(), &one, yd_.get(), y.data, yd_.get(), dy.data, xd_.get(),
+                                            x.data, &beta, xd_.get(), dx.data));
+      if (st == CUDNN_STATUS_SUCCESS) return;
       own_ = true;
-      c_.notes->note("pooling", "backward", x_);
+      c_.notes->note("pooling", "backward", x_, st, "stepbench's kernel");
     }
     SB_CUDA(cuda::launch_pool_backward(view(x), view(dy), view(dx), a_, beta, nullptr, S(s)));
   }

@@ -8,7 +8,8 @@ namespace stepbench::cuda {
 namespace {
 
 // Labels outside [0, M) cannot be checked on the host before the kernel without a synchronisation:
-// the kernel flags them, the flag is copied to pinned memory, and the next call reports it.
+// the kernel flags them, the flag is copied to pinned memory in stream order (a node of a captured
+// graph too), and check_labels() reads it after the caller has synchronised the stream.
 class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
  public:
   CudaSoftmaxXent(const Ctx& c, const TensorDesc& l) : c_(c), N_(l.shape.n), M_(l.shape.c) {
@@ -25,7 +26,6 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
     return static_cast<std::size_t>(N_ * M_ + N_) * sizeof(float) + sizeof(int);
   }
   void forward(Stream& s, const Tensor& logits, const std::int32_t* labels, float* loss, void* reserve) override {
-    check_flag();
     SB_CUDA(cudaSetDevice(c_.device));
     float* probs = static_cast<float*>(reserve);
     float* rows = probs + N_ * M_;
@@ -43,8 +43,7 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
                                                S(s)));
   }
 
- private:
-  void check_flag() {
+  void check_labels() override {
     if (*host_flag_ != 0) {
       const int sample = *host_flag_ - 1;
       *host_flag_ = 0;
@@ -54,6 +53,8 @@ class CudaSoftmaxXent final : public SoftmaxCrossEntropyOp {
                       sample, M_));
     }
   }
+
+ private:
   Ctx c_;
   long long N_, M_;
   PinnedBuffer host_buf_;

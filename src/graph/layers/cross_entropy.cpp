@@ -26,6 +26,7 @@ struct LossLayer final : Layer {
   void backward(Graph::Impl& g, Stream& s) override {
     op->backward(s, g.label_ptr(), g.values[in[0]].g, weight, in_beta[0], reserve.get(), g.loss_scale_ptr());
   }
+  void check_after_sync() override { op->check_labels(); }
   std::string name;
   LayerInfo info() const override {
     LayerInfo i = base_info("cross_entropy", name);

@@ -22,6 +22,7 @@ struct Layer {
   virtual void plan(Graph::Impl&) = 0;
   virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
   virtual void backward(Graph::Impl&, Stream&) = 0;
+  virtual void check_after_sync() {}               // errors the device flagged during the step (bad labels)
   virtual std::int64_t macs() const { return 0; }  // whole batch
   virtual std::size_t workspace_bytes() const { return 0; }
   virtual std::size_t scratch_bytes() const { return 0; }  // shared gradient scratch
