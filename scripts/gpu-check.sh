@@ -160,7 +160,8 @@ PY
   return $rc
 }
 
-CONFIGS=("fp32 nchw" "tf32 nhwc" "bf16 nhwc" "fp16 nhwc")
+# "own": batch norm and pooling on stepbench's kernels (--own-kernels), the fallback where cuDNN declines
+CONFIGS=("fp32 nchw" "tf32 nhwc" "bf16 nhwc" "fp16 nhwc" "bf16 nhwc own")
 BATCH=${STEPBENCH_CHECK_BATCH:-128}
 
 stage_bench() {
@@ -170,7 +171,7 @@ stage_bench() {
   local start=$SECONDS
   for c in "${CONFIGS[@]}"; do
     set -- $c
-    local name="inception_v3-$1-$2-b$BATCH"
+    local own=${3:-} name="inception_v3-$1-$2${3:+-$3}-b$BATCH"
     # the stage ends within 8 minutes: a configuration that could not finish in time is listed as
     # skipped (on an H100 each took 30-40 s, planning included)
     if [ $((SECONDS - start)) -gt 330 ]; then
@@ -179,8 +180,8 @@ stage_bench() {
     fi
     echo "== $name"
     if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision "$1" --format "$2" \
-        --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 5 \
-        --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
+        --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 5 ${own:+--own-kernels} \
+        --plan-cache "$OUT_DIR/plans.json" --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
       rc=1
       echo "failed:"; tail -5 "$tmp/$name.err"
     fi
@@ -192,8 +193,9 @@ tmp, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
 for err in sorted(glob.glob(os.path.join(tmp, "inception_v3-*.err"))):  # one per configuration, run or not
     path = err[:-4] + ".json"
-    _, prec, fmt, _ = os.path.basename(path)[:-5].split("-")
-    row = {"precision": prec, "layout": fmt, "batch": batch}
+    parts = os.path.basename(path)[:-5].split("-")
+    prec, fmt, own = parts[1], parts[2], len(parts) == 5
+    row = {"precision": prec, "layout": fmt + ("+own" if own else ""), "batch": batch}
     try:
         d = json.load(open(path))
     except Exception:
@@ -213,7 +215,8 @@ for err in sorted(glob.glob(os.path.join(tmp, "inception_v3-*.err"))):  # one pe
     row["ms"] = {k: statistics.median(v) for k, v in med.items()}
     row["host_ms"] = {k: statistics.median(v) for k, v in host.items()}
     ctx = d["context"]
-    row["kernels"] = {k: ctx.get(k, "?") for k in ("batch_norm_kernels", "pool_kernels", "conv_algorithms")}
+    row["kernels"] = {k: ctx.get(k, "?") for k in ("batch_norm_kernels", "pool_kernels", "conv_algorithms",
+                                                   "cudnn_fallbacks", "cudnn_plans_searched", "cudnn_plans_reused")}
     row["context"] = {k: ctx.get(k) for k in ("device", "cudnn", "cublas", "nccl", "cuda_driver", "cuda_runtime")}
     rows.append(row)
 json.dump({"batch": batch, "rows": rows}, open(out, "w"), indent=1)
@@ -230,12 +233,19 @@ for r in rows:
     print(f"{r['precision']:<9} {r['layout']:<6} {m.get('forward', nan):>9.2f} {m.get('forward_backward', nan):>9.2f} "
           f"{st:>9.2f} {1000 * batch / st:>9.0f} {m.get('forward:cuda_graph', nan):>9.2f} {gst:>10.2f} "
           f"{1000 * batch / gst:>11.0f} {gap:>7.2f}")
+steps = {(r["precision"], r["layout"]): r["ms"].get("step:cuda_graph", nan) for r in rows if "ms" in r}
+for a, b in ((("bf16", "nhwc"), ("fp16", "nhwc")), (("bf16", "nhwc+own"), ("fp16", "nhwc"))):
+    if a in steps and b in steps:
+        print(f"step ratio {a[0]} {a[1]} / {b[0]} {b[1]} (graph replay): {steps[a] / steps[b]:.3f} "
+              "(the goal: at most 1.10)")
 print("\nwhat ran (after warm-up):")
 for r in rows:
     if "kernels" in r:
         k = r["kernels"]
         print(f"  {r['precision']:<5} {r['layout']:<5} batch norm: {k['batch_norm_kernels']}\n"
-              f"              pooling: {k['pool_kernels']}\n              convolutions: {k['conv_algorithms']}")
+              f"              pooling: {k['pool_kernels']}\n              convolutions: {k['conv_algorithms']}\n"
+              f"              fallbacks: {k['cudnn_fallbacks']}\n"
+              f"              plans searched {k['cudnn_plans_searched']}, reused {k['cudnn_plans_reused']}")
 sys.exit(1 if any("error" in r for r in rows) else 0)
 PY
   if grep -h "cuDNN declined" "$tmp"/*.err 2>/dev/null | sort | uniq -c | grep .; then

@@ -74,6 +74,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
                  "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
                  "driver and cuDNN version); written after planning and at the end");
+  app.add_flag("--own-kernels", b.run.own_kernels,
+               "cuda: batch norm and pooling on stepbench's kernels instead of cuDNN's (the path taken where cuDNN "
+               "declines a configuration), to time one against the other");
   app.add_flag("--cuda-graph", b.cuda_graph,
                "cuda: also capture the step and the forward as CUDA Graphs after warm-up and time their replays "
                "(rows step:cuda_graph, forward:cuda_graph); one GPU per process, synthetic data");
@@ -174,6 +177,8 @@ void resolve(Options& o) {
     throw UsageError("--cuda-graph replays the synthetic batch on the device: use --data synthetic with it");
   if (b.cuda_graph && o.ps_on_cpu)
     throw UsageError("--cuda-graph cannot capture the host parameter server's CPU work; use --ps-device device");
+  if (b.run.own_kernels && !cuda)
+    throw UsageError("--own-kernels chooses between cuDNN's and stepbench's GPU kernels; drop it on the cpu");
   if (!b.plan_cache.empty() && !cuda)
     throw UsageError("--plan-cache keeps cuDNN's convolution plans; the cpu backend has none: drop it on the cpu");
   if (!b.plan_cache.empty()) {

@@ -170,6 +170,26 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaTinyStep,
 // input rounded to the GPU's significand. Rules (parity's): outputs and loss within 2x the yardstick; gradients
 // as a population, median ratio <= 2 and 90th percentile <= 4, and per tensor at most 32x the
 // yardstick; a wrong gradient (zero, doubled, transposed) is off by ~1, which no tensor may be.
+// The fp16 CudaStep case starts at loss scale 256 (one_step). On the CPU, the same step's largest
+// weight gradient times 256 stays inside fp16's range (cuDNN writes 16-bit weight gradients), and
+// times PyTorch's default 2^16 would not: the lower start is what keeps inf out of the compared
+// gradients.
+TEST(CudaStepSetup, Fp16InitialLossScaleFitsInceptionGradients) {
+  auto cpu = make_cpu_backend();
+  const auto b = one_step(*cpu, "inception_v3", Layout::nhwc, 8, 299);
+  double largest = 0;
+  std::string where;
+  for (const auto& [name, a] : b.grads)
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      if (std::abs(a.as<float>()[i]) > largest) {
+        largest = std::abs(a.as<float>()[i]);
+        where = name;
+      }
+  std::cout << "largest weight gradient " << largest << " (" << where << ")\n";
+  EXPECT_LT(largest * 256, 65504.0 / 2) << where;  // with room for the GPU's rounding
+  EXPECT_GT(largest * LossScaler::kInitialScale, 65504.0) << "2^16 would fit too: drop the lower start";
+}
+
 class CudaStep : public testing::TestWithParam<GpuCase> {};
 TEST_P(CudaStep, MatchesTheCpuBackend) {
   const auto& c = GetParam();

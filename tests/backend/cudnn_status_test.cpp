@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/common.hpp"
+#include "backend/cuda/conv_padding.hpp"
 
 namespace stepbench::cuda {
 namespace {
@@ -117,6 +118,24 @@ TEST(CudnnStatus, EachFallbackIsSaidOnceAndCountedPerOp) {
             std::string::npos)
       << s;
   EXPECT_NE(s.find("1 x pooling backward on nhwc bf16: CUDNN_STATUS_BAD_PARAM"), std::string::npos) << s;
+}
+
+TEST(ConvPadding, Only16BitChannelsLastInputsOffTheMultipleOf8ArePadded) {
+  const Shape stem{8, 3, 299, 299};
+  const auto nhwc = [](Shape s, DType t) { return TensorDesc::dense(s, t, Layout::nhwc); };
+  for (DType t : {DType::bf16, DType::f16}) {
+    const TensorDesc p = channel_padded(nhwc(stem, t));
+    EXPECT_EQ(p.shape, (Shape{8, 8, 299, 299}));
+    EXPECT_TRUE(p.is_dense());
+    EXPECT_EQ(channel_padded(nhwc({8, 5, 9, 9}, t)).shape.c, 8);
+    EXPECT_EQ(channel_padded(nhwc({8, 13, 9, 9}, t)).shape.c, 16);
+    EXPECT_FALSE(needs_channel_pad(nhwc({8, 64, 9, 9}, t)));
+    EXPECT_FALSE(needs_channel_pad(TensorDesc::dense(stem, t, Layout::nchw)));  // NCHW: cuDNN pads nothing
+  }
+  EXPECT_FALSE(needs_channel_pad(nhwc(stem, DType::f32)));  // fp32 runs without tensor cores' rule
+  // a channel slice of a concat buffer with 64 channels is not padded: its count is a multiple of 8
+  const auto slice = Tensor{nullptr, nhwc({8, 288, 35, 35}, DType::bf16)}.channel_slice(64, 64).desc;
+  EXPECT_EQ(channel_padded(slice), slice);
 }
 
 }  // namespace

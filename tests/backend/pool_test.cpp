@@ -53,5 +53,41 @@ TEST_P(Ops, Pooling) {
   }
 }
 
+// What the Pooling test's max cases rest on, checked without a GPU: their inputs are the same values
+// in fp32, bf16 and fp16 (the oracle is fed what the backend holds), and no window of any max case
+// has two maxima in any of them (where a tied maximum routes the gradient is undocumented in cuDNN).
+TEST(PoolInputs, MaxPoolWindowsHaveOneMaximumInEveryPrecision) {
+  for (const auto& pc : kPoolCases) {
+    if (pc.p.kind != PoolKind::max) continue;
+    SCOPED_TRACE(pc.name);
+    const auto x = test::distinct_vec(static_cast<std::size_t>(pc.x.numel()), 8);
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      const auto r = test::round_to(t, x);
+      EXPECT_EQ(r, x) << to_string(t) << ": rounding moved an input";
+      const Shape ys = pool_output_shape(pc.x, pc.p);
+      const auto& P = pc.p;
+      for (std::int64_t nc = 0; nc < pc.x.n * pc.x.c; ++nc)
+        for (std::int64_t oh = 0; oh < ys.h; ++oh)
+          for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+            double best = -INFINITY;
+            int count = 0;
+            for (int i = 0; i < P.kh; ++i)
+              for (int j = 0; j < P.kw; ++j) {
+                const std::int64_t h = oh * P.stride_h - P.pad_h + i, w = ow * P.stride_w - P.pad_w + j;
+                if (h < 0 || h >= pc.x.h || w < 0 || w >= pc.x.w) continue;
+                const double v = r[static_cast<std::size_t>((nc * pc.x.h + h) * pc.x.w + w)];
+                if (v > best) {
+                  best = v;
+                  count = 1;
+                } else if (v == best) {
+                  ++count;
+                }
+              }
+            EXPECT_EQ(count, 1) << to_string(t) << " window (" << nc << ", " << oh << ", " << ow << ")";
+          }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stepbench

@@ -72,6 +72,7 @@ class Flags(unittest.TestCase):
         self.bad(["--workspace-mb", "-5"], "--workspace-mb")
         self.bad(["--backend", "cpu", "--cuda-graph"], "--cuda-graph", "cuda backend")
         self.bad(["--backend", "cpu", "--plan-cache", "/tmp/plans.json"], "--plan-cache", "cpu")
+        self.bad(["--backend", "cpu", "--own-kernels"], "--own-kernels", "cpu")
 
     def test_cuda_without_a_gpu_is_a_clear_error(self):
         rc, out, err = run("--backend", "cuda", "--list")

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/common.hpp"
+#include "backend/cuda/conv_padding.hpp"
 
 namespace stepbench::cuda {
 namespace {
@@ -64,18 +65,6 @@ DeviceBuffer zeroed_device_buffer(int device, std::size_t bytes) {
   return b;
 }
 
-// Tensor cores want the channel count of 16-bit NHWC data a multiple of 8; the 3-channel stem is
-// padded with zero channels: the input (and its gradient) and the filter (and its gradient) get
-// padded copies, and cuDNN runs on those.
-bool needs_channel_pad(const TensorDesc& x) {
-  return x.dtype != DType::f32 && x.layout == Layout::nhwc && x.shape.c % 8 != 0;
-}
-TensorDesc channel_padded(const TensorDesc& x) {
-  if (!needs_channel_pad(x)) return x;
-  Shape s = x.shape;
-  s.c = (s.c + 7) / 8 * 8;
-  return TensorDesc::dense(s, x.dtype, x.layout);
-}
 // An OHWI filter as a 4-D view: n = O, c = I, h = KH, w = KW.
 View filter_view(void* p, long long o, long long i, long long kh, long long kw, long long i_stored, DType t) {
   return View{p, o, i, kh, kw, kh * kw * i_stored, 1, kw * i_stored, i_stored, elem(t)};
@@ -179,10 +168,21 @@ class CudnnConv final : public ConvOp {
   // descriptor takes the plan's math type (plain fp32 stays on FMA math: DEFAULT_MATH would allow
   // TF32 on Ampere and later) and ws the workspace cuDNN reports for the algorithm with it.
   template <class Search>
+  ConvPlan searched(Search search) const {
+    try {
+      return search();
+    } catch (const Error& e) {  // which convolution: planning has many
+      throw Error(fmt::format("{} (convolution {} {} {}{} -> {} channels, kernel {}x{} stride {}x{} pad {}x{})",
+                              e.what(), to_string(x_.layout), to_string(x_.dtype), to_string(x_.shape),
+                              xp_.shape.c != x_.shape.c ? " (channels padded)" : "", cout_, p_.kh, p_.kw, p_.stride_h,
+                              p_.stride_w, p_.pad_h, p_.pad_w));
+    }
+  }
+  template <class Search>
   int plan(ConvDirection d, const TensorDesc& y, ConvDescriptor& cd, std::size_t& ws, Search search) {
     const std::string key = conv_plan_key(c_.machine, d, xp_, y, p_, cd.fma ? "fma" : "tensor_op", c_.workspace_budget);
     const auto hit = c_.plans->find(key);
-    const ConvPlan pl = hit ? *hit : c_.plans->insert(key, search());
+    const ConvPlan pl = hit ? *hit : c_.plans->insert(key, searched(search));
     if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d.get(), static_cast<cudnnMathType_t>(pl.math)));
     switch (d) {
       case ConvDirection::forward:
