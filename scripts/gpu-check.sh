@@ -181,7 +181,7 @@ stage_bench() {
     echo "== $name"
     if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision "$1" --format "$2" \
         --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 5 ${own:+--own-kernels} \
-        --plan-cache "$OUT_DIR/plans.json" --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
+        --plan-cache "$tmp/plans.json" --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
       rc=1
       echo "failed:"; tail -5 "$tmp/$name.err"
     fi
