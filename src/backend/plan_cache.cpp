@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -62,42 +65,65 @@ std::string ConvPlanCache::path() const {
 }
 
 void ConvPlanCache::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
   {
     std::lock_guard<std::mutex> lock(m_);
     path_ = path;
   }
-  if (!in) return;  // not there yet: this run writes it
   const auto bad = [&](const std::string& why) {
     return UsageError(fmt::format("--plan-cache {}: {}; delete the file or name another one", path, why));
   };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    if (err == ENOENT) return;  // not there yet: this run writes it
+    throw bad(fmt::format("cannot be read ({})", std::strerror(err)));
+  }
   std::stringstream text;
   text << in.rdbuf();
   const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-  if (j.value("format", "") != kFormat)
+  const auto format = j.find("format");
+  if (format == j.end() || !format->is_string() || format->get<std::string>() != kFormat)
     throw bad(fmt::format("not a stepbench plan cache (no \"format\": \"{}\")", kFormat));
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<std::int64_t>() != kVersion)
     throw bad(fmt::format("a plan cache of another format version (this build reads version {})", kVersion));
-  if (!j.contains("plans") || !j["plans"].is_object()) throw bad("no \"plans\" object");
+  const auto plans = j.find("plans");
+  if (plans == j.end() || !plans->is_object()) throw bad("no \"plans\" object");
+  // an integer in [lo, hi], or nothing
+  const auto integer = [](const nlohmann::json& e, const char* k, std::int64_t lo, std::int64_t hi) {
+    const auto it = e.find(k);
+    if (it == e.end() || !it->is_number_integer()) return std::optional<std::int64_t>{};
+    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                       ? hi + 1
+                       : it->get<std::int64_t>();
+    return v < lo || v > hi ? std::optional<std::int64_t>{} : std::optional<std::int64_t>{v};
+  };
   std::map<std::string, ConvPlan> read;
-  for (const auto& [key, e] : j["plans"].items()) {
-    const bool ok = e.is_object() && e.contains("algo") && e["algo"].is_number_integer() && e.contains("math") &&
-                    e["math"].is_number_integer() && e.contains("workspace") && e["workspace"].is_number_unsigned() &&
-                    (!e.contains("ms") || e["ms"].is_number());
-    if (!ok || e["algo"].get<long long>() < 0 || e["math"].get<long long>() < 0)
-      throw bad(
-          fmt::format("the entry \"{}\" is not {{\"algo\": int >= 0, \"math\": int >= 0, \"workspace\": bytes}}", key));
+  for (const auto& [key, e] : plans->items()) {
+    const auto algo = e.is_object() ? integer(e, "algo", 0, 255) : std::nullopt;
+    const auto math = e.is_object() ? integer(e, "math", 0, 3) : std::nullopt;
+    const auto ws = e.is_object() ? integer(e, "workspace", 0, std::int64_t{1} << 50) : std::nullopt;
+    const auto ms = e.is_object() ? e.find("ms") : e.end();
+    if (!algo || !math || !ws || (e.is_object() && ms != e.end() && !ms->is_number()))
+      throw bad(fmt::format(
+          "the entry \"{}\" is not {{\"algo\": 0-255, \"math\": 0-3, \"workspace\": bytes, \"ms\": number}}", key));
     ConvPlan p;
-    p.algo = e["algo"].get<int>();
-    p.math = e["math"].get<int>();
-    p.workspace = e["workspace"].get<std::size_t>();
-    p.ms = e.value("ms", 0.0);
+    p.algo = static_cast<int>(*algo);
+    p.math = static_cast<int>(*math);
+    p.workspace = static_cast<std::size_t>(*ws);
+    p.ms = ms != e.end() ? ms->get<double>() : 0.0;
     read.emplace(key, p);
   }
   std::lock_guard<std::mutex> lock(m_);
   for (auto& [key, p] : read) plans_.emplace(key, p);  // a plan already searched in this run stays
   loaded_ = read.size();
+}
+
+void ConvPlanCache::replace(const std::string& key, const ConvPlan& plan) {
+  std::lock_guard<std::mutex> lock(m_);
+  ++searched_;
+  plans_[key] = plan;
 }
 
 void ConvPlanCache::save(const std::string& path) const {

@@ -45,9 +45,12 @@ class ConvPlanCache {
   // Records a plan just searched for key (counted as searched) and returns the plan the cache holds
   // for key: the first one recorded, so that towers searching at once still agree.
   ConvPlan insert(const std::string& key, const ConvPlan& plan);
+  // Records a plan searched again because the one held for key did not run here (counted as searched).
+  void replace(const std::string& key, const ConvPlan& plan);
 
   // Reads a file written by save(); a missing file is an empty cache. Throws UsageError naming the
-  // file when it is not a plan cache (or one of a format this build does not read).
+  // file when it cannot be read or is not a plan cache (or one of a format this build does not read,
+  // or has an entry whose numbers are out of range).
   void load(const std::string& path);
   // Writes every entry (those of other machines too) to a temporary file renamed over path. Throws
   // Error when the file cannot be written.

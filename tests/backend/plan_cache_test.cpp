@@ -134,6 +134,15 @@ TEST(PlanCache, ADamagedFileIsAUsageErrorNamingIt) {
        R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": -1, "math": 0, "workspace": 0}}})"},
       {"a workspace as text",
        R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": 1, "math": 0, "workspace": "0"}}})"},
+      {"a format that is a number", R"({"format": 1, "version": 1, "plans": {}})"},
+      {"a version that wraps to 1", R"({"format": "stepbench-conv-plan-cache", "version": 4294967297, "plans": {}})"},
+      {"an algorithm that wraps to 1",
+       R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": 4294967297, "math": 0, "workspace": 0}}})"},
+      {"a math type cuDNN does not have",
+       R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": 1, "math": 7, "workspace": 0}}})"},
+      {"a time as text",
+       R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": 1, "math": 0, "workspace": 0, "ms": "1"}}})"},
+      {"an entry that is a number", R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": 3}})"},
       {"no math",
        R"({"format": "stepbench-conv-plan-cache", "version": 1, "plans": {"k": {"algo": 1, "workspace": 0}}})"},
   };
@@ -150,6 +159,12 @@ TEST(PlanCache, ADamagedFileIsAUsageErrorNamingIt) {
     }
     EXPECT_EQ(c.size(), 0u);
   }
+}
+
+TEST(PlanCache, AFileThatCannotBeReadIsAUsageErrorNotAnEmptyCache) {
+  TempDir d;
+  ConvPlanCache c;
+  EXPECT_THROW(c.load(d.p.string()), UsageError);  // a directory: there, but not readable as a file
 }
 
 TEST(PlanCache, AnUnwritableFileIsAnError) {

@@ -311,8 +311,8 @@ class CudaBackend final : public Backend {
   cudaDeviceProp prop_{};
   CudaStream stream_;
   CudnnHandle cudnn_;
+  CublasBinding blas_;  // cublas_'s stream and workspace (declared first: freed after cublasDestroy)
   CublasHandle cublas_;
-  CublasBinding blas_;  // cublas_ with its stream and workspace
   bool tf32_ = false;
   std::size_t budget_ = std::size_t{512} << 20;  // cuDNN workspace budget (--workspace-mb)
   bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels

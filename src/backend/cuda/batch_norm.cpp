@@ -138,6 +138,9 @@ class CudaBatchNorm final : public BatchNormOp {
     set(s);
     const float one = 1, zero = 0;
     if (!own_ && x.desc == x_ && y.desc == y_ && dx.desc == x_) {
+      // a fused call declined here, after a fused forward: its reserve is not what the Ex API with BN
+      // alone reads, so this one backward takes the non-Ex call (saved statistics only)
+      bool skip_ex = false;
       if (fused_ && dy.desc == y_) {
         const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationBackwardEx(
             c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &beta_dx, &one, &zero, xd_.get(), x.data,
@@ -145,6 +148,7 @@ class CudaBatchNorm final : public BatchNormOp {
             dgamma, dbeta, p_.eps, sm, si, act_.get(), ex_ws(ws), ex_ws_, const_cast<void*>(reserve), reserve_));
         if (st == CUDNN_STATUS_SUCCESS) return;
         drop_fused("backward", st);
+        skip_ex = true;
       }
       // the gradient cuDNN reads: dy masked by the ReLU (y > 0), or dy copied dense
       const Tensor g{ws, x_};
@@ -152,7 +156,7 @@ class CudaBatchNorm final : public BatchNormOp {
         SB_CUDA(cuda::launch_relu_backward(view(y), view(dy), view(g), 0.0f, S(s)));
       else
         SB_CUDA(cuda::launch_add(view(dy), view(g), 0.0f, S(s)));
-      if (ex_bn_) {
+      if (ex_bn_ && !skip_ex) {
         const cudnnStatus_t st = SB_CUDNN_TRY(cudnnBatchNormalizationBackwardEx(
             c_.cudnn, mode_, CUDNN_BATCHNORM_OPS_BN, &one, &beta_dx, &one, &zero, xd_.get(), x.data, nullptr, nullptr,
             xd_.get(), g.data, nullptr, nullptr, xd_.get(), dx.data, bnd_.get(), gamma, beta, dgamma, dbeta, p_.eps, sm,
@@ -178,6 +182,7 @@ class CudaBatchNorm final : public BatchNormOp {
   void decline(const char* step, cudnnStatus_t st) {
     if (mode_ == CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
       mode_ = CUDNN_BATCHNORM_SPATIAL;
+      fused_ = ex_bn_ = bn_ok_ = false;  // the Ex calls' workspace and reserve were sized for persistent
       c_.notes->note("batch norm", fmt::format("{} (spatial persistent)", step).c_str(), x_, st,
                      "cuDNN's spatial (not persistent) kernels");
       return;

@@ -166,7 +166,7 @@ class CudnnConv final : public ConvOp {
   bool padded() const { return xp_.shape.c != x_.shape.c; }
   // The plan of one direction: from the cache, or searched (search()) and recorded there. The
   // descriptor takes the plan's math type (plain fp32 stays on FMA math: DEFAULT_MATH would allow
-  // TF32 on Ampere and later) and ws the workspace cuDNN reports for the algorithm with it.
+  // TF32 on Ampere and later) and ws the workspace the algorithm needs with it.
   template <class Search>
   ConvPlan searched(Search search) const {
     try {
@@ -181,8 +181,30 @@ class CudnnConv final : public ConvOp {
   template <class Search>
   int plan(ConvDirection d, const TensorDesc& y, ConvDescriptor& cd, std::size_t& ws, Search search) {
     const std::string key = conv_plan_key(c_.machine, d, xp_, y, p_, cd.fma ? "fma" : "tensor_op", c_.workspace_budget);
-    const auto hit = c_.plans->find(key);
-    const ConvPlan pl = hit ? *hit : c_.plans->insert(key, searched(search));
+    if (const auto hit = c_.plans->find(key)) {
+      // a plan from a file that does not run here (a damaged or hand-edited entry): searched again
+      try {
+        if (apply(d, cd, *hit, ws)) return hit->algo;
+      } catch (const Error&) {
+      }
+      const ConvPlan pl = searched(search);
+      c_.plans->replace(key, pl);
+      return applied(d, cd, pl, ws);
+    }
+    return applied(d, cd, c_.plans->insert(key, searched(search)), ws);
+  }
+  int applied(ConvDirection d, ConvDescriptor& cd, const ConvPlan& pl, std::size_t& ws) {
+    if (!apply(d, cd, pl, ws))
+      throw Error(
+          fmt::format("cuDNN's {} algorithm {} needs {} bytes of workspace, over the {} MiB budget "
+                      "(--workspace-mb), though cudnnFind listed it within",
+                      to_string(d), pl.algo, ws, c_.workspace_budget >> 20));
+    return pl.algo;
+  }
+  // The descriptor takes the plan's math type, ws the larger of the workspace cuDNN reports for the
+  // algorithm with it and the one Find timed; false when that is over the budget. Throws when cuDNN
+  // refuses the plan.
+  bool apply(ConvDirection d, ConvDescriptor& cd, const ConvPlan& pl, std::size_t& ws) {
     if (!cd.fma) SB_CUDNN(cudnnSetConvolutionMathType(cd.d.get(), static_cast<cudnnMathType_t>(pl.math)));
     switch (d) {
       case ConvDirection::forward:
@@ -200,12 +222,8 @@ class CudnnConv final : public ConvOp {
                                                                 &ws));
         break;
     }
-    if (ws > c_.workspace_budget)
-      throw Error(
-          fmt::format("cuDNN's {} algorithm {} needs {} bytes of workspace, over the {} MiB budget: the plan "
-                      "cache (--plan-cache) holds a plan this cuDNN does not agree with; delete the file",
-                      to_string(d), pl.algo, ws, c_.workspace_budget >> 20));
-    return pl.algo;
+    ws = std::max(ws, pl.workspace);
+    return ws <= c_.workspace_budget;
   }
   const void* pad_input(Stream& s, const Tensor& x) {
     const Tensor xp{xpad_.get(), xp_};
