@@ -15,6 +15,7 @@
 
 #include "bench/feeder.hpp"
 #include "bench/gpu_state.hpp"
+#include "bench/interrupt.hpp"
 #include "bench/nvtx.hpp"
 #include "bench/peer.hpp"
 #include "bench/per_layer.hpp"
@@ -45,13 +46,17 @@ struct BenchmarkArgv {
   std::vector<char*> argv;
 };
 
+// Where Google Benchmark writes --json until the run is over: a run that dies leaves no half-written
+// file under the name asked for.
+std::string json_partial(const BenchConfig& c) { return fmt::format("{}.partial.{}", c.json, getpid()); }
+
 // Google Benchmark's flags first, so that a bad one fails before minutes of set-up. False: one was
 // not recognised (reported on stderr).
 bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
   keep.args = {argv0};
   for (const auto& a : c.benchmark_args) keep.args.push_back(a);
   if (!c.json.empty() && root) {
-    keep.args.push_back("--benchmark_out=" + c.json);
+    keep.args.push_back("--benchmark_out=" + json_partial(c));  // renamed to --json once whole
     keep.args.emplace_back("--benchmark_out_format=json");
   }
   keep.argv.clear();
@@ -163,18 +168,26 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   }
 
   // Warm-up: algorithm choice, first touch of every buffer, caches. Never fewer than one step.
-  for (int i = 0; i < std::max(c.warmup, 1); ++i) {
+  const Interrupt stop(c.interrupt, group);
+  for (int i = 0; i < std::max(c.warmup, 1) && !(group.size() == 1 && stop.local()); ++i) {
     NvtxRange nv("warmup");
     towers.step();
     towers.forward_inference();
   }
   towers.synchronize();
+  if (stop.agreed()) {
+    if (root) std::cerr << "stepbench: cut short by " << stop.name() << " during warm-up: nothing was measured\n";
+    return 128 + stop.signal();
+  }
   if (!std::isfinite(towers.loss(0)))
     std::cerr << "stepbench: warning: the loss is not finite after warm-up (" << towers.loss(0) << ")\n";
   add_context(c, towers);
 
   auto reg = [&](const std::string& name, auto body) {
-    benchmark::RegisterBenchmark(name.c_str(), body)
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [&stop, body](benchmark::State& st) {
+                                   if (!stop.skip(st)) body(st);  // after a signal: marked, not run
+                                 })
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
         ->Repetitions(c.repetitions);  // mean, median, stddev and cv aggregates
@@ -193,6 +206,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       GpuStateProbe gpu;
       gpu.read(towers);
       for (auto _ : st) {
+        if (stop.stop_in_loop(st)) break;
         NvtxRange nv(name);
         rt.start();
         def->run(towers, rt);
@@ -263,6 +277,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     reg(prefix + "/input_pipeline", [&](benchmark::State& st) {
       double host = 0;
       for (auto _ : st) {
+        if (stop.stop_in_loop(st)) break;
         const auto t0 = std::chrono::steady_clock::now();
         feeder.feed();
         towers.synchronize();
@@ -281,6 +296,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       RegionTimer rt(towers, 3);
       double host = 0, dev = 0;
       for (auto _ : st) {
+        if (stop.stop_in_loop(st)) break;
         const auto t0 = std::chrono::steady_clock::now();
         rt.start();
         towers.step();
@@ -303,7 +319,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   std::unique_ptr<PerLayerBench> per_layer;
   if (c.per_layer)
     per_layer = std::make_unique<PerLayerBench>(towers.backend(0), g0, r.layout, r.dtype(), prefix, c.repetitions,
-                                                group, r.fault_slow_conv);
+                                                group, r.fault_slow_conv, stop);
 
   // Colour only on a terminal: logs and CI output stay plain text.
   SummaryReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
@@ -313,10 +329,24 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     reporter.SetOutputStream(&devnull);
     reporter.SetErrorStream(&devnull);
   }
-  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::RunSpecifiedBenchmarks(&reporter);  // its --json file is closed when it returns
+  if (!c.json.empty() && root && std::rename(json_partial(c).c_str(), c.json.c_str()) != 0)
+    std::cerr << "stepbench: could not rename " << json_partial(c) << " to --json " << c.json << "\n";
   if (!root) {
     benchmark::Shutdown();
-    return reporter.errors.empty() ? 0 : 1;
+    return stop.signal() ? 128 + stop.signal() : reporter.errors.empty() ? 0 : 1;
+  }
+  if (stop.signal()) {  // what was measured, said as such; no history record, no peer
+    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
+    int cut = 0;
+    for (const auto& [name, n] : reporter.cut_short) cut += n;
+    std::cout << fmt::format(
+        "cut short by {}: the rows above are the repetitions measured before it; {} repetitions of {} benchmarks "
+        "were not run (marked \"{}\"{}){}\n",
+        stop.name(), cut, reporter.cut_short.size(), stop.message(), c.json.empty() ? "" : " in --json " + c.json,
+        c.history.empty() ? "" : "; nothing was appended to --history");
+    benchmark::Shutdown();
+    return 128 + stop.signal();
   }
   if (!c.history.empty()) append_history(c, towers, reporter);
   if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans

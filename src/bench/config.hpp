@@ -2,6 +2,7 @@
 // (src/cli); everything below takes it as it is.
 #pragma once
 #include <array>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,10 @@ struct BenchConfig {
   std::string json;        // Google Benchmark's JSON goes here ("": none)
   std::string history;     // --history: one JSON line per run appended here ("": none)
   std::string plan_cache;  // --plan-cache: run.plans was loaded from it, and is written back ("": none)
-  std::string revision;    // the source revision this binary was built from (git describe), for the context
+  // The signal the command line's SIGINT/SIGTERM handler stored (0: none yet), polled between
+  // benchmarks (bench/interrupt.hpp); null: never interrupted.
+  const std::atomic<int>* interrupt = nullptr;
+  std::string revision;  // the source revision this binary was built from (git describe), for the context
   bool per_layer = false;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;

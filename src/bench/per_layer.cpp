@@ -59,7 +59,7 @@ struct PerLayerBench::Rig {
 };
 
 PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                             const ProcessGroup& group, const SlowConvFault& fault) {
+                             const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop) {
   for (const auto& c : distinct_convs(g)) {
     rigs_.push_back(std::make_unique<Rig>(be, c, l, t, fault));
     Rig* rig = rigs_.back().get();
@@ -68,7 +68,8 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;
       benchmark::RegisterBenchmark(name.c_str(),
-                                   [&be, &group, rig, kind, macs, label, count = c.count](benchmark::State& st) {
+                                   [&be, &group, &stop, rig, kind, macs, label, count = c.count](benchmark::State& st) {
+                                     if (stop.skip(st)) return;
                                      auto& s = be.default_stream();
                                      auto run = [&] {
                                        const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
@@ -85,6 +86,7 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
                                      GpuStateProbe gpu;
                                      gpu.read(be);
                                      for (auto _ : st) {
+                                       if (stop.stop_in_loop(st)) break;
                                        be.record(*e0, s);
                                        run();
                                        be.record(*e1, s);

@@ -8,6 +8,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/slow_conv.hpp"
+#include "bench/interrupt.hpp"
 #include "comm/process_group.hpp"
 #include "graph/graph.hpp"
 
@@ -30,9 +31,10 @@ std::vector<ConvShape> distinct_convs(const Graph& g);
 // The buffers and ops of the per-layer benchmarks, kept alive while they run.
 class PerLayerBench {
  public:
-  // Registers prefix/<shape>/{fwd,bwd_data,bwd_filter} for every distinct conv shape of g.
+  // Registers prefix/<shape>/{fwd,bwd_data,bwd_filter} for every distinct conv shape of g; after a
+  // signal (stop) they are marked cut short instead of run. stop must outlive the benchmarks.
   PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                const ProcessGroup& group, const SlowConvFault& fault = {});
+                const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop);
   ~PerLayerBench();
 
  private:

@@ -21,11 +21,15 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
   std::vector<std::string> order;                // registered names in run order
   std::map<std::string, std::string> labels;     // per-layer benchmarks: the model's layers of that shape
   std::vector<std::string> errors;
+  std::map<std::string, int> cut_short;  // repetitions not run after a signal (Interrupt), by registered name
 
   void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> shown;  // the console gets one line per benchmark cut short, not one per repetition
     for (const auto& r : runs) {
+      const bool cut = r.error_occurred && r.error_message.rfind("cut short by ", 0) == 0;  // Interrupt::message
+      if (!cut || ++cut_short[r.run_name.function_name] == 1) shown.push_back(r);
       if (r.error_occurred) {
-        errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));
+        if (!cut) errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));
         continue;
       }
       if (r.run_type != Run::RT_Iteration) continue;
@@ -36,7 +40,7 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
       if (!r.report_label.empty()) labels[name] = r.report_label;
       reps[name].push_back(std::move(rep));
     }
-    ConsoleReporter::ReportRuns(runs);
+    if (!shown.empty()) ConsoleReporter::ReportRuns(shown);
   }
 };
 

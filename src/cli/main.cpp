@@ -6,6 +6,8 @@
 // test-only fault injection.
 #include <fmt/format.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +25,23 @@
 using namespace stepbench;
 
 namespace {
+
+// The first SIGINT or SIGTERM: stored for the benchmarks to poll (BenchConfig::interrupt), so that
+// what was measured is reported and written whole; the handler then steps aside, and a second one
+// ends the process at once.
+std::atomic<int> interrupted{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
+extern "C" void on_interrupt(int sig) {
+  interrupted.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+void catch_interrupts() {
+  struct sigaction a {};
+  a.sa_handler = on_interrupt;
+  sigemptyset(&a.sa_mask);
+  sigaction(SIGINT, &a, nullptr);
+  sigaction(SIGTERM, &a, nullptr);
+}
 
 // Launched by mpirun (Open MPI) or a PMI launcher (Slurm, MPICH, MVAPICH).
 bool under_mpi_launcher() {
@@ -119,6 +138,8 @@ int main(int argc, char** argv) {
     o.bench.run.fault_sync_stall_s = fault_sync_stall(group->rank());
     o.bench.run.fault_slow_conv = fault_slow_conv();
     o.bench.revision = STEPBENCH_REVISION;
+    o.bench.interrupt = &interrupted;
+    catch_interrupts();
     return run_benchmarks(o.bench, *group, argv[0], peer_dirs());
   } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
     fmt::print(stderr, "stepbench: {}\n", e.what());

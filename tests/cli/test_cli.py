@@ -3,7 +3,7 @@
 the flag and what to change), every preset in configs/, and the JSON (every phase with its counters).
 
   tests/cli/test_cli.py --stepbench build/bin/stepbench --configs configs [unittest args, e.g. -k Flags]"""
-import argparse, glob, json, os, shutil, subprocess, sys, tempfile, time, tomllib, unittest
+import argparse, glob, json, os, shutil, signal, subprocess, sys, tempfile, time, tomllib, unittest
 
 STEPBENCH = None
 CONFIGS = None
@@ -260,6 +260,54 @@ class Json(unittest.TestCase):
             self.assertIn("MACs", runs[n][0])
         self.assertIn("backward:forward", out)
         self.assertIn("grad_sync:", out)
+
+
+class Interrupted(unittest.TestCase):
+    """SIGINT or SIGTERM mid-run: what was measured is reported and written whole to --json, the rest is
+    marked cut short, the exit status is 128 + the signal, and no partial file is left."""
+
+    def start(self, d, *extra):
+        path = os.path.join(d, "out.json")
+        p = subprocess.Popen([STEPBENCH, "--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size",
+                              "4", "--json", path, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return p, path
+
+    def test_a_signal_mid_run_keeps_what_was_measured(self):
+        for sig, code, name in ((signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")):
+            with self.subTest(name), tempfile.TemporaryDirectory() as d:
+                p, path = self.start(d, "--warmup", "1", "--repetitions", "200", "--benchmark_min_time=0.05")
+                deadline = time.time() + 120
+                while not glob.glob(path + ".partial.*") and time.time() < deadline and p.poll() is None:
+                    time.sleep(0.1)
+                time.sleep(3)  # some repetitions of the first phase
+                p.send_signal(sig)
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, code, f"{out}\n{err}")
+                self.assertIn(f"cut short by {name}", out)
+                self.assertEqual(glob.glob(path + ".partial.*"), [], "a partial file was left")
+                with open(path) as f:
+                    j = json.load(f)  # whole JSON
+                done = [b for b in j["benchmarks"] if b.get("run_type") == "iteration" and not b.get("error_occurred")]
+                cut = [b for b in j["benchmarks"] if b.get("error_occurred")]
+                self.assertGreater(len(done), 0, "nothing measured was kept")
+                self.assertGreater(len(cut), 0)
+                self.assertTrue(all(b["error_message"] == f"cut short by {name}: not measured" for b in cut))
+                self.assertLess(out.count("ERROR OCCURRED"), 8, "one line per benchmark cut short, not per repetition")
+
+    def test_a_signal_during_warm_up_measures_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            p, path = self.start(d, "--warmup", "100000")
+            deadline = time.time() + 120
+            err = ""
+            while "stepbench: 1 x tiny" not in err and time.time() < deadline:  # the line before warm-up
+                err += os.read(p.stderr.fileno(), 4096).decode()
+            time.sleep(1)
+            p.send_signal(signal.SIGINT)
+            out, rest = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 130, f"{out}\n{err}{rest}")
+            self.assertIn("during warm-up: nothing was measured", err + rest)
+            self.assertFalse(os.path.exists(path))
+            self.assertEqual(glob.glob(path + ".partial.*"), [])
 
 
 class Peer(unittest.TestCase):

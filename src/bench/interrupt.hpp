@@ -1,0 +1,60 @@
+// A run cut short by SIGINT or SIGTERM. The command line's handler stores the signal in an atomic
+// (BenchConfig::interrupt); the benchmarks poll it, so that the phases already measured are reported
+// and written to --json whole, and the rest are marked "cut short" instead of being run. Under
+// mpirun the processes agree (a max over the group) before each benchmark, so that all of them stop
+// at the same one and no collective is left waiting.
+#pragma once
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <csignal>
+#include <string>
+
+#include "comm/process_group.hpp"
+
+namespace stepbench {
+
+class Interrupt {
+ public:
+  Interrupt(const std::atomic<int>* flag, const ProcessGroup& group) : flag_(flag), group_(group) {}
+  // The signal this process received (0: none), without asking the others.
+  int local() const { return flag_ ? flag_->load() : 0; }
+  // The signal any process received (0: none); a collective: every process calls it at the same point.
+  int agreed() const {
+    const int s = group_.size() > 1 ? static_cast<int>(group_.allreduce_max(local())) : local();
+    if (s) signal_ = s;
+    return s;
+  }
+  // At a benchmark's start (every process): true, and the benchmark marked as not measured, once
+  // a signal came.
+  bool skip(benchmark::State& st) const {
+    if (!agreed()) return false;
+    // inside the loop, so that the repetition counts the iterations the others ran (Google
+    // Benchmark 1.7 checks that every repetition of a benchmark has the same count)
+    for (auto _ : st) {
+      st.SkipWithError(message().c_str());
+      break;
+    }
+    return true;
+  }
+  // Inside a timed loop (one process only: no collective between iterations to agree on).
+  bool stop_in_loop(benchmark::State& st) const {
+    if (group_.size() > 1 || !local()) return false;
+    signal_ = local();
+    st.SkipWithError(message().c_str());
+    return true;
+  }
+  int signal() const { return signal_; }
+  std::string name() const {
+    return signal_ == SIGINT ? "SIGINT" : signal_ == SIGTERM ? "SIGTERM" : fmt::format("signal {}", signal_);
+  }
+  std::string message() const { return fmt::format("cut short by {}: not measured", name()); }
+
+ private:
+  const std::atomic<int>* flag_;
+  const ProcessGroup& group_;
+  mutable int signal_ = 0;
+};
+
+}  // namespace stepbench
