@@ -46,6 +46,19 @@ struct BenchmarkArgv {
   std::vector<char*> argv;
 };
 
+// "" when every tower's loss and trainable parameters are finite; else where the first non-finite
+// number of the first tower in trouble is (one more step is run to find it). Never in a timed loop.
+std::string numeric_trouble(const Towers& t) {
+  for (int i = 0; i < t.size(); ++i) {
+    const float before = t.loss(i);
+    if (std::isfinite(before) && t.graph(i).parameters_finite(t.stream(i))) continue;
+    const std::string where = t.graph(i).first_non_finite(t.stream(i));
+    return fmt::format("{}loss {}; the first non-finite number: {}", t.size() > 1 ? fmt::format("tower {}: ", i) : "",
+                       before, where.empty() ? "none in one more step (it came back)" : where);
+  }
+  return "";
+}
+
 // Where Google Benchmark writes --json until the run is over: a run that dies leaves no half-written
 // file under the name asked for.
 std::string json_partial(const BenchConfig& c) { return fmt::format("{}.partial.{}", c.json, getpid()); }
@@ -179,14 +192,27 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     if (root) std::cerr << "stepbench: cut short by " << stop.name() << " during warm-up: nothing was measured\n";
     return 128 + stop.signal();
   }
-  if (!std::isfinite(towers.loss(0)))
-    std::cerr << "stepbench: warning: the loss is not finite after warm-up (" << towers.loss(0) << ")\n";
+  {  // timing NaN arithmetic measures something else: a blown-up warm-up stops here (every process)
+    const std::string bad = numeric_trouble(towers);
+    if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0) {
+      std::cerr << "stepbench: the numbers stopped being finite during warm-up: "
+                << (bad.empty() ? "on another process" : bad) << "; nothing was timed\n";
+      return 1;
+    }
+  }
   add_context(c, towers);
 
   auto reg = [&](const std::string& name, auto body) {
     benchmark::RegisterBenchmark(name.c_str(),
-                                 [&stop, body](benchmark::State& st) {
-                                   if (!stop.skip(st)) body(st);  // after a signal: marked, not run
+                                 [&stop, &towers, body, name](benchmark::State& st) {
+                                   if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
+                                   body(st);
+                                   if (st.error_occurred()) return;
+                                   // outside the timed loop: did this phase blow the numbers up?
+                                   if (const std::string bad = numeric_trouble(towers); !bad.empty()) {
+                                     st.SkipWithError(("not finite: " + bad).c_str());
+                                     stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, bad));
+                                   }
                                  })
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
@@ -254,6 +280,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         RegionTimer rt(towers, 2);
         double host = 0, dev = 0;
         for (auto _ : st) {
+          if (stop.stop_in_loop(st)) break;
           NvtxRange nv(name);
           rt.start();
           towers.replay(is_step);
@@ -334,19 +361,20 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     std::cerr << "stepbench: could not rename " << json_partial(c) << " to --json " << c.json << "\n";
   if (!root) {
     benchmark::Shutdown();
-    return stop.signal() ? 128 + stop.signal() : reporter.errors.empty() ? 0 : 1;
+    return stop.signal() ? 128 + stop.signal() : reporter.errors.empty() && stop.halted().empty() ? 0 : 1;
   }
-  if (stop.signal()) {  // what was measured, said as such; no history record, no peer
+  if (stop.signal() || !stop.halted().empty()) {  // what was measured, said as such; no history record, no peer
     print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
     int cut = 0;
     for (const auto& [name, n] : reporter.cut_short) cut += n;
     std::cout << fmt::format(
-        "cut short by {}: the rows above are the repetitions measured before it; {} repetitions of {} benchmarks "
-        "were not run (marked \"{}\"{}){}\n",
-        stop.name(), cut, reporter.cut_short.size(), stop.message(), c.json.empty() ? "" : " in --json " + c.json,
+        "{}. The rows above are the repetitions measured before it; {} repetitions of {} benchmarks were not run "
+        "(marked \"{}\"{}){}\n",
+        stop.signal() ? "cut short by " + stop.name() : stop.halted(), cut, reporter.cut_short.size(),
+        stop.signal() ? stop.message() : "not run: ...", c.json.empty() ? "" : " in --json " + c.json,
         c.history.empty() ? "" : "; nothing was appended to --history");
     benchmark::Shutdown();
-    return 128 + stop.signal();
+    return stop.signal() ? 128 + stop.signal() : 1;
   }
   if (!c.history.empty()) append_history(c, towers, reporter);
   if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans

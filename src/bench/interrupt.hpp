@@ -1,8 +1,9 @@
-// A run cut short by SIGINT or SIGTERM. The command line's handler stores the signal in an atomic
-// (BenchConfig::interrupt); the benchmarks poll it, so that the phases already measured are reported
-// and written to --json whole, and the rest are marked "cut short" instead of being run. Under
-// mpirun the processes agree (a max over the group) before each benchmark, so that all of them stop
-// at the same one and no collective is left waiting.
+// A run cut short by SIGINT or SIGTERM, or halted because its numbers stopped being finite. The
+// command line's handler stores the signal in an atomic (BenchConfig::interrupt); the benchmarks
+// poll it, so that the phases already measured are reported and written to --json whole, and the
+// rest are marked "cut short" (or "not run") instead of being run. Under mpirun the processes agree
+// (a max over the group) before each benchmark, so that all of them stop at the same one and no
+// collective is left waiting.
 #pragma once
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <csignal>
 #include <string>
+#include <utility>
 
 #include "comm/process_group.hpp"
 
@@ -22,10 +24,16 @@ class Interrupt {
   int local() const { return flag_ ? flag_->load() : 0; }
   // The signal any process received (0: none); a collective: every process calls it at the same point.
   int agreed() const {
-    const int s = group_.size() > 1 ? static_cast<int>(group_.allreduce_max(local())) : local();
-    if (s) signal_ = s;
+    const int mine = local() ? local() : halted_.empty() ? 0 : kHalted;
+    const int s = group_.size() > 1 ? static_cast<int>(group_.allreduce_max(mine)) : mine;
+    if (s == kHalted && halted_.empty()) halted_ = "another process's numbers stopped being finite";
+    if (s && s != kHalted) signal_ = s;
     return s;
   }
+  // The run cannot go on (why: e.g. where the first non-finite number is); the benchmarks after this
+  // one are marked not run.
+  void halt(std::string why) const { halted_ = std::move(why); }
+  const std::string& halted() const { return halted_; }
   // At a benchmark's start (every process): true, and the benchmark marked as not measured, once
   // a signal came.
   bool skip(benchmark::State& st) const {
@@ -49,12 +57,16 @@ class Interrupt {
   std::string name() const {
     return signal_ == SIGINT ? "SIGINT" : signal_ == SIGTERM ? "SIGTERM" : fmt::format("signal {}", signal_);
   }
-  std::string message() const { return fmt::format("cut short by {}: not measured", name()); }
+  std::string message() const {
+    return signal_ ? fmt::format("cut short by {}: not measured", name()) : "not run: " + halted_;
+  }
 
  private:
+  static constexpr int kHalted = 1000;  // above every signal number
   const std::atomic<int>* flag_;
   const ProcessGroup& group_;
   mutable int signal_ = 0;
+  mutable std::string halted_;
 };
 
 }  // namespace stepbench

@@ -21,12 +21,13 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
   std::vector<std::string> order;                // registered names in run order
   std::map<std::string, std::string> labels;     // per-layer benchmarks: the model's layers of that shape
   std::vector<std::string> errors;
-  std::map<std::string, int> cut_short;  // repetitions not run after a signal (Interrupt), by registered name
+  std::map<std::string, int> cut_short;  // repetitions not run after a signal or a blow-up (Interrupt), by name
 
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> shown;  // the console gets one line per benchmark cut short, not one per repetition
     for (const auto& r : runs) {
-      const bool cut = r.error_occurred && r.error_message.rfind("cut short by ", 0) == 0;  // Interrupt::message
+      const bool cut = r.error_occurred && (r.error_message.rfind("cut short by ", 0) == 0 ||
+                                            r.error_message.rfind("not run: ", 0) == 0);  // Interrupt::message
       if (!cut || ++cut_short[r.run_name.function_name] == 1) shown.push_back(r);
       if (r.error_occurred) {
         if (!cut) errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));

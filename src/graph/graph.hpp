@@ -133,6 +133,14 @@ class Graph {
   // After the caller synchronised the stream: throws what the device flagged in the last step (a
   // label outside the class range, as UsageError). loss() and loss_terms() call it.
   void check_after_sync() const;
+  // Numerical blow-up (graph/health.cpp), never in a timed region: whether every trainable parameter
+  // is finite; and where the first non-finite number of a training step is — a parameter, else one
+  // more inference forward (running statistics) and training forward (layer outputs in execution
+  // order, then the loss) and the backward (the gradients each layer passes back, then the
+  // parameters' gradients) — or "" when all are finite.
+  // first_non_finite runs that step (the state moves on) and synchronises s.
+  bool parameters_finite(Stream& s) const;
+  std::string first_non_finite(Stream& s);
 
   // ---- parameters ----
   const std::vector<ParamEntry>& params() const;  // trainable first-registered order, then state

@@ -310,6 +310,32 @@ class Interrupted(unittest.TestCase):
             self.assertEqual(glob.glob(path + ".partial.*"), [])
 
 
+    def test_numbers_that_stop_being_finite_stop_the_run_saying_where(self):
+        tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1"]
+        # a learning rate that blows the first update up: found after warm-up, nothing timed
+        rc, out, err = run(*tiny, "--learning-rate", "1e30", *FAST)
+        self.assertEqual(rc, 1, f"{out}\n{err}")
+        self.assertIn("the numbers stopped being finite during warm-up", err)
+        self.assertIn("the first non-finite number: the output of conv1 (conv_bn_relu)", err)
+        self.assertIn("nothing was timed", err)
+        # one that blows up during the step phase: that phase is marked with where, the rest not run
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "out.json")
+            rc, out, err = run(*tiny, "--learning-rate", "1e4", "--repetitions", "3", "--json", path, *FAST)
+            self.assertEqual(rc, 1, f"{out}\n{err}")
+            with open(path) as f:
+                j = json.load(f)
+        bad = [b for b in j["benchmarks"] if b.get("error_message", "").startswith("not finite:")]
+        self.assertEqual(len(bad), 1, [b.get("error_message") for b in j["benchmarks"] if b.get("error_occurred")])
+        self.assertIn("/step/", bad[0]["name"])
+        self.assertIn("the first non-finite number: the parameter ", bad[0]["error_message"])
+        after = [b for b in j["benchmarks"] if b.get("error_message", "").startswith("not run: the numbers stopped")]
+        self.assertGreater(len(after), 0)
+        measured = [b for b in j["benchmarks"] if b.get("run_type") == "iteration" and not b.get("error_occurred")]
+        self.assertTrue(any("/forward/" in b["name"] for b in measured))  # the phases before it were kept
+        self.assertIn("the numbers stopped being finite in tiny/fp32/nchw/gpus:1/batch:4/step", out)
+
+
 class Peer(unittest.TestCase):
     def test_pytorch_peer_adds_medians_and_ratios(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
