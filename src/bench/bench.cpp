@@ -46,15 +46,15 @@ struct BenchmarkArgv {
   std::vector<char*> argv;
 };
 
-// "" when every tower's loss and trainable parameters are finite; else where the first non-finite
-// number of the first tower in trouble is (one more step is run to find it). Never in a timed loop.
+// "" when every tower's parameters and gradients are finite (Graph::step_finite); else where the
+// first non-finite number of the first tower in trouble is (one more step is run to find it). Never
+// in a timed loop.
 std::string numeric_trouble(const Towers& t) {
   for (int i = 0; i < t.size(); ++i) {
-    const float before = t.loss(i);
-    if (std::isfinite(before) && t.graph(i).parameters_finite(t.stream(i))) continue;
+    if (t.graph(i).step_finite(t.stream(i))) continue;
     const std::string where = t.graph(i).first_non_finite(t.stream(i));
-    return fmt::format("{}loss {}; the first non-finite number: {}", t.size() > 1 ? fmt::format("tower {}: ", i) : "",
-                       before, where.empty() ? "none in one more step (it came back)" : where);
+    return fmt::format("{}the first non-finite number: {}", t.size() > 1 ? fmt::format("tower {}: ", i) : "",
+                       where.empty() ? "none in one more step (it came back)" : where);
   }
   return "";
 }

@@ -140,6 +140,10 @@ class Graph {
   // parameters' gradients) — or "" when all are finite.
   // first_non_finite runs that step (the state moves on) and synchronises s.
   bool parameters_finite(Stream& s) const;
+  // The parameters and the last backward's gradients (not with loss scaling, whose overflowed steps
+  // are skipped by design) are finite. The loss is not read: an inference forward writes it too, and
+  // in fp16 its logits may overflow while training is sound.
+  bool step_finite(Stream& s) const;
   std::string first_non_finite(Stream& s);
 
   // ---- parameters ----

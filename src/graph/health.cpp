@@ -68,6 +68,12 @@ bool Graph::parameters_finite(Stream& s) const {
   return first_bad_param(params(), arena(impl_->be, s, param_arena(), param_arena_floats())).empty();
 }
 
+bool Graph::step_finite(Stream& s) const {
+  if (!parameters_finite(s)) return false;
+  // with loss scaling an overflowed gradient is expected now and then: the step is skipped
+  return loss_scaler() || first_bad_param(params(), arena(impl_->be, s, grad_arena(), param_arena_floats())).empty();
+}
+
 std::string Graph::first_non_finite(Stream& s) {
   Backend& be = impl_->be;
   if (auto p = first_bad_param(params(), arena(be, s, param_arena(), param_arena_floats())); !p.empty())

@@ -313,7 +313,7 @@ class Interrupted(unittest.TestCase):
     def test_numbers_that_stop_being_finite_stop_the_run_saying_where(self):
         tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1"]
         # a learning rate that blows the first update up: found after warm-up, nothing timed
-        rc, out, err = run(*tiny, "--learning-rate", "1e30", *FAST)
+        rc, out, err = run(*tiny, "--learning-rate", "1e30", "--warmup", "2", *FAST)
         self.assertEqual(rc, 1, f"{out}\n{err}")
         self.assertIn("the numbers stopped being finite during warm-up", err)
         self.assertIn("the first non-finite number: the output of conv1 (conv_bn_relu)", err)
