@@ -311,7 +311,7 @@ class Interrupted(unittest.TestCase):
 
 
     def test_numbers_that_stop_being_finite_stop_the_run_saying_where(self):
-        tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1"]
+        tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4"]
         # a learning rate that blows the first update up: found after warm-up, nothing timed
         rc, out, err = run(*tiny, "--learning-rate", "1e30", "--warmup", "2", *FAST)
         self.assertEqual(rc, 1, f"{out}\n{err}")
@@ -321,7 +321,8 @@ class Interrupted(unittest.TestCase):
         # one that blows up during the step phase: that phase is marked with where, the rest not run
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "out.json")
-            rc, out, err = run(*tiny, "--learning-rate", "1e4", "--repetitions", "3", "--json", path, *FAST)
+            rc, out, err = run(*tiny, "--learning-rate", "1e4", "--warmup", "1", "--repetitions", "3", "--json", path,
+                               *FAST)
             self.assertEqual(rc, 1, f"{out}\n{err}")
             with open(path) as f:
                 j = json.load(f)
