@@ -104,7 +104,7 @@ bool parse_value(const std::string& s, std::size_t& i, int depth) {
 
 }  // namespace
 
-void check_config_file(const CLI::App& app, const std::string& path) {
+std::map<std::string, int> check_config_file(const CLI::App& app, const std::string& path) {
   std::ifstream f(path);
   if (!f) throw UsageError(fmt::format("--config {}: cannot read the file", path));
   std::set<std::string> keys;
@@ -137,8 +137,8 @@ void check_config_file(const CLI::App& app, const std::string& path) {
     skip_space(line, i);
     if (i < line.size() && line[i] != '#' && line[i] != '\r')
       throw UsageError(fmt::format("{}: unexpected text after the value of '{}': {}", where, key, line.substr(i)));
-    std::string name = key;
-    if (!keys.count(name)) std::replace(name.begin(), name.end(), '_', '-');  // image_size as image-size
+    // image_size is not image-size to CLI11 (it would skip it silently): unknown, with the suggestion
+    const std::string& name = key;
     if (!keys.count(name)) {
       std::string best;
       std::size_t best_d = 4;  // suggest only a near miss
@@ -150,6 +150,7 @@ void check_config_file(const CLI::App& app, const std::string& path) {
     if (auto [it, fresh] = seen.emplace(name, n); !fresh)
       throw UsageError(fmt::format("{}: '{}' is given twice (first on line {})", where, key, it->second));
   }
+  return seen;
 }
 
 }  // namespace stepbench::cli

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include <iostream>
 
 #include "tensor/error.hpp"
@@ -28,15 +30,18 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
 }
 
 std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, int first, const std::string& name) {
+  std::string config;                // the --config file, if any
+  std::map<std::string, int> lines;  // its keys and their lines
   try {
     std::vector<std::string> args;
     for (int i = argc - 1; i >= first; --i) args.emplace_back(argv[i]);  // CLI11 takes them reversed
     if (app.get_config_ptr() != nullptr)
       for (int i = first; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--config" && i + 1 < argc) check_config_file(app, argv[i + 1]);
-        if (a.rfind("--config=", 0) == 0) check_config_file(app, a.substr(9));
+        if (a == "--config" && i + 1 < argc) config = argv[i + 1];
+        if (a.rfind("--config=", 0) == 0) config = a.substr(9);
       }
+    if (!config.empty()) lines = check_config_file(app, config);
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
@@ -45,7 +50,24 @@ std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, 
     std::cerr << fmt::format("{}: {}\n", name, e.what());
     return 2;
   } catch (const CLI::ParseError& e) {
-    std::cerr << fmt::format("{}: {}\nRun '{} --help' for every flag and its accepted values.\n", name, e.what(), name);
+    // a value CLI11 refused that came from the --config file (not from the command line): say where
+    std::string where;
+    const std::string what = e.what();
+    for (const auto& [key, line] : lines) {
+      const std::string flag = "--" + key;
+      const std::size_t at = what.find(flag);
+      const bool named =
+          at != std::string::npos &&
+          (at + flag.size() == what.size() ||
+           !(std::isalnum(static_cast<unsigned char>(what[at + flag.size()])) || what[at + flag.size()] == '-'));
+      bool on_command_line = false;
+      for (int i = first; i < argc; ++i)
+        on_command_line |= std::string(argv[i]) == flag || std::string(argv[i]).rfind(flag + "=", 0) == 0;
+      if (named && !on_command_line)
+        where = fmt::format(" (the value of '{}' in --config {} line {})", key, config, line);
+    }
+    std::cerr << fmt::format("{}: {}{}\nRun '{} --help' for every flag and its accepted values.\n", name, what, where,
+                             name);
     return 2;
   }
   return std::nullopt;

@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -41,7 +42,7 @@ void add_model_flags(CLI::App& app, ModelFlags& m);
 // Checks a --config TOML file strictly against app's flags; throws UsageError naming the file, the
 // line and the key (an unknown key with the nearest valid one, a key given twice, a malformed line
 // or value).
-void check_config_file(const CLI::App& app, const std::string& path);
+std::map<std::string, int> check_config_file(const CLI::App& app, const std::string& path);  // key -> line
 
 // Parses argv[first..] (a --config file checked with check_config_file first). Returns the exit code to return at once
 // (0 after --help, 2 after a usage error, printed with `name` and how to get help), or nullopt to go on.

@@ -163,7 +163,13 @@ class Presets(unittest.TestCase):
                  ("model \"tiny\"\n", ["line 1", "is not key = value"]),
                  ("model = \"tiny\" extra\n", ["line 1", "unexpected text after the value of 'model'"]),
                  ("warmup = 1.5.3\n", ["line 1", "unexpected text"]),
-                 ("model = \"tiny\n", ["line 1", "not a TOML string"])]
+                 ("model = \"tiny\n", ["line 1", "not a TOML string"]),
+                 # well-formed TOML of the wrong type or range for the flag: CLI11's message, and where
+                 ("model = \"tiny\"\nwarmup = 1.5\n", ["--warmup", "the value of 'warmup'", "line 2"]),
+                 ("batch-size = \"abc\"\n", ["--batch-size", "the value of 'batch-size'", "line 1"]),
+                 # CLI11 would skip a key spelt with underscores, and run with the default
+                 ("model = \"tiny\"\nimage_size = 40\n", ["line 2", "unknown key 'image_size'", "did you mean 'image-size'"]),
+                 ("\nprecision = \"fp64\"\n", ["fp32", "the value of 'precision'", "line 2"])]
         with tempfile.TemporaryDirectory() as d:
             for text, words in cases:
                 path = os.path.join(d, "p.toml")
@@ -173,8 +179,8 @@ class Presets(unittest.TestCase):
                 self.assertIn(path, err)
                 for w in words:
                     self.assertIn(w, err, text)
-            # what TOML allows still reads: comments after values, underscores for dashes, arrays, spacing
-            open(path, "w").write("model = 'tiny'  # the small one\nimage_size=32\nphases = [\"forward\", \"step\",]\n")
+            # what TOML allows still reads: comments after values, arrays, spacing
+            open(path, "w").write("model = 'tiny'  # the small one\nimage-size=32\nphases = [\"forward\", \"step\",]\n")
             rc, out, err = run("--config", path, "--backend", "cpu", "--list")
             self.assertEqual(rc, 0, err)
             self.assertIn("tiny/fp32/nchw/gpus:1/batch:32/forward", out)
