@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include "tensor/error.hpp"
@@ -115,8 +116,20 @@ std::size_t make_jpeg_dataset(const std::string& dir, std::size_t images, int cl
 
 bool decode_crop_normalise(const std::string& path, float* dst, const PipelineOptions& o, std::uint64_t rng_state,
                            std::string& why) {
-  thread_local TjHandle tj(false);
+  // The thread's decompressor. After a damaged file it is made anew: libjpeg-turbo 2.1 can leave a
+  // handle that failed mid-header in a state in which the next, valid file fails too ("Bogus DQT
+  // index"; tests/data/jpeg_mutation_test.cpp).
+  thread_local std::unique_ptr<TjHandle> handle;
   thread_local std::vector<unsigned char> file, rgb;
+  if (!handle) handle = std::make_unique<TjHandle>(false);
+  const TjHandle& tj = *handle;
+  struct Renew {  // on every return but the decoded one
+    std::unique_ptr<TjHandle>& h;
+    bool ok = false;
+    ~Renew() {
+      if (!ok) h.reset();
+    }
+  } renew{handle};
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) {
     why = "cannot be opened";
@@ -136,6 +149,16 @@ bool decode_crop_normalise(const std::string& path, float* dst, const PipelineOp
   int W = 0, H = 0, sub = 0, cs = 0;
   if (tjDecompressHeader3(tj.h, file.data(), size, &W, &H, &sub, &cs) != 0 || W <= 0 || H <= 0) {
     why = fmt::format("is not a JPEG ({})", tjGetErrorStr2(tj.h));
+    return false;
+  }
+  // A damaged header may claim gigapixels in a few bytes: refuse what the file cannot hold (JPEG
+  // compresses well, but not past ~2000:1 with room for a flat image) and anything past 2^28 pixels.
+  const double pixels = static_cast<double>(W) * H;
+  if (pixels > 268435456.0 || pixels * 3 > 2048.0 * static_cast<double>(size) + 67108864.0) {
+    why = fmt::format(
+        "claims {} x {} pixels in {} bytes (a damaged header, or an image far larger than training "
+        "needs)",
+        W, H, size);
     return false;
   }
   rgb.resize(static_cast<std::size_t>(W) * H * 3);
@@ -208,6 +231,7 @@ bool decode_crop_normalise(const std::string& path, float* dst, const PipelineOp
       }
     }
   }
+  renew.ok = true;
   return true;
 }
 

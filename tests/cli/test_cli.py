@@ -185,6 +185,29 @@ class Presets(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             self.assertIn("tiny/fp32/nchw/gpus:1/batch:32/forward", out)
 
+    def test_damaged_presets_are_read_or_refused_never_a_crash(self):
+        """Truncations of a preset (every other length) and a random byte at 60 random positions: exit 0
+        or a usage error naming the file, never a crash or a hang (the checker runs before --help is
+        answered; each run starts the binary, so the sample is kept to ~15 s)."""
+        import random
+        text = open(os.path.join(CONFIGS, "cpu-inception_v3.toml"), "rb").read()
+        rng = random.Random(5)
+        variants = [text[:n] for n in range(0, len(text), 2)]
+        for i in rng.sample(range(len(text)), 60):
+            variants.append(text[:i] + bytes([rng.randrange(256)]) + text[i + 1:])
+        refused = 0
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "p.toml")
+            for v in variants:
+                open(path, "wb").write(v)
+                p = subprocess.run([STEPBENCH, "--config", path, "--help"], capture_output=True, timeout=30)
+                err = p.stderr.decode(errors="replace")
+                self.assertIn(p.returncode, (0, 2), f"{v!r}: exit {p.returncode}\n{err}")
+                if p.returncode == 2:
+                    refused += 1
+                    self.assertTrue(path in err or "--" in err, f"{v!r}: {err}")
+        self.assertGreater(refused, len(text) // 4)
+
     def test_every_preset_runs_on_the_cpu_with_a_small_override(self):
         presets = sorted(glob.glob(os.path.join(CONFIGS, "*.toml")))
         self.assertGreaterEqual(len(presets), 4)
