@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing (as root), builds (CUDA on when nvcc and cuDNN are found), checks that the
-# install list brings everything the build used (scripts/check-install.sh) and runs every test. GPU
-# tests skip with the reason when no GPU is visible. Non-zero exit on any failure.
+# install list brings everything the build used (scripts/check-install.sh) and runs every test, then
+# the sanitizer stages (scripts/sanitize.sh). GPU tests skip with the reason when no GPU is visible.
+# Non-zero exit on any failure.
 #   scripts/test.sh [extra cmake args...]      e.g. -DSTEPBENCH_CUDA=OFF
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -15,3 +16,8 @@ sb_build "$BUILD_DIR" -DSTEPBENCH_WERROR=ON "$@"
 "$STEPBENCH_ROOT/scripts/lint.sh" "$BUILD_DIR"
 cd "$BUILD_DIR"
 ctest --output-on-failure --parallel "$(nproc)"
+# the same code under AddressSanitizer + UBSan and ThreadSanitizer (scripts/sanitize.sh, ~11 minutes
+# on two cores); STEPBENCH_SKIP_SANITIZERS=1 leaves them out of a local run
+if [ "${STEPBENCH_SKIP_SANITIZERS:-0}" != 1 ]; then
+  "$STEPBENCH_ROOT/scripts/sanitize.sh" all
+fi
