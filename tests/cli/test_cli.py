@@ -547,6 +547,36 @@ class Mpi(unittest.TestCase):
         self.assertIn("--sync-timeout-s", out)
         self.assertLess(secs, 60, f"took {secs:.0f} s: the other process was not ended\n{out}")
 
+    def test_a_killed_process_ends_the_run_naming_it(self):
+        # process 1 is killed (SIGKILL) mid-run: the other ends too, within the timeout, and the output
+        # names the rank that died (mpirun notices the death and ends the job)
+        t0 = time.monotonic()
+        args = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+                "--phases", "step", "--repetitions", "1000", "--sync-timeout-s", "30", *FAST]
+        p = subprocess.Popen([*MPIRUN, STEPBENCH, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, **MPI_ENV})
+        victim = None
+        while victim is None and time.monotonic() - t0 < 60 and p.poll() is None:
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except OSError:
+                    continue
+                if b"OMPI_COMM_WORLD_RANK=1" in env and STEPBENCH.encode() in cmd and int(pid) != p.pid:
+                    victim = int(pid)
+            time.sleep(0.2)
+        self.assertIsNotNone(victim, "rank 1 never started")
+        time.sleep(3)  # into the benchmarks
+        os.kill(victim, signal.SIGKILL)
+        out, _ = p.communicate(timeout=120)
+        secs = time.monotonic() - t0
+        self.assertNotEqual(p.returncode, 0, out)
+        self.assertRegex(out, r"rank 1\b", out)
+        self.assertLess(secs, 90, f"took {secs:.0f} s: the other process was not ended\n{out}")
+
     def test_parameter_server_on_the_host_across_processes(self):
         rc, out, _ = self.mpirun(*TINY, "--phases", "step,grad_sync", "--variable-update", "parameter_server",
                                  "--ps-device", "cpu")
