@@ -1,18 +1,12 @@
 // NCCL between GPU towers: one communicator rank per tower, collectives enqueued on each tower's
 // communication stream, grouped so that one thread can drive several GPUs. In one process the
 // communicators come from ncclCommInitAll; under mpirun process 0 makes the unique id and MPI
-// broadcasts it, then every process initialises its towers' ranks in one group (nccl-tests' way),
-// non-blocking (ncclConfig_t::blocking = 0) and polled with ncclCommGetAsyncError, so that a peer
-// that died or cannot be reached ends the run after --sync-timeout-s (ncclCommAbort, SyncError)
-// instead of hanging it. Such communicators stay non-blocking: a group's end may return
-// ncclInProgress, and the next call waits until the communicators are ready again.
+// broadcasts it, then every process initialises its towers' ranks in one group (nccl-tests' way).
 // Multi-GPU runs have not happened yet (the one GPU machine had one GPU); the GPU tests run it
 // wherever two or more GPUs are visible.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,7 +19,7 @@ namespace {
 class NcclCollective final : public Collective {
  public:
   NcclCollective(const std::vector<Backend*>& towers, const std::vector<Stream*>& streams, const ProcessGroup& group)
-      : processes_(group.size()), rank_(group.rank()), timeout_s_(group.sync_timeout()) {
+      : processes_(group.size()) {
     const int rank = group.rank(), processes = group.size();
     SB_CHECK(!towers.empty() && towers.size() == streams.size(), "one stream per tower");
     for (std::size_t i = 0; i < towers.size(); ++i) {
@@ -41,16 +35,12 @@ class NcclCollective final : public Collective {
       ncclUniqueId id{};
       if (rank == 0) SB_NCCL(ncclGetUniqueId(&id));
       group.broadcast_bytes_from_root(&id, sizeof id);
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;  // a dead peer must not hang this process: polled below, within the timeout
       SB_NCCL(ncclGroupStart());
       for (int i = 0; i < local; ++i) {
         SB_CUDA(cudaSetDevice(devices_[static_cast<std::size_t>(i)]));
-        const ncclResult_t r = ncclCommInitRankConfig(&comms_[static_cast<std::size_t>(i)], local * processes, id,
-                                                      rank * local + i, &config);
-        if (r != ncclInProgress) SB_NCCL(r);
+        SB_NCCL(ncclCommInitRank(&comms_[static_cast<std::size_t>(i)], local * processes, id, rank * local + i));
       }
-      end_group("initialisation");
+      SB_NCCL(ncclGroupEnd());
     }
   }
   ~NcclCollective() override {
@@ -104,45 +94,9 @@ class NcclCollective final : public Collective {
     SB_CHECK(comms_.front() != nullptr, "the NCCL communicator was aborted after an earlier failure");
     SB_NCCL(ncclGroupStart());
     for (std::size_t i = 0; i < comms_.size(); ++i) per_rank(i);
-    end_group("gradient sync");
-  }
-  // ncclGroupEnd, and with non-blocking communicators the wait until every one is ready
-  // (ncclCommGetAsyncError no longer ncclInProgress): an error, or the timeout, aborts them all and
-  // throws SyncError naming this process.
-  void end_group(const char* what) {
-    const ncclResult_t r = ncclGroupEnd();
-    if (r != ncclInProgress) SB_NCCL(r);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (;;) {
-      bool pending = false;
-      for (auto c : comms_) {
-        if (!c) continue;
-        ncclResult_t st = ncclSuccess;
-        const ncclResult_t q = ncclCommGetAsyncError(c, &st);
-        if (q != ncclSuccess) st = q;
-        if (st == ncclInProgress) {
-          pending = true;
-        } else if (st != ncclSuccess) {
-          const std::string why = fmt::format("{} ({})", ncclGetErrorString(st), ncclGetLastError(c));
-          abort();
-          throw SyncError(fmt::format("NCCL's {} failed on process {} of {}: {}", what, rank_, processes_, why));
-        }
-      }
-      if (!pending) return;
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (timeout_s_ > 0 && waited > timeout_s_) {
-        abort();
-        throw SyncError(
-            fmt::format("NCCL's {} did not complete within {:g} s on process {} of {}: a process died or "
-                        "cannot reach the others (--sync-timeout-s)",
-                        what, timeout_s_, rank_, processes_));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    SB_NCCL(ncclGroupEnd());
   }
   int processes_;
-  int rank_;
-  double timeout_s_;  // --sync-timeout-s when the communicators were made; 0 waits forever
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
   std::vector<ncclComm_t> comms_;
