@@ -2,13 +2,16 @@
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -61,7 +64,19 @@ std::string numeric_trouble(const Towers& t) {
 
 // Where Google Benchmark writes --json until the run is over: a run that dies leaves no half-written
 // file under the name asked for.
-std::string json_partial(const BenchConfig& c) { return fmt::format("{}.partial.{}", c.json, getpid()); }
+// Only for a regular file or a new one: a FIFO or /dev/stdout is written in place, as asked.
+std::string json_partial(const BenchConfig& c) {
+  struct stat st {};
+  const bool regular = stat(c.json.c_str(), &st) == 0 ? S_ISREG(st.st_mode) : errno == ENOENT;
+  return regular ? fmt::format("{}.partial.{}", c.json, getpid()) : c.json;
+}
+// Removes the partial --json file unless the run renamed it (a run that throws leaves nothing behind).
+struct PartialJson {
+  std::string path;
+  ~PartialJson() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
 
 // Google Benchmark's flags first, so that a bad one fails before minutes of set-up. False: one was
 // not recognised (reported on stderr).
@@ -204,14 +219,17 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
 
   auto reg = [&](const std::string& name, auto body) {
     benchmark::RegisterBenchmark(name.c_str(),
-                                 [&stop, &towers, body, name](benchmark::State& st) {
+                                 [&stop, &towers, &group, body, name](benchmark::State& st) {
                                    if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
                                    body(st);
-                                   if (st.error_occurred()) return;
-                                   // outside the timed loop: did this phase blow the numbers up?
-                                   if (const std::string bad = numeric_trouble(towers); !bad.empty()) {
-                                     st.SkipWithError(("not finite: " + bad).c_str());
-                                     stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, bad));
+                                   // outside the timed loop: did this phase blow the numbers up? Every
+                                   // process answers together, so that all of them mark this fixture
+                                   // (Google Benchmark then calls it the same number of times on each)
+                                   const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
+                                   if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
+                                     const std::string why = bad.empty() ? "on another process" : bad;
+                                     st.SkipWithError(("not finite: " + why).c_str());
+                                     stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
                                    }
                                  })
         ->UseManualTime()
@@ -356,12 +374,35 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     reporter.SetOutputStream(&devnull);
     reporter.SetErrorStream(&devnull);
   }
-  benchmark::RunSpecifiedBenchmarks(&reporter);  // its --json file is closed when it returns
-  if (!c.json.empty() && root && std::rename(json_partial(c).c_str(), c.json.c_str()) != 0)
-    std::cerr << "stepbench: could not rename " << json_partial(c) << " to --json " << c.json << "\n";
+  PartialJson partial;
+  if (!c.json.empty() && root && json_partial(c) != c.json) partial.path = json_partial(c);
+  const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&reporter);  // its --json file is closed on return
+  if (ran == 0) {
+    if (root) std::cerr << "stepbench: no benchmark ran: --benchmark_filter matched none of them (see --list)\n";
+    benchmark::Shutdown();
+    return 2;
+  }
+  if (!partial.path.empty()) {
+    if (std::rename(partial.path.c_str(), c.json.c_str()) != 0) {
+      std::cerr << "stepbench: could not write --json " << c.json << " (rename of " << partial.path
+                << " failed: " << std::strerror(errno) << ")\n";
+      benchmark::Shutdown();
+      return 1;
+    }
+    partial.path.clear();
+  }
   if (!root) {
     benchmark::Shutdown();
     return stop.signal() ? 128 + stop.signal() : reporter.errors.empty() && stop.halted().empty() ? 0 : 1;
+  }
+  if (!stop.signal() && stop.local()) {  // after the last benchmark's check: all measured, but stop here
+    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
+    std::cout << fmt::format(
+        "interrupted by signal {} after the benchmarks: every row above was measured; no peer "
+        "ran{}\n",
+        stop.local(), c.history.empty() ? "" : " and nothing was appended to --history");
+    benchmark::Shutdown();
+    return 128 + stop.local();
   }
   if (stop.signal() || !stop.halted().empty()) {  // what was measured, said as such; no history record, no peer
     print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);

@@ -339,6 +339,19 @@ class Interrupted(unittest.TestCase):
             self.assertEqual(glob.glob(path + ".partial.*"), [])
 
 
+    def test_json_goes_whole_to_files_and_as_asked_to_pipes(self):
+        tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+                "--repetitions", "1", "--phases", "forward", *FAST]
+        rc, out, err = run(*tiny, "--json", "/dev/stdout")  # not a regular file: written in place
+        self.assertEqual(rc, 0, err)
+        self.assertIn('"benchmarks"', out)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "out.json")
+            rc, out, err = run(*tiny, "--json", path, "--benchmark_filter=no-such-phase")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("no benchmark ran", err)
+            self.assertEqual(os.listdir(d), [], "an empty --json or a partial file was left")
+
     def test_numbers_that_stop_being_finite_stop_the_run_saying_where(self):
         tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4"]
         # a learning rate that blows the first update up: found after warm-up, nothing timed
