@@ -32,13 +32,18 @@ namespace {
 std::atomic<int> interrupted{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
 extern "C" void on_interrupt(int sig) {
-  interrupted.store(sig);
-  std::signal(sig, SIG_DFL);
+  int none = 0;
+  interrupted.compare_exchange_strong(none, sig);  // the first one is what is reported
+  std::signal(SIGINT, SIG_DFL);                    // the next SIGINT or SIGTERM ends the process
+  std::signal(SIGTERM, SIG_DFL);
 }
 void catch_interrupts() {
   struct sigaction a {};
   a.sa_handler = on_interrupt;
+  a.sa_flags = SA_RESTART;  // reads of the peer's pipe and of files carry on instead of failing with EINTR
   sigemptyset(&a.sa_mask);
+  sigaddset(&a.sa_mask, SIGINT);
+  sigaddset(&a.sa_mask, SIGTERM);
   sigaction(SIGINT, &a, nullptr);
   sigaction(SIGTERM, &a, nullptr);
 }
