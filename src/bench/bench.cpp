@@ -15,131 +15,22 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "bench/feeder.hpp"
 #include "bench/gpu_state.hpp"
 #include "bench/interrupt.hpp"
+#include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
 #include "bench/peer.hpp"
 #include "bench/per_layer.hpp"
 #include "bench/phases.hpp"
 #include "bench/region_timer.hpp"
 #include "bench/report.hpp"
+#include "bench/run_parts.hpp"
+#include "bench/stats.hpp"
 
 namespace stepbench {
-namespace {
-
-benchmark::Counter avg(double total) { return benchmark::Counter(total, benchmark::Counter::kAvgIterations); }
-benchmark::Counter rate(double per_iteration) {
-  return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
-}
-
-bool has(const std::vector<Phase>& v, Phase p) { return std::find(v.begin(), v.end(), p) != v.end(); }
-
-// The work per image, for TFLOP/s.
-struct Flops {
-  double forward, train_forward;  // per image; backward counts as twice the forward
-};
-
-// The command line handed to Google Benchmark. Initialize keeps a pointer to argv[0]
-// (BenchmarkReporter::Context::executable_name, which the reporters print), so the storage must
-// outlive the run: run_benchmarks owns it until it returns.
-struct BenchmarkArgv {
-  std::vector<std::string> args;
-  std::vector<char*> argv;
-};
-
-// "" when every tower's parameters and gradients are finite (Graph::step_finite); else where the
-// first non-finite number of the first tower in trouble is (one more step is run to find it). Never
-// in a timed loop.
-std::string numeric_trouble(const Towers& t) {
-  for (int i = 0; i < t.size(); ++i) {
-    if (t.graph(i).step_finite(t.stream(i))) continue;
-    const std::string where = t.graph(i).first_non_finite(t.stream(i));
-    return fmt::format("{}the first non-finite number: {}", t.size() > 1 ? fmt::format("tower {}: ", i) : "",
-                       where.empty() ? "none in one more step (it came back)" : where);
-  }
-  return "";
-}
-
-// Where Google Benchmark writes --json until the run is over: a run that dies leaves no half-written
-// file under the name asked for.
-// Only for a regular file or a new one: a FIFO or /dev/stdout is written in place, as asked.
-std::string json_partial(const BenchConfig& c) {
-  struct stat st {};
-  const bool regular = stat(c.json.c_str(), &st) == 0 ? S_ISREG(st.st_mode) : errno == ENOENT;
-  return regular ? fmt::format("{}.partial.{}", c.json, getpid()) : c.json;
-}
-// Removes the partial --json file unless the run renamed it (a run that throws leaves nothing behind).
-struct PartialJson {
-  std::string path;
-  ~PartialJson() {
-    if (!path.empty()) std::remove(path.c_str());
-  }
-};
-
-// Google Benchmark's flags first, so that a bad one fails before minutes of set-up. False: one was
-// not recognised (reported on stderr).
-bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
-  keep.args = {argv0};
-  for (const auto& a : c.benchmark_args) keep.args.push_back(a);
-  if (!c.json.empty() && root) {
-    keep.args.push_back("--benchmark_out=" + json_partial(c));  // renamed to --json once whole
-    keep.args.emplace_back("--benchmark_out_format=json");
-  }
-  keep.argv.clear();
-  for (auto& a : keep.args) keep.argv.push_back(a.data());
-  int argc = static_cast<int>(keep.argv.size());
-  benchmark::Initialize(&argc, keep.argv.data());
-  return !benchmark::ReportUnrecognizedArguments(argc, keep.argv.data());
-}
-
-// The names this configuration registers, without running anything (--list).
-void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
-                const Feeder& feeder, bool data_step) {
-  for (Phase p : phases)
-    if (p != Phase::grad_sync || towers.sync_bytes() > 0) std::cout << prefix << "/" << to_string(p) << "\n";
-  if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
-  if (c.cuda_graph)
-    for (Phase p : {Phase::forward, Phase::step})
-      if (has(phases, p)) std::cout << prefix << "/" << to_string(p) << ":cuda_graph\n";
-  if (c.per_layer)
-    for (const auto& cs : distinct_convs(towers.graph(0)))
-      for (const char* k : {"fwd", "bwd_data", "bwd_filter"})
-        std::cout << prefix << "/" << cs.name() << "/" << k << "\n";
-}
-
-void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl) {
-  switch (p) {
-    case Phase::forward:
-      st.counters["images/s"] = rate(images);
-      st.counters["TFLOP/s"] = rate(images * fl.forward / 1e12);
-      break;
-    case Phase::forward_train:
-      st.counters["images/s"] = rate(images);
-      st.counters["TFLOP/s"] = rate(images * fl.train_forward / 1e12);
-      break;
-    case Phase::forward_backward:
-    case Phase::step:
-      st.counters["images/s"] = rate(images);
-      st.counters["TFLOP/s"] = rate(images * 3.0 * fl.train_forward / 1e12);
-      break;
-    case Phase::grad_sync: {
-      const double gb = static_cast<double>(towers.sync_bytes()) / 1e9;
-      st.counters["algbw_GB/s"] = rate(gb);
-      st.counters["busbw_GB/s"] = rate(gb * towers.bus_factor());
-      st.counters["bytes"] = static_cast<double>(towers.sync_bytes());
-      st.counters["buckets"] = static_cast<double>(towers.bucket_count());
-      break;
-    }
-    case Phase::update:
-      st.counters["params/s"] = rate(static_cast<double>(towers.graph(0).num_parameters()) * towers.size());
-      break;
-    case Phase::input_pipeline: break;
-  }
-}
-
-}  // namespace
 
 int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* argv0,
                    const std::vector<std::string>& peer_dirs) {
@@ -157,6 +48,15 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       std::cerr << "stepbench: --history " << c.history << " cannot be appended to; give a file in a writable folder\n";
       return 2;
     }
+  }
+  const std::string trace = c.trace.empty() || root ? c.trace : fmt::format("{}.rank{}", c.trace, group.rank());
+  if (!trace.empty()) {  // likewise a trace that cannot be written (a test file beside it, removed)
+    std::ofstream t(trace + ".partial");
+    if (!t) {
+      std::cerr << "stepbench: --trace " << trace << " cannot be written; give a file in a writable folder\n";
+      return 2;
+    }
+    std::remove((trace + ".partial").c_str());
   }
   // the peer's Python first too: a missing torch is found before the benchmarks, not after
   std::string peer_python;
@@ -382,6 +282,28 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     benchmark::Shutdown();
     return 2;
   }
+  // --layer-times, --trace: probed steps after the timed repetitions (every process together)
+  std::optional<LayerTimes> layer_times;
+  if ((c.layer_times || !trace.empty()) && !stop.agreed() && stop.halted().empty()) {
+    const auto steps = run_probed_steps(towers, c.layer_times ? std::max(c.repetitions, 3) : 1);
+    if (c.layer_times) {
+      layer_times = summarize_layer_times(
+          steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
+      if (!partial.path.empty())
+        add_to_json_file(partial.path, "layer_times", layer_times_json(*layer_times));
+      else if (!c.json.empty() && root)
+        std::cerr << "stepbench: --json " << c.json << " is not a regular file: its layer_times are not in it\n";
+    }
+    if (!trace.empty())
+      write_json_file(trace,
+                      trace_json(steps, towers,
+                                 {{"stepbench", prefix},
+                                  {"revision", c.revision},
+                                  {"backend", towers.backend(0).name()},
+                                  {"device", towers.backend(0).device_name()},
+                                  {"steps", steps.size()},
+                                  {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"}}));
+  }
   if (!partial.path.empty()) {
     if (std::rename(partial.path.c_str(), c.json.c_str()) != 0) {
       std::cerr << "stepbench: could not write --json " << c.json << " (rename of " << partial.path
@@ -426,6 +348,16 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()));
   }
   print_summary(c, towers, reporter, prefix, peer, feeder);
+  if (layer_times) {
+    const auto it = reporter.reps.find(prefix + "/step");
+    std::vector<double> v;
+    if (it != reporter.reps.end())
+      for (const auto& x : it->second) v.push_back(x.device_ms);
+    print_layer_times(*layer_times, 12, v.empty() ? NAN : median(v));
+  }
+  if (!trace.empty() && root)
+    std::cout << fmt::format("trace: {} (open it in https://ui.perfetto.dev or chrome://tracing){}\n", trace,
+                             group.size() > 1 ? "; the other processes wrote theirs as FILE.rankN" : "");
   if (!peer.empty())
     std::cout << fmt::format(
         "peer: PyTorch {}{} (bench/torch_peer.py, {}), same model, batch, layout, precision, dropout, threads and "

@@ -57,7 +57,9 @@ struct BenchConfig {
   const std::atomic<int>* interrupt = nullptr;
   std::string revision;  // the source revision this binary was built from (git describe), for the context
   bool per_layer = false;
-  bool list = false;  // print the benchmark names and return
+  bool layer_times = false;  // --layer-times: every layer's pieces inside the real step (bench/layer_times)
+  std::string trace;         // --trace: the probed steps as a Chrome trace-event file ("": none)
+  bool list = false;         // print the benchmark names and return
   PeerKind peer = PeerKind::none;
   // the Pythons to try for the peer, in order: the first whose torch and torchvision import (and,
   // on the cuda backend, whose torch sees a GPU) runs it. --peer-python gives exactly one.

@@ -1,5 +1,7 @@
 // An NVTX range for Nsight Systems and Nsight Compute (`ncu --nvtx --nvtx-include "step/"`): the
-// warm-up and every timed iteration of a phase, named after it. Nothing without CUDA.
+// warm-up and every timed iteration of a phase, named after it; in the probed steps of
+// --layer-times and --trace also every piece of every layer ("Mixed_5b.branch1x1/conv_fwd").
+// Nothing without CUDA.
 #pragma once
 #include <string>
 
@@ -9,6 +11,16 @@
 #endif
 
 namespace stepbench {
+
+#ifdef STEPBENCH_NVTX
+inline constexpr bool kNvtxEnabled = true;
+inline void nvtx_push(const std::string& name) { nvtxRangePushA(name.c_str()); }
+inline void nvtx_pop() { nvtxRangePop(); }
+#else
+inline constexpr bool kNvtxEnabled = false;
+inline void nvtx_push(const std::string&) {}
+inline void nvtx_pop() {}
+#endif
 
 struct NvtxRange {
   explicit NvtxRange(const std::string& name) {

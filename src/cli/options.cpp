@@ -105,6 +105,14 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "append this run (machine fingerprint, revision, configuration, every repetition) as one JSON line "
                  "to this file, for stepbench compare --history");
   app.add_flag("--per-layer", b.per_layer, "also time every distinct conv layer shape: fwd, bwd_data, bwd_filter");
+  app.add_flag("--layer-times", b.layer_times,
+               "after the timed repetitions, time every layer's pieces inside the real step (conv forward, backward "
+               "data and filter, BN+ReLU, pooling, loss, sync, update; medians of --repetitions probed steps, at "
+               "least 3): the summary's top layers and kinds of work, every piece under layer_times in --json");
+  app.add_option("--trace", b.trace,
+                 "after the timed repetitions, write probed steps to this file as Chrome trace-event JSON (open in "
+                 "Perfetto or chrome://tracing): per tower the phases, layers and pieces on the device, the host's "
+                 "launches, the gradient buckets' syncs; under mpirun rank N writes FILE.rankN");
   add_enum(app, "--peer", b.peer,
            "after stepbench, time the same phases, precision and settings in this peer (bench/torch_peer.py: "
            "pytorch eager, or pytorch-compile with torch.compile) and add its medians and the ratios to the summary",

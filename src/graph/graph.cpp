@@ -44,10 +44,21 @@ void Graph::forward(Stream& s, bool training) {
   auto& g = *impl_;
   SB_CHECK(g.planned, "forward before plan()");
   // the 16-bit weights from the fp32 master copy, as autocast re-casts them in every forward
-  if (g.mixed()) g.be.cast(s, g.param_arena.get(), DType::f32, g.param_half.get(), g.cfg.dtype, g.param_floats);
-  for (auto& l : g.layers) {
-    if (l->training_only && !training) continue;
-    l->forward(g, s, training);
+  if (g.mixed()) {
+    g.current = -1;
+    ProbeScope ps(g, s, "weight_cast");
+    g.be.cast(s, g.param_arena.get(), DType::f32, g.param_half.get(), g.cfg.dtype, g.param_floats);
+  }
+  for (std::size_t i = 0; i < g.layers.size(); ++i) {
+    Layer& l = *g.layers[i];
+    if (l.training_only && !training) continue;
+    g.current = static_cast<int>(i);
+    if (l.probes_itself()) {
+      l.forward(g, s, training);
+    } else {
+      ProbeScope ps(g, s, "fwd");
+      l.forward(g, s, training);
+    }
   }
   if (training) ++g.step;
 }
@@ -55,15 +66,29 @@ void Graph::forward(Stream& s, bool training) {
 void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready) {
   auto& g = *impl_;
   SB_CHECK(g.planned, "backward before plan()");
-  for (auto& v : g.values)
-    if (v.grad_zero_first && v.root < 0 && v.needs_grad) g.be.memset_zero(s, v.g.data, v.g.desc.bytes());
+  g.current = -1;
+  bool zeroing = false;
+  for (auto& v : g.values) zeroing |= v.grad_zero_first && v.root < 0 && v.needs_grad;
+  if (zeroing) {
+    ProbeScope ps(g, s, "grad_zero");
+    for (auto& v : g.values)
+      if (v.grad_zero_first && v.root < 0 && v.needs_grad) g.be.memset_zero(s, v.g.data, v.g.desc.bytes());
+  }
   std::size_t told = 0;
-  for (auto it = g.layers.rbegin(); it != g.layers.rend(); ++it) {
-    (*it)->backward(g, s);
-    if (on_ready && (*it)->ready_after > told) on_ready(told = (*it)->ready_after);
+  for (std::size_t i = g.layers.size(); i-- > 0;) {
+    Layer& l = *g.layers[i];
+    g.current = static_cast<int>(i);
+    if (l.probes_itself()) {
+      l.backward(g, s);
+    } else {
+      ProbeScope ps(g, s, "bwd");
+      l.backward(g, s);
+    }
+    if (on_ready && l.ready_after > told) on_ready(told = l.ready_after);
   }
 }
 
+void Graph::set_probe(GraphProbe* p) { impl_->probe = p; }
 std::uint64_t Graph::step_counter() const { return impl_->step; }
 float* Graph::loss_scaler() const { return impl_->scaler.size ? impl_->scaler.as<float>() : nullptr; }
 float Graph::loss_scale(Stream& s) const {
@@ -191,7 +216,10 @@ std::size_t Graph::activation_bytes() const {
 std::vector<LayerInfo> Graph::layers() const {
   std::vector<LayerInfo> v;
   v.reserve(impl_->layers.size());
-  for (const auto& l : impl_->layers) v.push_back(l->info());
+  for (const auto& l : impl_->layers) {
+    v.push_back(l->info());
+    if (v.back().label.empty()) v.back().label = fmt::format("{}_{}", v.back().kind, v.size() - 1);
+  }
   return v;
 }
 

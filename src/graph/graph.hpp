@@ -14,6 +14,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/slow_conv.hpp"
+#include "graph/probe.hpp"
 
 namespace stepbench {
 
@@ -36,8 +37,9 @@ struct ParamEntry {
 
 // What a layer is, for listings and for checking a layer in place.
 struct LayerInfo {
-  std::string kind;  // conv_bn_relu, pool, dropout, linear, cross_entropy
-  std::string name;  // parameter prefix; empty for layers without parameters
+  std::string kind;   // conv_bn_relu, pool, dropout, linear, cross_entropy
+  std::string name;   // parameter prefix; empty for layers without parameters
+  std::string label;  // what reports call it: the name, else the builder's label, else <kind>_<index>
   std::vector<ValueId> in;
   ValueId out = -1;  // -1 for the loss
   ConvParams conv{};
@@ -74,12 +76,13 @@ class Graph {
   // named <name>.conv.weight and <name>.bn.{weight,bias,running_mean,running_var}.
   ValueId conv_bn_relu(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p,
                        float init_std = 0.1f);
-  ValueId pool(ValueId x, const PoolParams& p);
-  ValueId global_avg_pool(ValueId x);
+  // label: what reports call the layer (torchvision's module name where it has one, "maxpool1").
+  ValueId pool(ValueId x, const PoolParams& p, const std::string& label = {});
+  ValueId global_avg_pool(ValueId x, const std::string& label = {});
   // Concatenate along channels without copies: the parts become channel slices of the result.
   // Each part must be produced by a layer and not already be part of a concat.
   ValueId concat(const std::vector<ValueId>& parts);
-  ValueId dropout(ValueId x, double p);
+  ValueId dropout(ValueId x, double p, const std::string& label = {});
   // Linear (with bias) over the flattened N x C x 1 x 1 input. <name>.weight, <name>.bias.
   ValueId linear(const std::string& name, ValueId x, std::int64_t out, float init_std = 0.1f);
   // Adds weight * cross_entropy(logits, labels) to the loss and names the logits as an output.
@@ -102,6 +105,9 @@ class Graph {
   // floats of the gradient arena have their final values launched on `s` (the arena is in reverse
   // execution order, so they fill front to back): what gradient buckets wait for.
   void backward(Stream& s, const std::function<void(std::size_t)>& on_ready = {});
+  // Per-layer timing and tracing (graph/probe.hpp): called around every piece of work forward()
+  // and backward() launch from now on; nullptr detaches. The probe must outlive its attachment.
+  void set_probe(GraphProbe* p);
   std::uint64_t step_counter() const;  // advances dropout masks; incremented by every training forward
   // The loss scaler (device memory, LossScaler's layout) when loss scaling is on, else nullptr;
   // the gradient arena then holds gradients times its scale. loss_scale() reads the scale (syncs).

@@ -69,6 +69,9 @@ struct Graph::Impl {
   std::vector<float> loss_weights;
   std::uint64_t step = 0;
 
+  GraphProbe* probe = nullptr;  // Graph::set_probe
+  int current = -1;             // the layer running, for the probe (-1: the graph's own work)
+
   Impl(Backend& b, GraphConfig c) : be(b), cfg(c) {}
   std::int32_t* bound_labels = nullptr;  // bind_input(): labels live in the caller's buffer
   void* own_input = nullptr;             // the planned input buffer, for unbinding
@@ -114,6 +117,23 @@ struct Graph::Impl {
     layers.push_back(std::move(l));
     return *layers.back();
   }
+};
+
+// One piece of work for the probe, if one is attached: begin() now, end() when it goes out of scope.
+class ProbeScope {
+ public:
+  ProbeScope(const Graph::Impl& g, Stream& s, const char* part) : p_(g.probe), s_(s) {
+    if (p_) p_->begin(s_, g.current, part);
+  }
+  ~ProbeScope() {
+    if (p_) p_->end(s_);
+  }
+  ProbeScope(const ProbeScope&) = delete;
+  ProbeScope& operator=(const ProbeScope&) = delete;
+
+ private:
+  GraphProbe* p_;
+  Stream& s_;
 };
 
 }  // namespace stepbench

@@ -18,6 +18,9 @@ struct Replica {
   std::vector<std::unique_ptr<Event>> ready;  // per bucket: backward has produced it (compute stream)
   std::unique_ptr<Event> computed, synced;    // compute -> comm and comm -> compute ordering
   std::size_t recorded = 0;                   // ready events recorded this step
+  // Towers::set_sync_timing: per bucket, timing events beside `ready` (compute stream) and around its
+  // sync (communication stream).
+  std::vector<std::unique_ptr<Event>> timed_ready, sync_begin, sync_end;
 
   Stream& compute() const { return be->default_stream(); }
   // The communication stream waits for everything enqueued on the compute stream so far.

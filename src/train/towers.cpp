@@ -122,7 +122,38 @@ void Towers::forward_train() {
 }
 void Towers::mark_ready(int i) {
   Replica& t = *towers_[static_cast<std::size_t>(i)];
-  for (; t.recorded < buckets_.size(); ++t.recorded) t.be->record(*t.ready[t.recorded], t.be->default_stream());
+  for (; t.recorded < buckets_.size(); ++t.recorded) record_ready(t, t.recorded);
+}
+void Towers::record_ready(Replica& t, std::size_t k) {
+  t.be->record(*t.ready[k], t.be->default_stream());
+  if (sync_timing_) t.be->record(*t.timed_ready[k], t.be->default_stream());
+}
+void Towers::record_sync(std::size_t k, bool end) {
+  if (!sync_timing_) return;
+  for (auto& t : towers_) t->be->record(end ? *t->sync_end[k] : *t->sync_begin[k], *t->comm);
+}
+
+void Towers::set_sync_timing(bool on) {
+  sync_timing_ = on;
+  if (!on) return;
+  for (auto& t : towers_) {
+    for (auto* v : {&t->timed_ready, &t->sync_begin, &t->sync_end}) {
+      v->clear();
+      for (std::size_t k = 0; k < buckets_.size(); ++k) v->push_back(t->be->create_event());
+    }
+  }
+}
+
+std::vector<Towers::BucketSpan> Towers::bucket_spans(int tower, Event& ref) const {
+  SB_CHECK(sync_timing_, "bucket_spans without set_sync_timing(true)");
+  std::vector<BucketSpan> v;
+  if (sync_->bytes() == 0) return v;
+  Replica& t = *towers_.at(static_cast<std::size_t>(tower));
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    const double ready = t.be->elapsed_ms(ref, *t.timed_ready[k]), free = t.be->elapsed_ms(ref, *t.sync_begin[k]);
+    v.push_back({k, std::max(ready, free), t.be->elapsed_ms(ref, *t.sync_end[k])});
+  }
+  return v;
 }
 
 void Towers::launch(std::size_t k) {
@@ -132,7 +163,9 @@ void Towers::launch(std::size_t k) {
     comm_->push(k);
     return;
   }
+  record_sync(k, false);
   sync_->sync_bucket(k);  // the communication streams wait for backward, then the collective is enqueued
+  record_sync(k, true);
 }
 
 void Towers::backward(bool start_sync) {
@@ -148,7 +181,7 @@ void Towers::backward(bool start_sync) {
     const bool last = i + 1 == towers_.size();
     t.g->backward(t.be->default_stream(), [&, last](std::size_t ready) {
       while (t.recorded < buckets_.size() && buckets_[t.recorded].first + buckets_[t.recorded].second <= ready) {
-        t.be->record(*t.ready[t.recorded], t.be->default_stream());
+        record_ready(t, t.recorded);
         if (last) launch(t.recorded);
         ++t.recorded;
       }
@@ -161,7 +194,9 @@ void Towers::sync_on_host(std::size_t k) {
   if (stall_s_ > 0 && k == 0) {  // fault injection: this process stalls before its first sync
     std::this_thread::sleep_for(std::chrono::duration<double>(std::exchange(stall_s_, 0.0)));
   }
+  record_sync(k, false);
   sync_->sync_bucket(k);
+  record_sync(k, true);
 }
 
 void Towers::grad_sync() {

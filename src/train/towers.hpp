@@ -109,6 +109,17 @@ class Towers {
   void grad_sync();
   void update();
   void step();  // forward_train, backward, grad_sync, update
+
+  // Tracing (bench/layer_times): with timing on, every bucket's sync records timing events, and
+  // after a step and synchronize() bucket_spans(i, ref) gives tower i's buckets as device times in
+  // ms since `ref` (an event recorded on its compute stream): from when the bucket was ready and
+  // its communication stream (or thread) free, to the end of its sync.
+  struct BucketSpan {
+    std::size_t bucket;
+    double begin_ms, end_ms;
+  };
+  void set_sync_timing(bool on);
+  std::vector<BucketSpan> bucket_spans(int tower, Event& ref) const;
   // --cuda-graph: record one step (step = true) or one inference forward as a CUDA Graph, to replay
   // as a single launch from then on. Needs the cuda backend, one tower per process (NCCL across
   // processes is captured with it), the variables on the device and the graph's own input
@@ -154,10 +165,13 @@ class Towers {
   ProcessGroup single_;                 // the group when none is given: this process alone
   std::unique_ptr<GradientSync> sync_;  // the variable-update mode's; declared after towers_: destroyed first
   std::unique_ptr<CapturedWork> graph_step_, graph_forward_;  // destroyed before the collective they captured
-  double stall_s_ = 0;                // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
-  void mark_ready(int tower);         // every bucket's ready event not yet recorded, at the stream's end
-  void launch(std::size_t k);         // bucket k's sync: enqueued (NCCL) or handed to the comm thread
-  void sync_on_host(std::size_t k);   // bucket k on this thread: the comm thread, or after backward
+  double stall_s_ = 0;                           // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
+  void mark_ready(int tower);                    // every bucket's ready event not yet recorded, at the stream's end
+  void launch(std::size_t k);                    // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void sync_on_host(std::size_t k);              // bucket k on this thread: the comm thread, or after backward
+  void record_ready(Replica& t, std::size_t k);  // its ready event (and timed_ready with sync timing)
+  void record_sync(std::size_t k, bool end);     // sync_begin or sync_end of bucket k on every tower
+  bool sync_timing_ = false;
   std::unique_ptr<CommThread> comm_;  // declared after sync_: joined before the sync it calls goes
   std::size_t launched_ = 0;          // buckets handed to the communication thread this step
   std::size_t overlapped_ = 0;

@@ -23,7 +23,11 @@ void ConvBnReluLayer::plan(Graph::Impl& g) {
 
 void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
   const Tensor zt{z.get(), zdesc};
-  conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
+  {
+    ProbeScope ps(g, s, "conv_fwd");
+    conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
+  }
+  ProbeScope ps(g, s, "bn_relu_fwd");
   if (training)
     bn->forward_training(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
                          saved.as<float>(), saved.as<float>() + cout, g.workspace.get(), bn_reserve.get());
@@ -35,12 +39,20 @@ void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
 void ConvBnReluLayer::backward(Graph::Impl& g, Stream& s) {
   const Tensor zt{z.get(), zdesc}, dz{g.scratch.get(), zdesc};
   const Value& o = g.values[out];
-  bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
-               g.pgrad(gamma), g.pgrad(beta), 0.0f, g.workspace.get(), bn_reserve.get());
-  conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
-  g.widen_grad(s, w);
-  if (g.values[in[0]].needs_grad)
+  {
+    ProbeScope ps(g, s, "bn_relu_bwd");
+    bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
+                 g.pgrad(gamma), g.pgrad(beta), 0.0f, g.workspace.get(), bn_reserve.get());
+  }
+  {
+    ProbeScope ps(g, s, "conv_bwd_filter");
+    conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
+    g.widen_grad(s, w);
+  }
+  if (g.values[in[0]].needs_grad) {
+    ProbeScope ps(g, s, "conv_bwd_data");
     conv->backward_data(s, dz, g.wdata(w), g.values[in[0]].g, in_beta[0], g.workspace.get());
+  }
 }
 
 std::size_t ConvBnReluLayer::workspace_bytes() const {

@@ -24,6 +24,7 @@ struct ConvBnReluLayer final : Layer {
   void forward(Graph::Impl& g, Stream& s, bool training) override;
   void backward(Graph::Impl& g, Stream& s) override;
   std::int64_t macs() const override { return mac_count; }
+  bool probes_itself() const override { return true; }
   std::int64_t cin = 0, mac_count = 0;
   std::size_t workspace_bytes() const override;
   std::size_t scratch_bytes() const override { return zdesc.bytes(); }

@@ -42,6 +42,7 @@ void Graph::cross_entropy(ValueId logits, float weight, const std::string& outpu
   auto l = std::make_unique<LossLayer>();
   l->weight = weight;
   l->name = output_name;
+  l->label = "loss(" + output_name + ")";
   l->slot = g.num_losses++;
   l->in = {logits};
   g.loss_weights.push_back(weight);

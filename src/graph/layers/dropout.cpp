@@ -33,10 +33,11 @@ struct DropoutLayer final : Layer {
 
 }  // namespace
 
-ValueId Graph::dropout(ValueId x, double p) {
+ValueId Graph::dropout(ValueId x, double p, const std::string& label) {
   auto& g = *impl_;
   auto l = std::make_unique<DropoutLayer>();
   l->p = p;
+  l->label = label;
   l->in = {x};
   l->out = g.new_value(g.values.at(x).shape, static_cast<int>(g.layers.size()));
   auto id = l->out;

@@ -16,12 +16,16 @@ struct Layer {
   std::vector<ValueId> in;
   ValueId out = -1;
   bool training_only = false;
+  std::string label;                   // LayerInfo::label as the builder gave it ("" to derive)
   std::vector<float> in_beta;          // per input: 0 overwrites its gradient, 1 accumulates
   std::vector<std::size_t> trainable;  // indices of the parameters whose gradients this layer writes
   std::size_t ready_after = 0;         // gradient-arena prefix (floats) final once this layer's backward ran
   virtual void plan(Graph::Impl&) = 0;
   virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
   virtual void backward(Graph::Impl&, Stream&) = 0;
+  // true: forward() and backward() open their own ProbeScopes, one per piece (conv_bn_relu);
+  // otherwise the graph opens one around each call ("fwd", "bwd").
+  virtual bool probes_itself() const { return false; }
   virtual void check_after_sync() {}               // errors the device flagged during the step (bad labels)
   virtual std::int64_t macs() const { return 0; }  // whole batch
   virtual std::size_t workspace_bytes() const { return 0; }
@@ -31,6 +35,7 @@ struct Layer {
     LayerInfo i;
     i.kind = std::move(kind);
     i.name = std::move(name);
+    i.label = label.empty() ? i.name : label;
     i.in = in;
     i.out = out;
     i.training_only = training_only;

@@ -34,10 +34,11 @@ struct PoolLayer final : Layer {
 
 }  // namespace
 
-ValueId Graph::pool(ValueId x, const PoolParams& p) {
+ValueId Graph::pool(ValueId x, const PoolParams& p, const std::string& label) {
   auto& g = *impl_;
   auto l = std::make_unique<PoolLayer>();
   l->p = p;
+  l->label = label;
   l->in = {x};
   l->out = g.new_value(pool_output_shape(g.values.at(x).shape, p), static_cast<int>(g.layers.size()));
   auto id = l->out;
@@ -45,9 +46,10 @@ ValueId Graph::pool(ValueId x, const PoolParams& p) {
   return id;
 }
 
-ValueId Graph::global_avg_pool(ValueId x) {
+ValueId Graph::global_avg_pool(ValueId x, const std::string& label) {
   const Shape s = impl_->values.at(x).shape;
-  return pool(x, PoolParams{PoolKind::avg_include_pad, static_cast<int>(s.h), static_cast<int>(s.w), 1, 1, 0, 0});
+  return pool(x, PoolParams{PoolKind::avg_include_pad, static_cast<int>(s.h), static_cast<int>(s.w), 1, 1, 0, 0},
+              label);
 }
 
 }  // namespace stepbench

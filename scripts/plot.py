@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""Pictures of a stepbench run, from its --json file (matplotlib, no display needed).
+
+  scripts/plot.py RUN.json --out DIR [--top N]
+
+Writes, where the run has what they show:
+  phases.png          the phases' medians (every run)
+  layers.png          forward vs backward per layer, the top N layers by time (--layer-times), backward
+                      split into batch norm + ReLU, filter gradient and data gradient
+  step_breakdown.png  the step by kind of work, forward and backward side by side (--layer-times)
+  scaling.png         images/s and scaling efficiency against the GPU count, one line per batch size
+                      (--sweep-batch / --sweep-gpus)
+Prints the paths it wrote. Exit 2 when the file is not a stepbench --json file."""
+import argparse, json, os, statistics, sys
+
+try:
+    import matplotlib
+except ImportError:
+    print(f"plot.py: {sys.executable} cannot import matplotlib; run it with /usr/bin/python3 (Debian's "
+          "python3-matplotlib, which scripts/bench.sh installs) or install matplotlib for this interpreter",
+          file=sys.stderr)
+    sys.exit(2)
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def kind_of(p):
+    if p["part"].startswith("conv_"):
+        return "convolution"
+    if p["part"].startswith("bn_relu"):
+        return "batch norm + ReLU"
+    return {"pool": "pooling", "linear": "fully connected", "cross_entropy": "loss",
+            "graph": "weight cast, gradient zeroing"}.get(p["kind"], p["kind"])
+
+
+def phases_png(run, out):
+    meds = {}
+    for b in run.get("benchmarks", []):
+        if b.get("run_type") != "iteration" or b.get("error_occurred"):
+            continue
+        phase = b["run_name"].split("/")[5] if b["run_name"].count("/") >= 5 else b["run_name"]
+        meds.setdefault(phase, []).append(b["real_time"])
+    if not meds:
+        return None
+    names = list(meds)
+    vals = [statistics.median(meds[n]) for n in names]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.5))
+    ax.barh(names, vals, color="#4c72b0")
+    for y, v in enumerate(vals):
+        ax.text(v, y, f" {v:.3g} ms", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("median ms per call (device time)")
+    ax.set_title(run.get("context", {}).get("stepbench_config", "") or "phases", fontsize=9)
+    return save(fig, out, "phases.png")
+
+
+def layers_png(lt, out, top):
+    layers = {}
+    for p in lt["pieces"]:
+        if p["layer"] == "(graph)":
+            continue
+        d = layers.setdefault(p["layer"], {"fwd": 0.0, "bn_relu_bwd": 0.0, "conv_bwd_filter": 0.0,
+                                           "conv_bwd_data": 0.0, "other_bwd": 0.0})
+        if p["pass"] == "forward":
+            d["fwd"] += p["median_ms"]
+        elif p["part"] in d:
+            d[p["part"]] += p["median_ms"]
+        else:
+            d["other_bwd"] += p["median_ms"]
+    names = sorted(layers, key=lambda n: -sum(layers[n].values()))[:top]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1.8))
+    y = range(len(names))
+    h = 0.4
+    ax.barh([i - h / 2 for i in y], [layers[n]["fwd"] for n in names], h, label="forward", color="#4c72b0")
+    left = [0.0] * len(names)
+    for part, colour, label in (("bn_relu_bwd", "#dd8452", "backward: batch norm + ReLU"),
+                                ("conv_bwd_filter", "#c44e52", "backward: filter gradient"),
+                                ("conv_bwd_data", "#8172b3", "backward: data gradient"),
+                                ("other_bwd", "#937860", "backward: other")):
+        vals = [layers[n][part] for n in names]
+        if any(vals):
+            ax.barh([i + h / 2 for i in y], vals, h, left=left, label=label, color=colour)
+            left = [a + b for a, b in zip(left, vals)]
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("median ms per step")
+    ax.set_title(f"top {len(names)} layers: forward vs backward (step {lt['step_ms']:.3g} ms, "
+                 f"backward {lt['backward_ms'] / lt['forward_ms']:.2f}x forward)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    return save(fig, out, "layers.png")
+
+
+def breakdown_png(lt, out):
+    kinds = {}
+    for p in lt["pieces"]:
+        k = kinds.setdefault(kind_of(p), [0.0, 0.0])
+        k[0 if p["pass"] == "forward" else 1] += p["median_ms"]
+    kinds["gradient sync (exposed)"] = [0.0, lt["grad_sync_ms"]]
+    kinds["update"] = [0.0, lt["update_ms"]]
+    kinds["remainder (gaps)"] = [0.0, max(0.0, lt["remainder_ms"])]
+    names = [k for k in sorted(kinds, key=lambda k: -sum(kinds[k])) if sum(kinds[k]) > 0]
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    left_f = left_b = 0.0
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, n in enumerate(names):
+        f, b = kinds[n]
+        c = colours[i % len(colours)]
+        ax.barh(["forward"], [f], left=left_f, color=c, label=n)
+        ax.barh(["backward, sync, update"], [b], left=left_b, color=c)
+        left_f += f
+        left_b += b
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (medians of the probed steps)")
+    ax.set_title(f"the step by kind of work: {lt['step_ms']:.3g} ms, pieces {lt['pieces_sum_ms']:.3g} ms", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    return save(fig, out, "step_breakdown.png")
+
+
+def scaling_png(sweep, out):
+    rows = [r for r in sweep["rows"] if r.get("images_per_s")]
+    if not rows:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for batch in sorted({r["batch"] for r in rows}):
+        rs = sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["gpus"])
+        g = [r["gpus"] for r in rs]
+        a1.plot(g, [r["images_per_s"] for r in rs], marker="o", label=f"batch {batch}")
+        a2.plot(g, [100 * r["scaling_efficiency"] for r in rs if r.get("scaling_efficiency") is not None],
+                marker="o", label=f"batch {batch}")
+    a1.set_xlabel("GPUs (towers)")
+    a1.set_ylabel("images/s")
+    a2.set_xlabel("GPUs (towers)")
+    a2.set_ylabel("scaling efficiency %")
+    a2.axhline(100, color="grey", lw=0.5)
+    for a in (a1, a2):
+        a.legend(fontsize=7)
+        a.grid(alpha=0.3)
+    fig.suptitle("sweep: images/s and scaling efficiency (images/s at N / (N x one GPU's))", fontsize=9)
+    return save(fig, out, "scaling.png")
+
+
+def save(fig, out, name):
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="a stepbench --json file")
+    ap.add_argument("--out", required=True, help="folder for the PNG files (made if missing)")
+    ap.add_argument("--top", type=int, default=25, help="layers in layers.png [25]")
+    a = ap.parse_args()
+    try:
+        with open(a.run) as f:
+            run = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"plot.py: cannot read {a.run}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(run, dict) or ("benchmarks" not in run and "sweep" not in run):
+        print(f"plot.py: {a.run} is not a stepbench --json file (no benchmarks, no sweep)", file=sys.stderr)
+        return 2
+    if a.top < 1:
+        print("plot.py: --top must be at least 1", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    wrote = [phases_png(run, a.out)]
+    if "layer_times" in run:
+        wrote += [layers_png(run["layer_times"], a.out, a.top), breakdown_png(run["layer_times"], a.out)]
+    if "sweep" in run:
+        wrote.append(scaling_png(run["sweep"], a.out))
+    wrote = [w for w in wrote if w]
+    if not wrote:
+        print(f"plot.py: {a.run} has nothing to plot (no measured benchmark)", file=sys.stderr)
+        return 1
+    for w in wrote:
+        print(w)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

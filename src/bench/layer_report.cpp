@@ -1,0 +1,196 @@
+// --layer-times' section of the summary and --trace's file (layer_times.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include "tensor/error.hpp"
+
+#include "bench/layer_times.hpp"
+
+namespace stepbench {
+namespace {
+
+// What kind of work a piece is, for the summary's per-kind lines.
+std::string work_kind(const LayerTimes::Row& r) {
+  if (r.part.rfind("conv_", 0) == 0) return "convolution";
+  if (r.part.rfind("bn_relu", 0) == 0) return "batch norm + ReLU";
+  if (r.kind == "pool") return "pooling";
+  if (r.kind == "linear") return "fully connected";
+  if (r.kind == "cross_entropy") return "loss";
+  if (r.kind == "graph") return "16-bit weight cast, gradient zeroing";
+  return r.kind;
+}
+
+std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}", 100.0 * part / whole) : "-"; }
+std::string ratio(double b, double f) { return f > 0 ? fmt::format("{:.2f}", b / f) : "-"; }
+
+}  // namespace
+
+void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
+  std::cout << fmt::format(
+      "\nlayer times: tower 0 inside the real step, medians of {} probed steps after the timed ones ({}; "
+      "--json has every piece)\n",
+      lt.steps, lt.clock);
+  std::cout << fmt::format(
+      "  probed step {:.3f} ms: forward {:.3f}, backward {:.3f} ({}x forward), grad_sync {:.3f}, update {:.3f}\n",
+      lt.step_ms, lt.forward_ms, lt.backward_ms, ratio(lt.backward_ms, lt.forward_ms), lt.sync_ms, lt.update_ms);
+  std::cout << fmt::format(
+      "  the pieces add up to {:.3f} ms, {}% of it; the remainder {:.3f} ms is launch gaps and synchronisation "
+      "(the {} between consecutive pieces: {:.3f} ms)\n",
+      lt.parts_ms, pct(lt.parts_ms, lt.step_ms), lt.remainder_ms,
+      lt.clock == "device events" ? "device idle" : "host's bookkeeping", lt.idle_ms);
+  if (!std::isnan(timed_step_ms))
+    std::cout << fmt::format("  the timed step's median was {:.3f} ms: the probes' events and clock reads cost {}%\n",
+                             timed_step_ms, fmt::format("{:+.1f}", 100.0 * (lt.step_ms / timed_step_ms - 1)));
+  struct Sum {
+    double f = 0, b = 0, bd = 0, bf = 0, flops = 0, flop_ms = 0;
+    std::string kind;
+  };
+  std::map<std::string, Sum> kinds;
+  std::vector<std::string> kind_order;
+  std::map<int, Sum> layers;
+  std::map<int, std::string> label;
+  for (const auto& r : lt.rows) {
+    const std::string k = work_kind(r);
+    if (!kinds.count(k)) kind_order.push_back(k);
+    for (Sum* s : {&kinds[k], &layers[r.layer]}) {
+      (r.pass == "forward" ? s->f : s->b) += r.ms;
+      if (r.part == "conv_bwd_data") s->bd += r.ms;
+      if (r.part == "conv_bwd_filter") s->bf += r.ms;
+      if (r.flops > 0) s->flops += r.flops, s->flop_ms += r.ms;
+    }
+    label[r.layer] = r.label;
+    layers[r.layer].kind = r.kind;
+  }
+  std::cout << fmt::format("  {:<38} {:>11} {:>12} {:>8} {:>10}\n", "by kind of work", "forward ms", "backward ms",
+                           "bwd/fwd", "% of step");
+  for (const auto& k : kind_order) {
+    const Sum& s = kinds[k];
+    std::cout << fmt::format(
+        "  {:<38} {:>11.3f} {:>12.3f} {:>8} {:>10}{}\n", k, s.f, s.b, ratio(s.b, s.f), pct(s.f + s.b, lt.step_ms),
+        k == "convolution" ? fmt::format("   (backward: data {:.3f}, filter {:.3f})", s.bd, s.bf) : "");
+  }
+  for (const auto& [name, ms] :
+       {std::pair<const char*, double>{"gradient sync (exposed)", lt.sync_ms}, {"update", lt.update_ms}})
+    std::cout << fmt::format("  {:<38} {:>11} {:>12.3f} {:>8} {:>10}\n", name, "", ms, "", pct(ms, lt.step_ms));
+  std::vector<int> idx;
+  for (const auto& [i, s] : layers)
+    if (i >= 0) idx.push_back(i);
+  std::sort(idx.begin(), idx.end(),
+            [&](int a, int b) { return layers[a].f + layers[a].b > layers[b].f + layers[b].b; });
+  if (static_cast<int>(idx.size()) > top) idx.resize(static_cast<std::size_t>(top));
+  std::cout << fmt::format("  {:<38} {:>11} {:>12} {:>8} {:>10} {:>8}{}\n", fmt::format("top {} layers", idx.size()),
+                           "forward ms", "backward ms", "bwd/fwd", "% of step", "TFLOP/s",
+                           lt.peak_tflops > 0 ? fmt::format(" {:>9}", "% of peak") : "");
+  for (int i : idx) {
+    const Sum& s = layers[i];
+    const double tf = s.flop_ms > 0 ? s.flops / (s.flop_ms * 1e9) : 0;
+    std::cout << fmt::format("  {:<38} {:>11.3f} {:>12.3f} {:>8} {:>10} {:>8}{}\n", label[i], s.f, s.b, ratio(s.b, s.f),
+                             pct(s.f + s.b, lt.step_ms), tf > 0 ? fmt::format("{:.3f}", tf) : "-",
+                             lt.peak_tflops > 0 ? fmt::format(" {:>9}", tf > 0 ? pct(tf, lt.peak_tflops) : "-") : "");
+  }
+}
+
+nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t, const nlohmann::json& meta) {
+  nlohmann::json ev = nlohmann::json::array();
+  const bool host_track = t.backend(0).name() != "cpu";  // on the CPU the host does the work: one track
+  const auto& buckets = t.buckets();
+  for (int i = 0; i < t.size(); ++i) {
+    const int pid = t.rank() * t.size() + i;
+    const auto layers = t.graph(i).layers();
+    auto meta_ev = [&](const char* what, int tid, const std::string& name) {
+      nlohmann::json e{{"ph", "M"}, {"name", what}, {"pid", pid}, {"args", {{"name", name}}}};
+      if (tid) e["tid"] = tid;
+      ev.push_back(std::move(e));
+    };
+    meta_ev("process_name", 0,
+            fmt::format("tower {}{} ({})", pid, t.processes() > 1 ? fmt::format(", rank {}", t.rank()) : "",
+                        t.backend(i).device_name()));
+    ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+    meta_ev("thread_name", 1, host_track ? "device: compute stream" : "compute (steady clock)");
+    if (host_track) meta_ev("thread_name", 2, "host: launches");
+    if (t.sync_bytes() > 0) meta_ev("thread_name", 3, "communication: gradient buckets");
+    auto span = [&](int tid, const std::string& name, const char* cat, double b, double e, nlohmann::json args) {
+      ev.push_back({{"ph", "X"},
+                    {"name", name},
+                    {"cat", cat},
+                    {"pid", pid},
+                    {"tid", tid},
+                    {"ts", b * 1e3},
+                    {"dur", std::max(0.0, e - b) * 1e3},
+                    {"args", std::move(args)}});
+    };
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      const auto& v = steps[k].towers.at(static_cast<std::size_t>(i));
+      for (int tid : {1, 2}) {
+        if (tid == 2 && !host_track) continue;
+        auto b = [&](const ProbeSpan& s) { return tid == 1 ? s.dev0 : s.host0; };
+        auto e = [&](const ProbeSpan& s) { return tid == 1 ? s.dev1 : s.host1; };
+        for (std::size_t j = 0; j < v.size(); ++j) {
+          const ProbeSpan& s = v[j];
+          if (s.layer == ProbeSpan::kPhase) {
+            span(tid, s.part, "phase", b(s), e(s), {{"step", k}});
+            continue;
+          }
+          // a layer's consecutive pieces under one span named after it
+          std::size_t n = j;
+          while (n + 1 < v.size() && v[n + 1].layer == s.layer && std::string(v[n + 1].phase) == s.phase) ++n;
+          const std::string lab = s.layer >= 0 ? layers.at(static_cast<std::size_t>(s.layer)).label : "(graph)";
+          const std::string kind = s.layer >= 0 ? layers.at(static_cast<std::size_t>(s.layer)).kind : "graph";
+          if (n > j) span(tid, lab, "layer", b(s), e(v[n]), {{"kind", kind}, {"pass", s.phase}, {"step", k}});
+          for (std::size_t m = j; m <= n; ++m)
+            span(tid, n > j ? std::string(v[m].part) : lab, "piece", b(v[m]), e(v[m]),
+                 {{"layer", lab}, {"kind", kind}, {"part", v[m].part}, {"step", k}});
+          j = n;
+        }
+      }
+      for (const auto& bs : steps[k].buckets.at(static_cast<std::size_t>(i)))
+        span(3, fmt::format("bucket {}", bs.bucket), "sync", bs.begin_ms, bs.end_ms,
+             {{"bytes", buckets.at(bs.bucket).second * sizeof(float)}, {"step", k}, {"sync", t.sync_name()}});
+    }
+  }
+  // per track in time order, parents (the longer span) before the children that start with them
+  std::stable_sort(ev.begin(), ev.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    const bool ma = a["ph"] == "M", mb = b["ph"] == "M";
+    if (ma || mb) return ma && !mb;
+    for (const char* k : {"pid", "tid"})
+      if (a[k] != b[k]) return a[k].get<int>() < b[k].get<int>();
+    const double ta = a["ts"].get<double>(), tb = b["ts"].get<double>();
+    return ta != tb ? ta < tb : a["dur"].get<double>() > b["dur"].get<double>();
+  });
+  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}, {"otherData", meta}};
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp);
+    f << j.dump() << "\n";
+    if (!f) throw Error(fmt::format("could not write {} ({})", tmp, std::strerror(errno)));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("could not write {} ({})", path, why));
+  }
+}
+
+void add_to_json_file(const std::string& path, const std::string& key, const nlohmann::json& v) {
+  std::ifstream f(path);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(fmt::format("{} is not the JSON object expected", path));
+  f.close();
+  j[key] = v;
+  std::ofstream o(path, std::ios::trunc);
+  o << j.dump(2) << "\n";
+  if (!o) throw Error(fmt::format("could not write {} ({})", path, std::strerror(errno)));
+}
+
+}  // namespace stepbench

@@ -1,0 +1,90 @@
+// --layer-times and --trace: after the timed repetitions, the real step runs again with a probe on
+// every tower's graph (graph/probe.hpp): every piece of every layer's forward and backward is timed
+// by events recorded around it on the tower's stream (device time on a GPU, the steady clock on the
+// CPU) and by the host clock around its launches, and every bucket's sync by events on the
+// communication stream (Towers::set_sync_timing). NVTX ranges name the same pieces for Nsight.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/towers.hpp"
+
+namespace stepbench {
+
+// One piece of work of one probed step on one tower, in ms since the run's origin.
+struct ProbeSpan {
+  static constexpr int kPhase = -2;  // layer of a phase's span (forward, backward, grad_sync, update)
+  int layer;                         // index in Graph::layers(), -1 the graph's own work, or kPhase
+  const char* part;                  // GraphProbe's part, or the phase's name
+  const char* phase;                 // the phase it ran in
+  double dev0, dev1;                 // on the device (the tower's stream)
+  double host0, host1;               // the host launching it
+};
+
+struct ProbedStep {
+  std::vector<std::vector<ProbeSpan>> towers;            // [tower]: in the order they began
+  std::vector<std::vector<Towers::BucketSpan>> buckets;  // [tower], ms since the run's origin
+};
+
+class ProbedRun {
+ public:
+  // Attaches a probe to every tower's graph and turns the sync timing on; both undone on destruction.
+  explicit ProbedRun(Towers& t);
+  ~ProbedRun();
+  ProbedRun(const ProbedRun&) = delete;
+  ProbedRun& operator=(const ProbedRun&) = delete;
+  // One training step as Towers::step runs it (overlapped sync included), probed; synchronises.
+  ProbedStep step();
+
+ private:
+  struct Probe;
+  Towers& t_;
+  std::vector<std::unique_ptr<Probe>> probes_;
+  double origin_;  // the steady clock at construction, ms
+};
+
+// After the timed repetitions: one untimed probed step (it makes the events), then `steps` probed
+// steps. Every process of an MPI run calls it together (the steps sync gradients).
+std::vector<ProbedStep> run_probed_steps(Towers& t, int steps);
+
+// Medians over the probed steps of tower 0: per layer and piece, per phase, the step, and what the
+// pieces leave uncovered. `peak_tflops` (0: unknown) gives a percentage of peak per convolution.
+struct LayerTimes {
+  struct Row {
+    int layer;
+    std::string label, kind, part, pass;  // pass: forward, backward
+    double ms = 0;                        // median over the steps
+    double flops = 0;                     // per step (0: not counted)
+  };
+  std::vector<Row> rows;  // in execution order (backward rows in backward order)
+  int steps = 0;
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, sync_ms = 0, update_ms = 0;
+  double parts_ms = 0;      // median over the steps of the sum of every piece, the sync and the update
+  double remainder_ms = 0;  // median over the steps of the step minus that sum
+  double idle_ms = 0;       // median of the device's gaps between consecutive pieces
+  double peak_tflops = 0;
+  std::string clock;  // "device events" or "steady clock"
+};
+LayerTimes summarize_layer_times(const std::vector<ProbedStep>& steps, const Towers& t, double peak_tflops);
+nlohmann::json layer_times_json(const LayerTimes& lt);
+// The summary's section: the step's parts, per kind of work, and the `top` layers by time;
+// timed_step_ms (NaN: none), the step's median from the timed repetitions, for the probes' cost.
+void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms);
+
+// Dense tensor-core (or FMA for fp32) peak of the device in TFLOP/s for the precision, from its
+// name (H100, H200, A100); 0 when unknown (the CPU included).
+double device_peak_tflops(const std::string& device_name, const std::string& precision);
+
+// Chrome's trace-event JSON (Perfetto, chrome://tracing): one process per tower (pid = global
+// tower index), a device track of phases, layers and pieces, a host track of their launches (not on
+// the CPU, where they are the same), and a communication track of the buckets' syncs.
+nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t, const nlohmann::json& meta);
+// Writes j to path (a temporary file, then a rename); Error naming the path when it cannot.
+void write_json_file(const std::string& path, const nlohmann::json& j);
+// Adds key: v to the top-level object of the JSON file at path (Google Benchmark's --json).
+void add_to_json_file(const std::string& path, const std::string& key, const nlohmann::json& v);
+
+}  // namespace stepbench

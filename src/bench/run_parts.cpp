@@ -1,0 +1,89 @@
+// The parts of run_benchmarks that are not the run itself (run_parts.hpp).
+#include "bench/run_parts.hpp"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <iostream>
+
+#include "bench/per_layer.hpp"
+
+namespace stepbench {
+
+std::string numeric_trouble(const Towers& t) {
+  for (int i = 0; i < t.size(); ++i) {
+    if (t.graph(i).step_finite(t.stream(i))) continue;
+    const std::string where = t.graph(i).first_non_finite(t.stream(i));
+    return fmt::format("{}the first non-finite number: {}", t.size() > 1 ? fmt::format("tower {}: ", i) : "",
+                       where.empty() ? "none in one more step (it came back)" : where);
+  }
+  return "";
+}
+
+std::string json_partial(const BenchConfig& c) {
+  struct stat st {};
+  const bool regular = stat(c.json.c_str(), &st) == 0 ? S_ISREG(st.st_mode) : errno == ENOENT;
+  return regular ? fmt::format("{}.partial.{}", c.json, getpid()) : c.json;
+}
+
+bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
+  keep.args = {argv0};
+  for (const auto& a : c.benchmark_args) keep.args.push_back(a);
+  if (!c.json.empty() && root) {
+    keep.args.push_back("--benchmark_out=" + json_partial(c));  // renamed to --json once whole
+    keep.args.emplace_back("--benchmark_out_format=json");
+  }
+  keep.argv.clear();
+  for (auto& a : keep.args) keep.argv.push_back(a.data());
+  int argc = static_cast<int>(keep.argv.size());
+  benchmark::Initialize(&argc, keep.argv.data());
+  return !benchmark::ReportUnrecognizedArguments(argc, keep.argv.data());
+}
+
+void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
+                const Feeder& feeder, bool data_step) {
+  for (Phase p : phases)
+    if (p != Phase::grad_sync || towers.sync_bytes() > 0) std::cout << prefix << "/" << to_string(p) << "\n";
+  if (data_step) std::cout << prefix << "/step:data=" << feeder.name() << "\n";
+  if (c.cuda_graph)
+    for (Phase p : {Phase::forward, Phase::step})
+      if (has(phases, p)) std::cout << prefix << "/" << to_string(p) << ":cuda_graph\n";
+  if (c.per_layer)
+    for (const auto& cs : distinct_convs(towers.graph(0)))
+      for (const char* k : {"fwd", "bwd_data", "bwd_filter"})
+        std::cout << prefix << "/" << cs.name() << "/" << k << "\n";
+}
+
+void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl) {
+  switch (p) {
+    case Phase::forward:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * fl.forward / 1e12);
+      break;
+    case Phase::forward_train:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * fl.train_forward / 1e12);
+      break;
+    case Phase::forward_backward:
+    case Phase::step:
+      st.counters["images/s"] = rate(images);
+      st.counters["TFLOP/s"] = rate(images * 3.0 * fl.train_forward / 1e12);
+      break;
+    case Phase::grad_sync: {
+      const double gb = static_cast<double>(towers.sync_bytes()) / 1e9;
+      st.counters["algbw_GB/s"] = rate(gb);
+      st.counters["busbw_GB/s"] = rate(gb * towers.bus_factor());
+      st.counters["bytes"] = static_cast<double>(towers.sync_bytes());
+      st.counters["buckets"] = static_cast<double>(towers.bucket_count());
+      break;
+    }
+    case Phase::update:
+      st.counters["params/s"] = rate(static_cast<double>(towers.graph(0).num_parameters()) * towers.size());
+      break;
+    case Phase::input_pipeline: break;
+  }
+}
+
+}  // namespace stepbench

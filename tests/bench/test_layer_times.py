@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Where the time goes, on the cpu backend: --layer-times (every layer's pieces inside the real step
+add up to it), --trace (a valid Chrome trace: well-formed events, perfect nesting per track, every
+layer once per pass) and scripts/plot.py (its PNG files from a real run's JSON).
+
+  tests/bench/test_layer_times.py --stepbench build/bin/stepbench --scripts scripts [unittest args]"""
+import argparse, json, os, subprocess, sys, tempfile, unittest
+
+STEPBENCH = None
+SCRIPTS = None
+FAST = ["--benchmark_min_time=0.01"]
+TINY = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "8", "--warmup", "1"]
+# Inception-v3 at its smallest size, without the aux head (which needs 299x299): every layer kind
+INCEPTION = ["--backend", "cpu", "--model", "inception_v3", "--image-size", "75", "--aux-logits", "off",
+             "--batch-size", "2", "--warmup", "1"]
+TINY_LAYERS = {"conv1", "conv2", "maxpool", "block.branch1x1", "block.branch5x5_1", "block.branch5x5_2",
+               "block.branch3x3_1", "block.branch3x3_2", "block.avg_pool", "block.branch_pool", "avgpool", "dropout",
+               "fc", "loss(logits)"}
+
+
+def run(*args, timeout=600):
+    p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check_trace(test, path, towers, layers=None, convs=None):
+    """Well-formed, nested per track, monotonic per track, every layer once per pass and step."""
+    with open(path) as f:
+        j = json.load(f)
+    ev = j["traceEvents"]
+    spans = [e for e in ev if e["ph"] == "X"]
+    meta = [e for e in ev if e["ph"] == "M"]
+    test.assertEqual(len(spans) + len(meta), len(ev), "only complete (X) and metadata (M) events")
+    for e in spans:
+        for k, t in (("name", str), ("pid", int), ("tid", int), ("ts", (int, float)), ("dur", (int, float))):
+            test.assertIsInstance(e.get(k), t, e)
+        test.assertGreaterEqual(e["ts"], 0, e)
+        test.assertGreaterEqual(e["dur"], 0, e)
+    test.assertEqual({e["pid"] for e in spans}, set(range(towers)))
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in meta if e["name"] in ("process_name", "thread_name")}
+    for pid in range(towers):
+        test.assertIn((pid, None), names)
+        test.assertIn((pid, 1), names)
+    tracks = {}
+    for e in spans:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    eps = 1e-6  # µs: printing rounds the last digit
+    for key, v in tracks.items():
+        ts = [e["ts"] for e in v]
+        test.assertEqual(ts, sorted(ts), f"track {key}: timestamps go back")
+        stack = []
+        for e in v:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"] + eps:
+                stack.pop()
+            if stack:
+                top = stack[-1]
+                test.assertLessEqual(e["ts"] + e["dur"], top["ts"] + top["dur"] + eps,
+                                     f"track {key}: {e['name']} overlaps {top['name']} without nesting in it")
+            stack.append(e)
+    steps = j["otherData"]["steps"]
+    for pid in range(towers):
+        dev = [e for e in tracks[(pid, 1)]]
+        for phase in ("step", "forward", "backward", "grad_sync", "update"):
+            test.assertEqual(len([e for e in dev if e["cat"] == "phase" and e["name"] == phase]), steps, phase)
+        for k in range(steps):
+            for p in ("forward", "backward"):
+                per = {}
+                for e in dev:  # a layer: its span (several pieces) or its one piece
+                    a = e["args"]
+                    if a.get("step") != k or e["cat"] not in ("layer", "piece"):
+                        continue
+                    if e["cat"] == "layer" and a["pass"] == p:
+                        per[e["name"]] = per.get(e["name"], 0) + 1
+                    if e["cat"] == "piece" and e["name"] == a["layer"] and a["part"] == ("fwd" if p == "forward"
+                                                                                          else "bwd"):
+                        per[e["name"]] = per.get(e["name"], 0) + 1
+                per.pop("(graph)", None)
+                test.assertTrue(all(n == 1 for n in per.values()), f"step {k} {p}: {per}")
+                if layers is not None:
+                    test.assertEqual(set(per), layers, f"step {k} {p}")
+                if convs is not None:
+                    test.assertEqual(len([n for n in per if n.startswith(("Conv2d", "Mixed"))
+                                          and not n.endswith((".avg_pool", ".max_pool"))]), convs, f"step {k} {p}")
+            pieces = {e["args"]["part"] for e in dev if e["cat"] == "piece" and e["args"].get("step") == k}
+            test.assertTrue({"conv_fwd", "bn_relu_fwd", "bn_relu_bwd", "conv_bwd_filter", "conv_bwd_data"} <= pieces,
+                            pieces)
+    return j
+
+
+class LayerTimes(unittest.TestCase):
+    def test_the_pieces_add_up_to_the_step(self):
+        for layout in ("nchw", "nhwc"):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "run.json")
+                rc, out, err = run(*TINY, "--format", layout, "--phases", "forward,step", "--repetitions", "5",
+                                   "--layer-times", "--json", path, "--benchmark_min_time=0.05")
+                self.assertEqual(rc, 0, err)
+                with open(path) as f:
+                    lt = json.load(f)["layer_times"]
+            self.assertEqual(lt["probed_steps"], 5)
+            self.assertEqual(lt["clock"], "steady clock")
+            # every piece of work in the step is inside a probe: what is left (per step, then the median) is
+            # bookkeeping. (Medians of the phases need not add up to the step's median on a loaded machine.)
+            self.assertGreaterEqual(lt["remainder_ms"], 0, lt)
+            self.assertLess(lt["remainder_ms"], 0.03 * lt["step_ms"], lt)
+            pieces = {(p["layer"], p["part"]) for p in lt["pieces"]}
+            for conv in ("conv2", "block.branch5x5_2"):
+                for part in ("conv_fwd", "bn_relu_fwd", "bn_relu_bwd", "conv_bwd_filter", "conv_bwd_data"):
+                    self.assertIn((conv, part), pieces)
+            # the stem's input needs no gradient: no backward-data piece there
+            self.assertNotIn(("conv1", "conv_bwd_data"), pieces)
+            self.assertIn(("conv1", "conv_bwd_filter"), pieces)
+            self.assertEqual({p["layer"] for p in lt["pieces"] if p["layer"] != "(graph)"}, TINY_LAYERS)
+            for p in lt["pieces"]:
+                self.assertGreaterEqual(p["median_ms"], 0, p)
+                if p["part"].startswith("conv_"):
+                    self.assertGreater(p["tflops"], 0, p)
+            self.assertIn("layer times: tower 0 inside the real step", out)
+            self.assertIn("by kind of work", out)
+            self.assertIn("top 12 layers", out)
+            self.assertRegex(out, r"convolution +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +\(backward: data [0-9.]+, "
+                                  r"filter [0-9.]+\)")
+
+    def test_a_trace_of_one_and_two_towers(self):
+        for towers in (1, 2):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "trace.json")
+                rc, out, err = run(*TINY, "--gpus", str(towers), "--phases", "step", "--repetitions", "1",
+                                   "--trace", path, *FAST)
+                self.assertEqual(rc, 0, err)
+                self.assertIn(f"trace: {path}", out)
+                j = check_trace(self, path, towers, layers=TINY_LAYERS)
+                sync = [e for e in j["traceEvents"] if e.get("cat") == "sync"]
+                if towers == 1:
+                    self.assertEqual(sync, [], "one tower syncs nothing")
+                else:
+                    self.assertGreater(len(sync), 0)
+                    for e in sync:
+                        self.assertEqual(e["tid"], 3)
+                        self.assertGreater(e["args"]["bytes"], 0)
+
+    def test_a_trace_of_inception_v3(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.json")
+            rc, out, err = run(*INCEPTION, "--phases", "step", "--repetitions", "1", "--trace", path,
+                               "--layer-times", *FAST)
+            self.assertEqual(rc, 0, err)
+            check_trace(self, path, 1, convs=94)  # torchvision's 94 BasicConv2d without the aux head
+            self.assertIn("Mixed_7c", out)
+
+    def test_a_trace_that_cannot_be_written_is_a_usage_error(self):
+        rc, out, err = run(*TINY, "--phases", "step", "--trace", "/nonexistent-dir/trace.json", *FAST)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--trace /nonexistent-dir/trace.json cannot be written", err)
+
+
+class Plot(unittest.TestCase):
+    def plot(self, *args):
+        p = subprocess.run([self.python, os.path.join(SCRIPTS, "plot.py"), *args], capture_output=True, text=True,
+                           timeout=300)
+        return p.returncode, p.stdout, p.stderr
+
+    def test_pictures_of_a_real_run(self):
+        # Debian's python3-matplotlib (the install list's) is /usr/bin/python3's; ctest's may be another
+        self.python = next((py for py in (sys.executable, "/usr/bin/python3")
+                            if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode == 0),
+                           None)
+        if self.python is None:
+            self.skipTest("no interpreter here imports matplotlib (python3-matplotlib is not installed)")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            rc, out, err = run(*TINY, "--phases", "forward,step", "--repetitions", "3", "--layer-times", "--json",
+                               path, *FAST)
+            self.assertEqual(rc, 0, err)
+            rc, out, err = self.plot(path, "--out", os.path.join(d, "plots"), "--top", "8")
+            self.assertEqual(rc, 0, err)
+            wrote = out.split()
+            self.assertEqual(sorted(os.path.basename(w) for w in wrote),
+                             ["layers.png", "phases.png", "step_breakdown.png"])
+            for w in wrote:
+                with open(w, "rb") as f:
+                    head = f.read(24)
+                self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n", w)
+                width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+                self.assertGreater(width, 400, w)
+                self.assertGreater(height, 200, w)
+            # not a run file, a missing file, a bad --top: exit 2 with the reason
+            with open(os.path.join(d, "x.json"), "w") as f:
+                f.write("[1, 2]")
+            for args, why in (([os.path.join(d, "x.json")], "is not a stepbench --json file"),
+                              ([os.path.join(d, "missing.json")], "cannot read"),
+                              ([path, "--top", "0"], "--top must be at least 1")):
+                rc, out, err = self.plot(*args, "--out", os.path.join(d, "p2"))
+                self.assertEqual(rc, 2, err)
+                self.assertIn(why, err)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stepbench", required=True)
+    ap.add_argument("--scripts", required=True)
+    args, rest = ap.parse_known_args()
+    STEPBENCH, SCRIPTS = os.path.abspath(args.stepbench), os.path.abspath(args.scripts)
+    result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)
