@@ -25,6 +25,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def ms(v):
+    return f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def title_of(run):
+    c = run.get("context", {})
+    if "model" not in c:
+        return ""
+    batch = f", batch {c['batch_size_per_gpu']} x {c.get('gpus', '?')} GPUs" if "batch_size_per_gpu" in c else ""
+    return f"{c['model']} {c.get('precision', '')} {c.get('layout', '')}{batch} on {c.get('device', '?')}"
+
+
 def kind_of(p):
     if p["part"].startswith("conv_"):
         return "convolution"
@@ -48,10 +60,10 @@ def phases_png(run, out):
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.5))
     ax.barh(names, vals, color="#4c72b0")
     for y, v in enumerate(vals):
-        ax.text(v, y, f" {v:.3g} ms", va="center", fontsize=8)
+        ax.text(v, y, f" {ms(v)} ms", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("median ms per call (device time)")
-    ax.set_title(run.get("context", {}).get("stepbench_config", "") or "phases", fontsize=9)
+    ax.set_title(f"phases: {title_of(run)}", fontsize=9)
     return save(fig, out, "phases.png")
 
 
@@ -86,7 +98,7 @@ def layers_png(lt, out, top):
     ax.set_yticklabels(names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("median ms per step")
-    ax.set_title(f"top {len(names)} layers: forward vs backward (step {lt['step_ms']:.3g} ms, "
+    ax.set_title(f"top {len(names)} layers: forward vs backward (step {ms(lt['step_ms'])} ms, "
                  f"backward {lt['backward_ms'] / lt['forward_ms']:.2f}x forward)", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return save(fig, out, "layers.png")
@@ -113,7 +125,8 @@ def breakdown_png(lt, out):
         left_b += b
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (medians of the probed steps)")
-    ax.set_title(f"the step by kind of work: {lt['step_ms']:.3g} ms, pieces {lt['pieces_sum_ms']:.3g} ms", fontsize=9)
+    ax.set_title(f"the step by kind of work: {ms(lt['step_ms'])} ms, the pieces {ms(lt['pieces_sum_ms'])} ms",
+                 fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
     return save(fig, out, "step_breakdown.png")
 

@@ -5,6 +5,7 @@
 // oneDNN primitive creation happen in make_*). Their execute methods only launch work, never
 // allocate. Data pointers may change between calls; descriptors may not.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -232,6 +233,14 @@ class Backend {
   }
   // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
   virtual std::size_t memory_available() const = 0;
+  // What planning may use: memory_available(), at most the limit (--device-memory-mb: size a run
+  // for a smaller device than this one; 0: none).
+  void set_memory_limit(std::size_t bytes) { memory_limit_ = bytes; }
+  std::size_t memory_limit() const { return memory_limit_; }
+  std::size_t memory_budget() const {
+    const std::size_t a = memory_available();
+    return memory_limit_ ? std::min(a, memory_limit_) : a;
+  }
 
   // streams and events; on the CPU backend work runs synchronously and events hold host times
   virtual Stream& default_stream() = 0;
@@ -293,6 +302,7 @@ class Backend {
 
  protected:
   bool tensor_math_ = false;
+  std::size_t memory_limit_ = 0;
 };
 
 // RAII owner of a backend allocation: Buffer (device memory) and HostBuffer (host memory, pinned on

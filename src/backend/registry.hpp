@@ -23,6 +23,7 @@ struct BackendOptions {
   Precision precision = Precision::fp32;                 // tf32 turns tensor-op math on
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;                              // cuda: see CudaBackendOptions
+  std::size_t memory_limit_bytes = 0;                    // Backend::set_memory_limit (0: none)
   // cuda: where convolution plans are looked up and recorded; shared by the backends of one process
   // (Towers passes one to each tower). Null: the backend keeps its own.
   std::shared_ptr<ConvPlanCache> plans;

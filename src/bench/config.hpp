@@ -59,7 +59,12 @@ struct BenchConfig {
   bool per_layer = false;
   bool layer_times = false;  // --layer-times: every layer's pieces inside the real step (bench/layer_times)
   std::string trace;         // --trace: the probed steps as a Chrome trace-event file ("": none)
-  bool list = false;         // print the benchmark names and return
+  // --sweep-gpus / --sweep-batch (bench/sweep.hpp): the step over this grid instead of the fixtures;
+  // an empty list is the run's own --gpus or --batch-size.
+  std::vector<int> sweep_gpus;
+  std::vector<std::int64_t> sweep_batch;
+  bool sweep() const { return !sweep_gpus.empty() || !sweep_batch.empty(); }
+  bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;
   // the Pythons to try for the peer, in order: the first whose torch and torchvision import (and,
   // on the cuda backend, whose torch sees a GPU) runs it. --peer-python gives exactly one.

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "bench/bench.hpp"
+#include "bench/sweep.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "comm/process_group.hpp"
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     o.bench.revision = STEPBENCH_REVISION;
     o.bench.interrupt = &interrupted;
     catch_interrupts();
+    if (o.bench.sweep()) return run_sweep(o.bench, *group);
     return run_benchmarks(o.bench, *group, argv[0], peer_dirs());
   } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
     fmt::print(stderr, "stepbench: {}\n", e.what());

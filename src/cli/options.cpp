@@ -70,6 +70,20 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "within it is picked")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--device-memory-mb", o.device_memory_mb,
+                 "plan as if each device had at most this much memory (size a run for a smaller GPU; the largest "
+                 "batch of --sweep-*); 0: what it has")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--sweep-gpus", b.sweep_gpus,
+                 "instead of the phase fixtures, time the step at each of these GPU (tower) counts, e.g. 1,2,4,8: a "
+                 "table of step time, images/s and scaling efficiency, and the largest batch per GPU that fits")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--sweep-batch", b.sweep_batch,
+                 "with or without --sweep-gpus: time the step at each of these batch sizes per GPU, e.g. 32,64,128")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   app.add_option("--plan-cache", b.plan_cache,
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
                  "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
@@ -193,6 +207,30 @@ void resolve(Options& o) {
     b.run.plans = std::make_shared<ConvPlanCache>();
     b.run.plans->load(b.plan_cache);  // a damaged file: UsageError naming it
   }
+  if (b.sweep()) {
+    for (const char* f : {"--phases", "--per-layer", "--layer-times", "--trace", "--peer", "--cuda-graph", "--history",
+                          "--list", "--data"})
+      if (o.given(f))
+        throw UsageError(fmt::format(
+            "{} does not go with --sweep-gpus / --sweep-batch (the sweep times the training step over its grid, on "
+            "synthetic data, and nothing else): drop it",
+            f));
+    if (o.given("--gpus") && !b.sweep_gpus.empty())
+      throw UsageError("--gpus and --sweep-gpus both give the GPU count: drop --gpus");
+    if ((o.given("--batch-size") || o.given("--global-batch-size")) && !b.sweep_batch.empty())
+      throw UsageError("--batch-size (or --global-batch-size) and --sweep-batch both give the batch: drop one");
+    auto distinct = [](auto v, const char* flag) {
+      std::sort(v.begin(), v.end());
+      if (std::adjacent_find(v.begin(), v.end()) != v.end())
+        throw UsageError(fmt::format("{} lists a value twice; give each once", flag));
+    };
+    distinct(b.sweep_gpus, "--sweep-gpus");
+    distinct(b.sweep_batch, "--sweep-batch");
+    const int most = b.sweep_gpus.empty() ? 0 : *std::max_element(b.sweep_gpus.begin(), b.sweep_gpus.end());
+    if (cuda && most > cuda_device_count())
+      throw UsageError(fmt::format("--sweep-gpus {} but {} GPU(s) are visible; list counts up to {}", most,
+                                   cuda_device_count(), cuda_device_count()));
+  }
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
   if (b.peer != PeerKind::none && !cuda && m.precision != Precision::fp32)
@@ -241,6 +279,7 @@ void resolve(Options& o) {
   r.ps_on_host = o.ps_on_cpu;
   r.sync_timeout_s = o.sync_timeout_s;
   r.workspace_bytes = static_cast<std::size_t>(o.workspace_mb) << 20;
+  r.memory_limit_bytes = static_cast<std::size_t>(o.device_memory_mb) << 20;
 }
 
 }  // namespace stepbench::cli

@@ -25,6 +25,7 @@ struct Options {
   bool ps_on_cpu = false;  // --ps-device cpu
   double sync_timeout_s = 600.0;
   int workspace_mb = 512;
+  int device_memory_mb = 0;        // 0: what the device has
   std::string data = "synthetic";  // synthetic, synthetic-host, or a JPEG folder
   std::string peer_python;         // --peer-python: the only Python the peer tries
 

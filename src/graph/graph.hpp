@@ -95,6 +95,12 @@ class Graph {
 
   void plan();
   bool planned() const;
+  // Planning's memory checks without allocating, for finding the largest batch that fits: throws
+  // UsageError as plan() would when the batch does not fit, else returns the bytes needed. quick:
+  // only the estimate made before any op is created (cheap); otherwise every buffer and op is sized
+  // as plan() does (cuDNN's algorithm search included) and the exact arena is checked. The graph is
+  // spent afterwards: plan() refuses it.
+  std::size_t plan_dry(bool quick);
 
   // ---- running ----
   // training: batch statistics, dropout, training-only layers and the loss. Otherwise inference:
@@ -180,6 +186,8 @@ class Graph {
   struct Impl;
 
  private:
+  enum class PlanStage { estimate, sized, all };
+  std::size_t plan_to(PlanStage stage);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -50,6 +50,7 @@ struct Graph::Impl {
   std::map<std::string, ValueId> outputs;
   bool training_only = false;
   bool planned = false;
+  bool dry_planned = false;  // plan_dry() ran: the graph cannot be planned any more
   ValueId input = -1;
   Slot param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
   Slot param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler

@@ -19,11 +19,24 @@ namespace stepbench {
 namespace {
 constexpr std::size_t kAlignFloats = 16;  // 64-byte aligned parameters
 std::size_t align_floats(std::size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+std::string limit_note(const Backend& be) {
+  return be.memory_limit() && be.memory_limit() < be.memory_available()
+             ? fmt::format(" (a memory limit of {} MiB is set)", be.memory_limit() >> 20)
+             : "";
+}
 }  // namespace
 
-void Graph::plan() {
+void Graph::plan() { plan_to(PlanStage::all); }
+
+std::size_t Graph::plan_dry(bool quick) {
+  SB_CHECK(!impl_->planned, "plan_dry after plan()");
+  return plan_to(quick ? PlanStage::estimate : PlanStage::sized);
+}
+
+std::size_t Graph::plan_to(PlanStage stage) {
   auto& g = *impl_;
-  if (g.planned) return;
+  if (g.planned) return g.arena_bytes;
+  SB_CHECK(!g.dry_planned, "a graph sized by plan_dry() cannot be planned again: build another");
   SB_CHECK(g.input >= 0, "graph has no input");
   auto& be = g.be;
 
@@ -55,13 +68,17 @@ void Graph::plan() {
     for (const auto& l : g.layers)
       if (dynamic_cast<const ConvBnReluLayer*>(l.get()))
         need += static_cast<double>(g.desc(g.values[l->out].shape).bytes());
-    const double have = static_cast<double>(be.memory_available());
+    const double have = static_cast<double>(be.memory_budget());
     if (need > 0.9 * have) {
       const double per_image = need / static_cast<double>(g.cfg.batch);
       throw UsageError(fmt::format(
-          "batch size {} needs about {:.1f} GiB on {} ({}) and {:.1f} GiB is available; use --batch-size {} or less",
-          g.cfg.batch, need / (1 << 30), be.name(), be.device_name(), have / (1 << 30),
+          "batch size {} needs about {:.1f} GiB on {} ({}) and {:.1f} GiB is available{}; use --batch-size {} or less",
+          g.cfg.batch, need / (1 << 30), be.name(), be.device_name(), have / (1 << 30), limit_note(be),
           std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
+    }
+    if (stage == PlanStage::estimate) {
+      g.dry_planned = true;
+      return static_cast<std::size_t>(need);
     }
   }
   g.reserve(g.param_arena, g.param_floats * sizeof(float));
@@ -136,14 +153,19 @@ void Graph::plan() {
   g.reserve(g.losses, sizeof(float) * static_cast<std::size_t>(std::max(g.num_losses, 1)));
 
   // The arena: every byte the graph uses on the device, in one allocation, checked first.
-  const std::size_t have = be.memory_available();
+  const std::size_t have = be.memory_budget();
   if (static_cast<double>(g.arena_bytes) > 0.95 * static_cast<double>(have)) {
     const double per_image = static_cast<double>(g.arena_bytes) / static_cast<double>(g.cfg.batch);
     throw UsageError(fmt::format(
-        "batch size {} needs {} bytes ({:.2f} GiB) of {} memory on {} and {} bytes ({:.2f} GiB) are available; use "
-        "--batch-size {} or less",
+        "batch size {} needs {} bytes ({:.2f} GiB) of {} memory on {} and {} bytes ({:.2f} GiB) are available{}; "
+        "use --batch-size {} or less",
         g.cfg.batch, g.arena_bytes, g.arena_bytes / 1073741824.0, be.name(), be.device_name(), have,
-        have / 1073741824.0, std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
+        have / 1073741824.0, limit_note(be),
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(0.8 * have / per_image))));
+  }
+  if (stage == PlanStage::sized) {
+    g.dry_planned = true;
+    return g.arena_bytes;
   }
   g.arena = Buffer(be, g.arena_bytes);
   for (Slot* sl : g.slots) sl->base = g.arena.as<char>();
@@ -175,6 +197,7 @@ void Graph::plan() {
     (*it)->ready_after = ready;
   }
   g.planned = true;
+  return g.arena_bytes;
 }
 
 bool Graph::planned() const { return impl_->planned; }

@@ -47,6 +47,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     bo.precision = o.precision;
     bo.workspace_bytes = o.workspace_bytes;
     bo.own_kernels = o.own_kernels;
+    bo.memory_limit_bytes = o.memory_limit_bytes;
     bo.plans = plans;
     t->be = make_backend(bo);
     const int global = rank_ * o.towers + i;  // each replica draws its own dropout masks

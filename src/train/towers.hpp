@@ -65,6 +65,8 @@ struct TowerOptions {
   double sync_timeout_s = 600.0;
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;  // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
+  // What planning may use per device (Backend::set_memory_limit, --device-memory-mb); 0: all it has.
+  std::size_t memory_limit_bytes = 0;
   // cuda: the convolution plans every tower's backend looks up and records (--plan-cache FILE loads
   // one); null: the towers share one of their own, so each convolution is searched once per process.
   std::shared_ptr<ConvPlanCache> plans;
@@ -77,6 +79,17 @@ struct TowerOptions {
 
   DType dtype() const { return storage_dtype(precision); }
 };
+
+// The largest batch per tower that planning accepts on tower 0's device for these options (model,
+// image size, precision, layout, memory limit): bisection on planning's quick estimate
+// (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false)); so `batch`
+// fits planning's checks and batch + 1 does not (or batch is cap). batch 0: not even one image fits.
+struct BatchFit {
+  std::int64_t batch = 0;
+  std::size_t bytes = 0;   // what `batch` needs (the exact arena)
+  std::size_t budget = 0;  // what the device gives planning (Backend::memory_budget)
+};
+BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap = std::int64_t{1} << 20);
 
 class Towers {
  public:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the time goes, on the cpu backend: --layer-times (every layer's pieces inside the real step
 add up to it), --trace (a valid Chrome trace: well-formed events, perfect nesting per track, every
-layer once per pass) and scripts/plot.py (its PNG files from a real run's JSON).
+layer once per pass), --sweep-gpus/--sweep-batch (the grid, the scaling efficiency, the largest batch
+agreeing with planning) and scripts/plot.py (its PNG files from a real run's JSON).
 
   tests/bench/test_layer_times.py --stepbench build/bin/stepbench --scripts scripts [unittest args]"""
 import argparse, json, os, subprocess, sys, tempfile, unittest
@@ -154,6 +155,60 @@ class LayerTimes(unittest.TestCase):
         self.assertIn("--trace /nonexistent-dir/trace.json cannot be written", err)
 
 
+class Sweep(unittest.TestCase):
+    SWEEP = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "1", "--repetitions", "3",
+             "--device-memory-mb", "64"]
+
+    def test_the_grid_its_efficiency_and_the_largest_batch(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "sweep.json")
+            rc, out, err = run(*self.SWEEP, "--sweep-gpus", "2,1", "--sweep-batch", "8,4,100000", "--json", path)
+            self.assertEqual(rc, 0, err)
+            with open(path) as f:
+                j = json.load(f)
+        sw = j["sweep"]
+        self.assertEqual(j["context"]["model"], "tiny")
+        self.assertNotIn("batch_size_per_gpu", j["context"])  # the grid varies it
+        rows = {(r["gpus"], r["batch"]): r for r in sw["rows"]}
+        self.assertEqual(set(rows), {(g, b) for g in (1, 2) for b in (4, 8, 100000)})
+        big = sw["largest_batch_per_gpu"]
+        self.assertGreater(big, 8)
+        self.assertLess(big, 100000)
+        self.assertLessEqual(sw["largest_batch_bytes"], sw["memory_budget_bytes"])
+        for g in (1, 2):
+            self.assertFalse(rows[(g, 100000)]["fits"])
+            for b in (4, 8):
+                r = rows[(g, b)]
+                self.assertTrue(r["fits"])
+                self.assertEqual(r["global_batch"], g * b)
+                self.assertAlmostEqual(r["images_per_s"], g * b / (r["step_ms"] / 1e3), delta=1e-6 * r["images_per_s"])
+                base = rows[(1, b)]
+                self.assertAlmostEqual(r["scaling_efficiency"], r["images_per_s"] / (g * base["images_per_s"]),
+                                       delta=1e-9)
+        self.assertRegex(out, r"gpus +batch/gpu +global batch +step ms +images/s +efficiency")
+        self.assertRegex(out, r"\n +2 +8 +16 +[0-9.]+ +[0-9.]+ +[0-9.]+%\n")
+        self.assertIn("100000 does not fit (planning's memory check)", " ".join(out.split()))
+        self.assertIn(f"largest batch per GPU that fits at 2 GPUs: {big} ", out)
+        # the answer is planning's: that batch plans, one more does not (exit 2 naming the limit)
+        one = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--device-memory-mb", "64", "--list"]
+        rc, out, err = run(*one, "--batch-size", str(big))
+        self.assertEqual(rc, 0, err)
+        rc, out, err = run(*one, "--batch-size", str(big + 1))
+        self.assertEqual(rc, 2, err)
+        self.assertIn(f"batch size {big + 1} needs", err)
+        self.assertIn("a memory limit of 64 MiB is set", err)
+
+    def test_flags_that_do_not_go_with_a_sweep(self):
+        for extra, why in ((["--trace", "t.json"], "--trace does not go with --sweep-gpus"),
+                           (["--phases", "step"], "--phases does not go with"),
+                           (["--gpus", "2"], "--gpus and --sweep-gpus both give the GPU count"),
+                           (["--sweep-batch", "4,4"], "--sweep-batch lists a value twice"),
+                           (["--sweep-batch", "0"], "--sweep-batch")):
+            rc, out, err = run(*self.SWEEP, "--sweep-gpus", "1", *extra)
+            self.assertEqual(rc, 2, f"{extra}: {err}")
+            self.assertIn(why, err)
+
+
 class Plot(unittest.TestCase):
     def plot(self, *args):
         p = subprocess.run([self.python, os.path.join(SCRIPTS, "plot.py"), *args], capture_output=True, text=True,
@@ -184,6 +239,13 @@ class Plot(unittest.TestCase):
                 width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
                 self.assertGreater(width, 400, w)
                 self.assertGreater(height, 200, w)
+            # a sweep's file: the scaling curves
+            sweep = os.path.join(d, "sweep.json")
+            rc, out, err = run(*Sweep.SWEEP, "--sweep-gpus", "1,2", "--sweep-batch", "4,8", "--json", sweep)
+            self.assertEqual(rc, 0, err)
+            rc, out, err = self.plot(sweep, "--out", os.path.join(d, "plots"))
+            self.assertEqual(rc, 0, err)
+            self.assertEqual([os.path.basename(w) for w in out.split()], ["scaling.png"])
             # not a run file, a missing file, a bad --top: exit 2 with the reason
             with open(os.path.join(d, "x.json"), "w") as f:
                 f.write("[1, 2]")

@@ -1,0 +1,177 @@
+// --sweep-batch / --sweep-gpus (sweep.hpp).
+#include "bench/sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "bench/layer_times.hpp"
+#include "bench/nvtx.hpp"
+#include "bench/region_timer.hpp"
+#include "bench/report.hpp"
+#include "bench/stats.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+namespace {
+
+constexpr double kRepetitionMs = 100;  // steps per repetition: enough to fill about this much
+constexpr int kMaxStepsPerRepetition = 100;
+
+// One grid point: towers built, warmed up, `repetitions` repetitions of k steps timed on the device.
+SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_per_process, std::int64_t batch,
+                    std::vector<std::pair<std::string, std::string>>* context) {
+  TowerOptions o = c.run;
+  o.towers = towers_per_process;
+  o.batch_per_tower = batch;
+  Towers t(o);
+  if (context && context->empty()) *context = run_context(c, t);
+  t.set_synthetic_batch(42);
+  SweepRow row;
+  row.gpus = t.global_size();
+  row.batch = batch;
+  {
+    NvtxRange nv(fmt::format("sweep warm-up gpus:{} batch:{}", row.gpus, batch));
+    for (int i = 0; i < std::max(c.warmup, 1); ++i) t.step();
+  }
+  RegionTimer rt(t, 2);
+  rt.start();
+  t.step();
+  rt.stop();
+  const double one = group.allreduce_max(rt.device_ms(0, 1));
+  const int k = std::clamp(static_cast<int>(std::ceil(kRepetitionMs / std::max(one, 1e-3))), 1, kMaxStepsPerRepetition);
+  std::vector<double> per_step;
+  for (int r = 0; r < std::max(c.repetitions, 1); ++r) {
+    NvtxRange nv(fmt::format("sweep gpus:{} batch:{}", row.gpus, batch));
+    rt.start();
+    for (int i = 0; i < k; ++i) t.step();
+    rt.stop();
+    per_step.push_back(group.allreduce_max(rt.device_ms(0, 1)) / k);
+  }
+  row.steps_per_repetition = k;
+  row.step_ms = median(per_step);
+  row.images_per_s = static_cast<double>(row.gpus) * static_cast<double>(batch) / (row.step_ms / 1e3);
+  return row;
+}
+
+}  // namespace
+
+void fill_scaling_efficiency(std::vector<SweepRow>& rows) {
+  std::map<std::int64_t, const SweepRow*> base;  // per batch: the smallest count that ran
+  for (const auto& r : rows)
+    if (r.fits && r.images_per_s > 0 && (!base.count(r.batch) || r.gpus < base[r.batch]->gpus)) base[r.batch] = &r;
+  for (auto& r : rows) {
+    r.efficiency = -1;
+    if (!r.fits || r.images_per_s <= 0 || !base.count(r.batch)) continue;
+    const SweepRow& b = *base[r.batch];
+    r.efficiency = r.images_per_s / (b.images_per_s * static_cast<double>(r.gpus) / static_cast<double>(b.gpus));
+  }
+}
+
+int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
+  const bool root = group.rank() == 0;
+  const auto& r = c.run;
+  std::vector<int> gpus = c.sweep_gpus.empty() ? std::vector<int>{r.towers} : c.sweep_gpus;
+  std::vector<std::int64_t> batches =
+      c.sweep_batch.empty() ? std::vector<std::int64_t>{r.batch_per_tower} : c.sweep_batch;
+  std::sort(gpus.begin(), gpus.end());
+  std::sort(batches.begin(), batches.end());
+  const BatchFit fit = largest_batch_that_fits(r);
+  if (root)
+    std::cerr << fmt::format("stepbench: sweep of {} on {}, {} {}, {}x{}: GPUs {} x batch per GPU {}{}\n",
+                             to_string(r.model), to_string(r.backend), to_string(r.precision), to_string(r.layout),
+                             r.model_options.image_size, r.model_options.image_size, fmt::join(gpus, ","),
+                             fmt::join(batches, ","),
+                             group.size() > 1 ? fmt::format(" (per process; {} processes)", group.size()) : "");
+  std::vector<SweepRow> rows;
+  std::vector<std::pair<std::string, std::string>> context;
+  for (int g : gpus) {
+    for (std::int64_t b : batches) {
+      if (c.interrupt && c.interrupt->load() != 0) break;
+      if (b > fit.batch) {
+        SweepRow row;
+        row.gpus = g * group.size();
+        row.batch = b;
+        row.fits = false;
+        rows.push_back(row);
+        continue;
+      }
+      rows.push_back(time_point(c, group, g, b, &context));
+      if (root)
+        std::cerr << fmt::format("  gpus {} batch {}: {:.3f} ms per step\n", rows.back().gpus, b, rows.back().step_ms);
+    }
+  }
+  fill_scaling_efficiency(rows);
+  const bool cut = c.interrupt && c.interrupt->load() != 0;
+  if (!root) return cut ? 128 + c.interrupt->load() : 0;
+
+  // the configuration's context, less what the grid varies
+  std::erase_if(context, [](const auto& kv) {
+    return kv.first == "gpus" || kv.first == "towers_per_process" || kv.first == "batch_size_per_gpu" ||
+           kv.first == "global_batch_size" || kv.first == "sync_buckets";
+  });
+  std::string device = "-";
+  for (const auto& [k, v] : context)
+    if (k == "device") device = v;
+  std::cout << fmt::format(
+      "\nsweep: {} {} {} on {} ({}), step medians of {} repetitions (device time; each repetition as many steps as "
+      "fill {:.0f} ms)\n",
+      to_string(r.model), to_string(r.precision), to_string(r.layout), to_string(r.backend), device,
+      std::max(c.repetitions, 1), kRepetitionMs);
+  std::cout << fmt::format("{:>6} {:>10} {:>13} {:>11} {:>11} {:>11}\n", "gpus", "batch/gpu", "global batch", "step ms",
+                           "images/s", "efficiency");
+  for (const auto& row : rows) {
+    if (!row.fits) {
+      std::cout << fmt::format("{:>6} {:>10} {:>13} {:>11}\n", row.gpus, row.batch, row.gpus * row.batch,
+                               "does not fit (planning's memory check)");
+      continue;
+    }
+    std::cout << fmt::format("{:>6} {:>10} {:>13} {:>11.3f} {:>11.1f} {:>11}\n", row.gpus, row.batch,
+                             row.gpus * row.batch, row.step_ms, row.images_per_s,
+                             row.efficiency < 0 ? "-" : fmt::format("{:.1f}%", 100 * row.efficiency));
+  }
+  for (int g : gpus)
+    std::cout << fmt::format(
+        "largest batch per GPU that fits at {} GPUs: {} ({:.2f} GiB of the {:.2f} GiB planning may use; batch {} does "
+        "not fit)\n",
+        g * group.size(), fit.batch, static_cast<double>(fit.bytes) / (1 << 30),
+        static_cast<double>(fit.budget) / (1 << 30), fit.batch + 1);
+  std::cout << "(each tower plans on its own device, so the largest batch per GPU is the same for every count";
+  if (r.backend == BackendKind::cpu)
+    std::cout << "; CPU towers share the host's memory and cores: they run one after another, so images/s stays "
+                 "about flat and the efficiency falls as 1/N by construction";
+  std::cout << ")\n";
+  if (cut) std::cout << "cut short by a signal: the rows above are the points measured before it\n";
+
+  if (!c.json.empty()) {
+    nlohmann::json jr = nlohmann::json::array();
+    for (const auto& row : rows) {
+      nlohmann::json x{
+          {"gpus", row.gpus}, {"batch", row.batch}, {"global_batch", row.gpus * row.batch}, {"fits", row.fits}};
+      if (row.fits) {
+        x["step_ms"] = row.step_ms;
+        x["images_per_s"] = row.images_per_s;
+        x["steps_per_repetition"] = row.steps_per_repetition;
+        x["scaling_efficiency"] = row.efficiency < 0 ? nlohmann::json(nullptr) : nlohmann::json(row.efficiency);
+      }
+      jr.push_back(std::move(x));
+    }
+    nlohmann::json ctx = nlohmann::json::object();
+    for (const auto& [k, v] : context) ctx[k] = v;
+    write_json_file(c.json, {{"context", ctx},
+                             {"sweep",
+                              {{"rows", jr},
+                               {"repetitions", std::max(c.repetitions, 1)},
+                               {"largest_batch_per_gpu", fit.batch},
+                               {"largest_batch_bytes", fit.bytes},
+                               {"memory_budget_bytes", fit.budget}}}});
+  }
+  return cut ? 128 + c.interrupt->load() : 0;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,52 @@
+// largest_batch_that_fits (towers.hpp): planning's memory checks, bisected over the batch size.
+#include <memory>
+
+#include "graph/graph.hpp"
+#include "models/models.hpp"
+#include "tensor/error.hpp"
+#include "train/towers.hpp"
+
+namespace stepbench {
+
+BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
+  BackendOptions bo;
+  bo.kind = resolve(o.backend);
+  bo.precision = o.precision;
+  bo.workspace_bytes = o.workspace_bytes;
+  bo.own_kernels = o.own_kernels;
+  bo.memory_limit_bytes = o.memory_limit_bytes;
+  bo.plans = o.plans;
+  const auto be = make_backend(bo);
+  BatchFit fit;
+  fit.budget = be->memory_budget();
+  // bytes needed, or 0 when planning refuses the batch for its memory
+  auto needs = [&](std::int64_t batch, bool quick) -> std::size_t {
+    Graph g(*be, GraphConfig{batch, o.layout, o.dtype(), 0});
+    build_model(g, o.model, o.model_options);  // a bad model option throws here, whatever the batch
+    try {
+      return g.plan_dry(quick);
+    } catch (const UnsupportedError&) {
+      throw;
+    } catch (const UsageError&) {
+      return 0;
+    }
+  };
+  auto largest = [&](std::int64_t lo, std::int64_t hi, bool quick) {  // lo fits (or is 0), hi does not
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      (needs(mid, quick) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  if (!needs(1, true)) return fit;
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= cap && needs(hi, true)) lo = hi, hi *= 2;
+  std::int64_t b = hi > cap ? (needs(cap, true) ? cap : largest(lo, cap, true)) : largest(lo, hi, true);
+  // the exact check (every buffer and op sized) may refuse what the estimate let through
+  if (!needs(b, false)) b = largest(0, b, false);
+  fit.batch = b;
+  fit.bytes = b ? needs(b, false) : 0;
+  return fit;
+}
+
+}  // namespace stepbench
