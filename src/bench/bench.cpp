@@ -275,34 +275,13 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     reporter.SetErrorStream(&devnull);
   }
   PartialJson partial;
-  if (!c.json.empty() && root && json_partial(c) != c.json) partial.path = json_partial(c);
+  const bool json_in_place = !c.json.empty() && json_partial(c) == c.json;  // a FIFO or /dev/stdout
+  if (!c.json.empty() && root && !json_in_place) partial.path = json_partial(c);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&reporter);  // its --json file is closed on return
   if (ran == 0) {
     if (root) std::cerr << "stepbench: no benchmark ran: --benchmark_filter matched none of them (see --list)\n";
     benchmark::Shutdown();
     return 2;
-  }
-  // --layer-times, --trace: probed steps after the timed repetitions (every process together)
-  std::optional<LayerTimes> layer_times;
-  if ((c.layer_times || !trace.empty()) && !stop.agreed() && stop.halted().empty()) {
-    const auto steps = run_probed_steps(towers, c.layer_times ? std::max(c.repetitions, 3) : 1);
-    if (c.layer_times) {
-      layer_times = summarize_layer_times(
-          steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
-      if (!partial.path.empty())
-        add_to_json_file(partial.path, "layer_times", layer_times_json(*layer_times));
-      else if (!c.json.empty() && root)
-        std::cerr << "stepbench: --json " << c.json << " is not a regular file: its layer_times are not in it\n";
-    }
-    if (!trace.empty())
-      write_json_file(trace,
-                      trace_json(steps, towers,
-                                 {{"stepbench", prefix},
-                                  {"revision", c.revision},
-                                  {"backend", towers.backend(0).name()},
-                                  {"device", towers.backend(0).device_name()},
-                                  {"steps", steps.size()},
-                                  {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"}}));
   }
   if (!partial.path.empty()) {
     if (std::rename(partial.path.c_str(), c.json.c_str()) != 0) {
@@ -313,9 +292,42 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     }
     partial.path.clear();
   }
+  // --layer-times, --trace: probed steps after the timed repetitions (every process together), once
+  // the measured --json is in place: nothing here can take it away. A signal that came after the
+  // last benchmark skips them without counting as agreed (the summary says it came after them).
+  std::optional<LayerTimes> layer_times;
+  bool probe_failed = false;
+  const bool late_signal = group.allreduce_max(stop.local() ? 1.0 : 0.0) > 0;
+  if ((c.layer_times || !trace.empty()) && !late_signal && !stop.signal() && stop.halted().empty()) {
+    const auto steps = run_probed_steps(towers, c.layer_times ? std::max(c.repetitions, 3) : 1);
+    try {
+      if (c.layer_times) {
+        layer_times = summarize_layer_times(
+            steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
+        if (json_in_place && root)
+          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its layer_times are not in it\n";
+        else if (!c.json.empty() && root)
+          add_to_json_file(c.json, "layer_times", layer_times_json(*layer_times));
+      }
+      if (!trace.empty())
+        write_json_file(trace,
+                        trace_json(steps, towers,
+                                   {{"stepbench", prefix},
+                                    {"revision", c.revision},
+                                    {"backend", towers.backend(0).name()},
+                                    {"device", towers.backend(0).device_name()},
+                                    {"steps", steps.size()},
+                                    {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"}}));
+    } catch (const Error& e) {  // the measured rows stay as written; the run's status says it
+      std::cerr << "stepbench: " << e.what() << "\n";
+      probe_failed = true;
+    }
+  }
   if (!root) {
     benchmark::Shutdown();
-    return stop.signal() ? 128 + stop.signal() : reporter.errors.empty() && stop.halted().empty() ? 0 : 1;
+    return stop.signal()                                                       ? 128 + stop.signal()
+           : reporter.errors.empty() && stop.halted().empty() && !probe_failed ? 0
+                                                                               : 1;
   }
   if (!stop.signal() && stop.local()) {  // after the last benchmark's check: all measured, but stop here
     print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
@@ -373,7 +385,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
               << " gave no figures (the reason is above); stepbench's own are complete, the exit status is 1\n";
     return 1;
   }
-  return reporter.errors.empty() ? 0 : 1;
+  return reporter.errors.empty() && !probe_failed ? 0 : 1;
 }
 
 }  // namespace stepbench

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 
 #include "tensor/error.hpp"
@@ -42,8 +43,11 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
       "  probed step {:.3f} ms: forward {:.3f}, backward {:.3f} ({}x forward), grad_sync {:.3f}, update {:.3f}\n",
       lt.step_ms, lt.forward_ms, lt.backward_ms, ratio(lt.backward_ms, lt.forward_ms), lt.sync_ms, lt.update_ms);
   std::cout << fmt::format(
-      "  the pieces add up to {:.3f} ms, {}% of it; the remainder {:.3f} ms is launch gaps and synchronisation "
+      "  the pieces{} add up to {:.3f} ms, {}% of it; the remainder {:.3f} ms is launch gaps and synchronisation "
       "(the {} between consecutive pieces: {:.3f} ms)\n",
+      lt.towers_counted > 1
+          ? fmt::format(" of all {} towers (on the CPU they run one after another)", lt.towers_counted)
+          : "",
       lt.parts_ms, pct(lt.parts_ms, lt.step_ms), lt.remainder_ms,
       lt.clock == "device events" ? "device idle" : "host's bookkeeping", lt.idle_ms);
   if (!std::isnan(timed_step_ms))
@@ -142,7 +146,7 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
           // a layer's consecutive pieces under one span named after it
           std::size_t n = j;
           while (n + 1 < v.size() && v[n + 1].layer == s.layer && std::string(v[n + 1].phase) == s.phase) ++n;
-          const std::string lab = s.layer >= 0 ? layers.at(static_cast<std::size_t>(s.layer)).label : "(graph)";
+          const std::string lab = s.layer >= 0 ? layers.at(static_cast<std::size_t>(s.layer)).label : s.part;
           const std::string kind = s.layer >= 0 ? layers.at(static_cast<std::size_t>(s.layer)).kind : "graph";
           if (n > j) span(tid, lab, "layer", b(s), e(v[n]), {{"kind", kind}, {"pass", s.phase}, {"step", k}});
           for (std::size_t m = j; m <= n; ++m)
@@ -183,14 +187,27 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
 }
 
 void add_to_json_file(const std::string& path, const std::string& key, const nlohmann::json& v) {
+  // As text, before the object's closing brace: Google Benchmark's file keeps its own formatting,
+  // and the NaN and Infinity it writes for a cv of all-zero counters (which JSON parsers refuse) stay.
   std::ifstream f(path);
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(fmt::format("{} is not the JSON object expected", path));
-  f.close();
-  j[key] = v;
-  std::ofstream o(path, std::ios::trunc);
-  o << j.dump(2) << "\n";
-  if (!o) throw Error(fmt::format("could not write {} ({})", path, std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close = text.find_last_not_of(" \t\r\n");
+  if (!f.good() && !f.eof()) throw Error(fmt::format("could not read {} ({})", path, std::strerror(errno)));
+  if (close == std::string::npos || text[close] != '}' || text.find('{') == std::string::npos)
+    throw Error(fmt::format("{} is not the JSON object expected: {} was not added", path, key));
+  const bool empty = text.find_last_not_of(" \t\r\n", close - 1) == text.find('{');
+  text = text.substr(0, close) + (empty ? "" : ",") + "\n  " + nlohmann::json(key).dump() + ": " + v.dump() + "\n}\n";
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream o(tmp, std::ios::trunc);
+    o << text;
+    if (!o) throw Error(fmt::format("could not write {} ({})", tmp, std::strerror(errno)));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("could not write {} ({})", path, why));
+  }
 }
 
 }  // namespace stepbench

@@ -191,6 +191,8 @@ LayerTimes summarize_layer_times(const std::vector<ProbedStep>& steps, const Tow
   std::vector<Key> order;
   std::map<std::string, std::vector<double>> phases;
   std::vector<double> idle, parts, rest;
+  // CPU towers run one after another on this thread: tower 0's step holds the others' pieces too
+  lt.towers_counted = t.backend(0).name() == "cpu" ? t.size() : 1;
   for (const auto& st : steps) {
     const auto& v = st.towers.at(0);
     std::map<Key, double> sum;
@@ -206,6 +208,9 @@ LayerTimes summarize_layer_times(const std::vector<ProbedStep>& steps, const Tow
       sum[k] += s.dev1 - s.dev0;
     }
     for (const auto& [k, ms] : sum) times[k].push_back(ms);
+    for (int i = 1; i < lt.towers_counted; ++i)
+      for (const auto& s : st.towers.at(static_cast<std::size_t>(i)))
+        if (s.layer >= -1) leaves.push_back(&s);  // the sync and update spans are the same on every tower
     std::sort(leaves.begin(), leaves.end(), [](auto* a, auto* b) { return a->dev0 < b->dev0; });
     double gap = 0, total = 0;
     for (std::size_t i = 0; i < leaves.size(); ++i) {

@@ -65,6 +65,7 @@ struct LayerTimes {
   double parts_ms = 0;      // median over the steps of the sum of every piece, the sync and the update
   double remainder_ms = 0;  // median over the steps of the step minus that sum
   double idle_ms = 0;       // median of the device's gaps between consecutive pieces
+  int towers_counted = 1;   // towers whose pieces parts_ms and idle_ms count (all on the CPU: sequential)
   double peak_tflops = 0;
   std::string clock;  // "device events" or "steady clock"
 };
@@ -84,7 +85,9 @@ double device_peak_tflops(const std::string& device_name, const std::string& pre
 nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t, const nlohmann::json& meta);
 // Writes j to path (a temporary file, then a rename); Error naming the path when it cannot.
 void write_json_file(const std::string& path, const nlohmann::json& j);
-// Adds key: v to the top-level object of the JSON file at path (Google Benchmark's --json).
+// Adds key: v to the top-level object of the JSON file at path (Google Benchmark's --json), as text
+// before its closing brace (the file's own formatting, and any NaN it holds, stay); a temporary
+// file, then a rename. Error naming the path when it cannot.
 void add_to_json_file(const std::string& path, const std::string& key, const nlohmann::json& v);
 
 }  // namespace stepbench

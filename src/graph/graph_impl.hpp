@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -123,11 +124,19 @@ struct Graph::Impl {
 // One piece of work for the probe, if one is attached: begin() now, end() when it goes out of scope.
 class ProbeScope {
  public:
-  ProbeScope(const Graph::Impl& g, Stream& s, const char* part) : p_(g.probe), s_(s) {
+  ProbeScope(const Graph::Impl& g, Stream& s, const char* part)
+      : p_(g.probe), s_(s), unwinding_(std::uncaught_exceptions()) {
     if (p_) p_->begin(s_, g.current, part);
   }
+  // Not while an exception from the piece unwinds (recording on a failed device would throw again).
+  // A destructor must not throw: an error of end() (a sticky CUDA error) is left to the next call
+  // to the device, which reports it.
   ~ProbeScope() {
-    if (p_) p_->end(s_);
+    if (!p_ || std::uncaught_exceptions() > unwinding_) return;
+    try {
+      p_->end(s_);
+    } catch (...) {
+    }
   }
   ProbeScope(const ProbeScope&) = delete;
   ProbeScope& operator=(const ProbeScope&) = delete;
@@ -135,6 +144,7 @@ class ProbeScope {
  private:
   GraphProbe* p_;
   Stream& s_;
+  int unwinding_;
 };
 
 }  // namespace stepbench

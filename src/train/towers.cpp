@@ -135,7 +135,7 @@ void Towers::record_sync(std::size_t k, bool end) {
 }
 
 void Towers::set_sync_timing(bool on) {
-  sync_timing_ = on;
+  sync_timing_ = false;
   if (!on) return;
   for (auto& t : towers_) {
     for (auto* v : {&t->timed_ready, &t->sync_begin, &t->sync_end}) {
@@ -143,6 +143,7 @@ void Towers::set_sync_timing(bool on) {
       for (std::size_t k = 0; k < buckets_.size(); ++k) v->push_back(t->be->create_event());
     }
   }
+  sync_timing_ = true;  // once every event exists
 }
 
 std::vector<Towers::BucketSpan> Towers::bucket_spans(int tower, Event& ref) const {
@@ -150,6 +151,7 @@ std::vector<Towers::BucketSpan> Towers::bucket_spans(int tower, Event& ref) cons
   std::vector<BucketSpan> v;
   if (sync_->bytes() == 0) return v;
   Replica& t = *towers_.at(static_cast<std::size_t>(tower));
+  t.be->synchronize(*t.comm);  // its last events may be after the compute stream's (the host server)
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     const double ready = t.be->elapsed_ms(ref, *t.timed_ready[k]), free = t.be->elapsed_ms(ref, *t.sync_begin[k]);
     v.push_back({k, std::max(ready, free), t.be->elapsed_ms(ref, *t.sync_end[k])});
