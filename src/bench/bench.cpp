@@ -25,6 +25,7 @@
 #include "bench/peer.hpp"
 #include "bench/per_layer.hpp"
 #include "bench/phases.hpp"
+#include "bench/projection.hpp"
 #include "bench/region_timer.hpp"
 #include "bench/report.hpp"
 #include "bench/run_parts.hpp"
@@ -60,6 +61,11 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   }
   // the peer's Python first too: a missing torch is found before the benchmarks, not after
   std::string peer_python;
+  if (!c.project_gpus.empty() && group.size() > 1) {
+    if (root)
+      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it under mpirun\n";
+    return 2;
+  }
   if (c.peer != PeerKind::none && group.size() > 1) {
     if (root) std::cerr << "stepbench: --peer runs PyTorch in one process; drop it under mpirun\n";
     return 2;
@@ -296,11 +302,21 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   // the measured --json is in place: nothing here can take it away. A signal that came after the
   // last benchmark skips them without counting as agreed (the summary says it came after them).
   std::optional<LayerTimes> layer_times;
+  std::optional<ProjectionInput> projection;
+  const LinkModel link{c.fabric, c.link_gbps, c.link_latency_us};
   bool probe_failed = false;
   const bool late_signal = group.allreduce_max(stop.local() ? 1.0 : 0.0) > 0;
-  if ((c.layer_times || !trace.empty()) && !late_signal && !stop.signal() && stop.halted().empty()) {
-    const auto steps = run_probed_steps(towers, c.layer_times ? std::max(c.repetitions, 3) : 1);
+  const bool probe = c.layer_times || !trace.empty() || !c.project_gpus.empty();
+  if (probe && !late_signal && !stop.signal() && stop.halted().empty()) {
+    const auto steps =
+        run_probed_steps(towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1);
     try {
+      if (!c.project_gpus.empty()) {
+        projection = projection_input(steps, towers);
+        if (!json_in_place && !c.json.empty() && root)
+          add_to_json_file(c.json, "projection",
+                           projection_json(*projection, link, project(*projection, link, c.project_gpus)));
+      }
       if (c.layer_times) {
         layer_times = summarize_layer_times(
             steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
@@ -367,6 +383,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       for (const auto& x : it->second) v.push_back(x.device_ms);
     print_layer_times(*layer_times, 12, v.empty() ? NAN : median(v));
   }
+  if (projection)
+    print_projection(*projection, link, project(*projection, link, c.project_gpus), {}, r.batch_per_tower);
   if (!trace.empty() && root)
     std::cout << fmt::format("trace: {} (open it in https://ui.perfetto.dev or chrome://tracing){}\n", trace,
                              group.size() > 1 ? "; the other processes wrote theirs as FILE.rankN" : "");

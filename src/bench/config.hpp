@@ -64,6 +64,11 @@ struct BenchConfig {
   std::vector<int> sweep_gpus;
   std::vector<std::int64_t> sweep_batch;
   bool sweep() const { return !sweep_gpus.empty() || !sweep_batch.empty(); }
+  // --project-gpus (bench/projection.hpp): project the step to these GPU counts from this run's one-GPU
+  // step over the link (--link-gbps and --link-latency-us, or the --fabric preset's figures).
+  std::vector<int> project_gpus;
+  std::string fabric;  // the preset's name, or "" for the given figures
+  double link_gbps = 0, link_latency_us = 0;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;
   // the Pythons to try for the peer, in order: the first whose torch and torchvision import (and,

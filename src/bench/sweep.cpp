@@ -12,6 +12,7 @@
 
 #include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
+#include "bench/projection.hpp"
 #include "bench/region_timer.hpp"
 #include "bench/report.hpp"
 #include "bench/stats.hpp"
@@ -25,7 +26,7 @@ constexpr int kMaxStepsPerRepetition = 100;
 
 // One grid point: towers built, warmed up, `repetitions` repetitions of k steps timed on the device.
 SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_per_process, std::int64_t batch,
-                    std::vector<std::pair<std::string, std::string>>* context) {
+                    std::vector<std::pair<std::string, std::string>>* context, ProjectionInput* projection) {
   TowerOptions o = c.run;
   o.towers = towers_per_process;
   o.batch_per_tower = batch;
@@ -53,6 +54,7 @@ SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_
     rt.stop();
     per_step.push_back(group.allreduce_max(rt.device_ms(0, 1)) / k);
   }
+  if (projection) *projection = projection_input(run_probed_steps(t, std::max(c.repetitions, 3)), t);
   row.steps_per_repetition = k;
   row.step_ms = median(per_step);
   row.images_per_s = static_cast<double>(row.gpus) * static_cast<double>(batch) / (row.step_ms / 1e3);
@@ -81,6 +83,11 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
       c.sweep_batch.empty() ? std::vector<std::int64_t>{r.batch_per_tower} : c.sweep_batch;
   std::sort(gpus.begin(), gpus.end());
   std::sort(batches.begin(), batches.end());
+  if (!c.project_gpus.empty() && group.size() > 1) {
+    if (root)
+      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it under mpirun\n";
+    return 2;
+  }
   const BatchFit fit = largest_batch_that_fits(r);
   if (root)
     std::cerr << fmt::format("stepbench: sweep of {} on {}, {} {}, {}x{}: GPUs {} x batch per GPU {}{}\n",
@@ -90,6 +97,7 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                              group.size() > 1 ? fmt::format(" (per process; {} processes)", group.size()) : "");
   std::vector<SweepRow> rows;
   std::vector<std::pair<std::string, std::string>> context;
+  std::map<std::int64_t, ProjectionInput> inputs;  // per batch: the one-GPU point's probed step
   for (int g : gpus) {
     for (std::int64_t b : batches) {
       if (c.interrupt && c.interrupt->load() != 0) break;
@@ -101,7 +109,8 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
         rows.push_back(row);
         continue;
       }
-      rows.push_back(time_point(c, group, g, b, &context));
+      const bool base = !c.project_gpus.empty() && g * group.size() == 1;
+      rows.push_back(time_point(c, group, g, b, &context, base ? &inputs[b] : nullptr));
       if (root)
         std::cerr << fmt::format("  gpus {} batch {}: {:.3f} ms per step\n", rows.back().gpus, b, rows.back().step_ms);
     }
@@ -147,6 +156,18 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                  "about flat and the efficiency falls as 1/N by construction";
   std::cout << ")\n";
   if (cut) std::cout << "cut short by a signal: the rows above are the points measured before it\n";
+  const LinkModel link{c.fabric, c.link_gbps, c.link_latency_us};
+  nlohmann::json projections = nlohmann::json::array();
+  for (const auto& [b, in] : inputs) {
+    std::vector<std::pair<int, double>> measured;
+    for (const auto& row : rows)
+      if (row.batch == b && row.fits) measured.emplace_back(row.gpus, row.step_ms);
+    const auto pts = project(in, link, c.project_gpus);
+    print_projection(in, link, pts, measured, b);
+    auto j = projection_json(in, link, pts);
+    j["batch"] = b;
+    projections.push_back(std::move(j));
+  }
 
   if (!c.json.empty()) {
     nlohmann::json jr = nlohmann::json::array();
@@ -169,7 +190,8 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                                {"repetitions", std::max(c.repetitions, 1)},
                                {"largest_batch_per_gpu", fit.batch},
                                {"largest_batch_bytes", fit.bytes},
-                               {"memory_budget_bytes", fit.budget}}}});
+                               {"memory_budget_bytes", fit.budget},
+                               {"projections", projections}}}});
   }
   return cut ? 128 + c.interrupt->load() : 0;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "bench/projection.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench::cli {
@@ -84,6 +85,19 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "with or without --sweep-gpus: time the step at each of these batch sizes per GPU, e.g. 32,64,128")
       ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  app.add_option("--project-gpus", b.project_gpus,
+                 "project the step time and scaling efficiency to these GPU counts (e.g. 64,256,1024) from this run's "
+                 "one-GPU step (with --sweep-*: each batch's one-GPU point, checked against the counts measured) and "
+                 "an alpha-beta model of ring and tree all-reduce over --link-gbps / --link-latency-us or --fabric")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--link-gbps", b.link_gbps, "--project-gpus: each GPU's link bandwidth, one direction, Gbit/s")
+      ->check(CLI::Range(1e-3, 1e7));
+  app.add_option("--link-latency-us", b.link_latency_us, "--project-gpus: the link's latency per hop, microseconds")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--fabric", b.fabric,
+                 "--project-gpus: a link preset with nominal figures instead of --link-gbps/--link-latency-us")
+      ->check(CLI::IsMember(fabric_names()));
   app.add_option("--plan-cache", b.plan_cache,
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
                  "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
@@ -230,6 +244,31 @@ void resolve(Options& o) {
     if (cuda && most > cuda_device_count())
       throw UsageError(fmt::format("--sweep-gpus {} but {} GPU(s) are visible; list counts up to {}", most,
                                    cuda_device_count(), cuda_device_count()));
+  }
+  const bool link_given = o.given("--link-gbps") || o.given("--link-latency-us");
+  if (b.project_gpus.empty() && (link_given || o.given("--fabric")))
+    throw UsageError(
+        "--link-gbps, --link-latency-us and --fabric describe the link for --project-gpus: add it or drop them");
+  if (!b.project_gpus.empty()) {
+    if (link_given && o.given("--fabric"))
+      throw UsageError("--fabric and --link-gbps/--link-latency-us both describe the link: give one");
+    if (!o.given("--fabric") && !(o.given("--link-gbps") && o.given("--link-latency-us")))
+      throw UsageError(
+          fmt::format("--project-gpus needs the link: --link-gbps G --link-latency-us L, or --fabric "
+                      "NAME (one of {})",
+                      fmt::join(fabric_names(), ", ")));
+    if (o.given("--fabric")) {
+      const LinkModel l = fabric_preset(b.fabric);
+      b.link_gbps = l.gbps;
+      b.link_latency_us = l.latency_us;
+    }
+    const bool one = b.sweep() ? b.sweep_gpus.empty()
+                                     ? o.gpus == 1
+                                     : std::find(b.sweep_gpus.begin(), b.sweep_gpus.end(), 1) != b.sweep_gpus.end()
+                               : o.gpus == 1;
+    if (!one)
+      throw UsageError(b.sweep() ? "--project-gpus starts from one GPU's step: add 1 to --sweep-gpus"
+                                 : "--project-gpus starts from one GPU's step: use --gpus 1");
   }
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");

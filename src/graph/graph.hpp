@@ -45,8 +45,9 @@ struct LayerInfo {
   ConvParams conv{};
   PoolParams pool{};
   bool training_only = false;
-  float loss_weight = 0;  // cross_entropy: its term's weight in the loss
-  std::int64_t macs = 0;  // whole batch
+  std::size_t ready_after = 0;  // after plan(): the gradient-arena prefix (floats) final once its backward ran
+  float loss_weight = 0;        // cross_entropy: its term's weight in the loss
+  std::int64_t macs = 0;        // whole batch
   // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
   // pooling's implementation.
   std::string conv_algorithm, implementation;

@@ -31,10 +31,13 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
       return 0;
     }
   };
+  std::size_t bytes = 0;  // what the last batch that fitted the exact check needs
   auto largest = [&](std::int64_t lo, std::int64_t hi, bool quick) {  // lo fits (or is 0), hi does not
     while (hi - lo > 1) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      (needs(mid, quick) ? lo : hi) = mid;
+      const std::size_t n = needs(mid, quick);
+      if (n && !quick) bytes = n;
+      (n ? lo : hi) = mid;
     }
     return lo;
   };
@@ -43,9 +46,10 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   while (hi <= cap && needs(hi, true)) lo = hi, hi *= 2;
   std::int64_t b = hi > cap ? (needs(cap, true) ? cap : largest(lo, cap, true)) : largest(lo, hi, true);
   // the exact check (every buffer and op sized) may refuse what the estimate let through
-  if (!needs(b, false)) b = largest(0, b, false);
+  bytes = needs(b, false);
+  if (!bytes) b = largest(0, b, false);
   fit.batch = b;
-  fit.bytes = b ? needs(b, false) : 0;
+  fit.bytes = b ? bytes : 0;
   return fit;
 }
 

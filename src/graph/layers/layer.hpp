@@ -39,6 +39,7 @@ struct Layer {
     i.in = in;
     i.out = out;
     i.training_only = training_only;
+    i.ready_after = ready_after;
     i.macs = macs();
     return i;
   }

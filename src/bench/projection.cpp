@@ -1,0 +1,167 @@
+// --project-gpus (projection.hpp).
+#include "bench/projection.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+
+#include "bench/stats.hpp"
+
+namespace stepbench {
+namespace {
+
+struct Preset {
+  const char* name;
+  double gbps, latency_us;
+};
+// Nominal per-GPU, one-direction figures: what a data sheet says, not what NCCL reaches.
+constexpr Preset kFabrics[] = {{"nvlink4", 3600, 3},  // H100 NVLink: 450 GB/s each way
+                               {"nvlink3", 2400, 3},  // A100 NVLink: 300 GB/s each way
+                               {"ib-ndr", 400, 5},
+                               {"ib-hdr", 200, 5},
+                               {"eth-100", 100, 10}};
+
+}  // namespace
+
+LinkModel fabric_preset(const std::string& name) {
+  for (const auto& f : kFabrics)
+    if (name == f.name) return {f.name, f.gbps, f.latency_us};
+  return {};
+}
+std::vector<std::string> fabric_names() {
+  std::vector<std::string> v;
+  for (const auto& f : kFabrics) v.emplace_back(f.name);
+  return v;
+}
+
+ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t) {
+  ProjectionInput in;
+  in.sequential = t.backend(0).name() == "cpu";
+  const auto layers = t.graph(0).layers();
+  std::map<std::string, std::vector<double>> phase;
+  std::vector<std::vector<double>> end_of(layers.size());  // per layer: its backward's end after backward's start
+  for (const auto& st : steps) {
+    const auto& v = st.towers.at(0);
+    double b0 = 0;
+    for (const auto& s : v) {
+      if (s.layer != ProbeSpan::kPhase) continue;
+      phase[s.part].push_back(s.dev1 - s.dev0);
+      if (std::string(s.part) == "backward") b0 = s.dev0;
+    }
+    std::vector<double> end(layers.size(), -1);
+    for (const auto& s : v)
+      if (s.layer >= 0 && std::string(s.phase) == "backward")
+        end[static_cast<std::size_t>(s.layer)] = std::max(end[static_cast<std::size_t>(s.layer)], s.dev1 - b0);
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      if (end[i] >= 0) end_of[i].push_back(end[i]);
+  }
+  auto med = [&](const char* p) { return phase.count(p) ? median(phase[p]) : 0.0; };
+  in.forward_ms = med("forward");
+  in.backward_ms = med("backward");
+  in.update_ms = med("update");
+  // bucket k is ready once the first layer in backward order whose prefix covers it has run
+  for (const auto& [off, count] : t.buckets()) {
+    double ready = in.backward_ms;
+    for (std::size_t i = layers.size(); i-- > 0;) {
+      if (end_of[i].empty() || layers[i].ready_after < off + count) continue;
+      ready = median(end_of[i]);
+      break;
+    }
+    in.buckets.push_back({ready, static_cast<double>(count * sizeof(float))});
+  }
+  return in;
+}
+
+std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& link, const std::vector<int>& gpus) {
+  const double alpha = link.latency_us / 1e3;     // ms
+  const double beta = link.gbps * 1e9 / 8 / 1e3;  // bytes per ms
+  const double base = in.forward_ms + in.backward_ms + in.update_ms;
+  std::vector<ProjectedPoint> out;
+  for (int g : gpus) {
+    ProjectedPoint p;
+    p.gpus = g;
+    const double n = g;
+    double end = 0, sync = 0;
+    bool ring = false, tree = false;
+    if (g > 1) {
+      for (const auto& b : in.buckets) {
+        double t = 0;
+        if (in.sequential) {
+          t = alpha + 2 * (n - 1) * b.bytes / beta;
+        } else {
+          const double tr = 2 * (n - 1) * (alpha + b.bytes / (n * beta));
+          const double tt = 2 * std::ceil(std::log2(n)) * alpha + 2 * b.bytes / beta;
+          (tr <= tt ? ring : tree) = true;
+          t = std::min(tr, tt);
+        }
+        end = std::max(end, b.ready_ms) + t;
+        sync += t;
+      }
+    }
+    p.sync_ms = sync;
+    p.exposed_ms = std::max(0.0, end - in.backward_ms);
+    p.algorithm = g == 1 ? "none" : in.sequential ? "host" : ring && tree ? "ring+tree" : ring ? "ring" : "tree";
+    p.step_ms = (in.sequential ? n * base : base) + p.exposed_ms;
+    // images/s at N over N times one GPU's, (N b / step) / (N b / base): one GPU's step over N's
+    p.efficiency = base / p.step_ms;
+    out.push_back(p);
+  }
+  return out;
+}
+
+void print_projection(const ProjectionInput& in, const LinkModel& link, const std::vector<ProjectedPoint>& pts,
+                      const std::vector<std::pair<int, double>>& measured, std::int64_t batch) {
+  double bytes = 0;
+  for (const auto& b : in.buckets) bytes += b.bytes;
+  std::cout << fmt::format(
+      "\nprojection from one GPU's measured step (forward {:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} "
+      "buckets, {:.1f} MB of gradients) over {} ({:g} Gb/s, {:g} us per hop), batch {} per GPU:\n",
+      in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
+      link.name.empty() ? "the given link" : link.name, link.gbps, link.latency_us, batch);
+  std::cout << fmt::format("{:>6} {:>11} {:>11} {:>11} {:>11} {:>10} {:>12} {:>8}\n", "gpus", "step ms", "sync ms",
+                           "exposed ms", "efficiency", "algorithm", "measured ms", "error");
+  for (const auto& p : pts) {
+    double m = 0;
+    for (const auto& [g, ms] : measured)
+      if (g == p.gpus) m = ms;
+    std::cout << fmt::format("{:>6} {:>11.3f} {:>11.3f} {:>11.3f} {:>10.1f}% {:>10} {:>12} {:>8}\n", p.gpus, p.step_ms,
+                             p.sync_ms, p.exposed_ms, 100 * p.efficiency, p.algorithm,
+                             m > 0 ? fmt::format("{:.3f}", m) : "-",
+                             m > 0 ? fmt::format("{:+.1f}%", 100 * (p.step_ms / m - 1)) : "-");
+  }
+  std::cout << (in.sequential
+                    ? "assumptions: cpu towers in one process run one after another (N x forward, backward and "
+                      "update); each bucket sums in host memory, alpha + 2 (N-1) s / beta, overlapping the last "
+                      "tower's backward from when it is ready\n"
+                    : "assumptions: weak scaling (batch per GPU fixed), the per-GPU compute measured here; buckets "
+                      "one after another on one channel from when backward produced them, overlapping the rest of "
+                      "backward; per bucket the faster of NCCL's ring, 2(N-1)(alpha + s/(N beta)), and tree, "
+                      "2 ceil(log2 N) alpha + 2 s/beta, over one flat fabric: no node hierarchy, congestion or "
+                      "stragglers\n");
+}
+
+nlohmann::json projection_json(const ProjectionInput& in, const LinkModel& link,
+                               const std::vector<ProjectedPoint>& pts) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : pts)
+    rows.push_back({{"gpus", p.gpus},
+                    {"step_ms", p.step_ms},
+                    {"sync_ms", p.sync_ms},
+                    {"exposed_sync_ms", p.exposed_ms},
+                    {"scaling_efficiency", p.efficiency},
+                    {"algorithm", p.algorithm}});
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : in.buckets) buckets.push_back({{"ready_ms", b.ready_ms}, {"bytes", b.bytes}});
+  return {{"link", {{"name", link.name}, {"gbps", link.gbps}, {"latency_us", link.latency_us}}},
+          {"forward_ms", in.forward_ms},
+          {"backward_ms", in.backward_ms},
+          {"update_ms", in.update_ms},
+          {"towers_one_after_another", in.sequential},
+          {"buckets", buckets},
+          {"points", rows}};
+}
+
+}  // namespace stepbench
