@@ -140,8 +140,8 @@ def scaling_png(sweep, out):
         rs = sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["gpus"])
         g = [r["gpus"] for r in rs]
         a1.plot(g, [r["images_per_s"] for r in rs], marker="o", label=f"batch {batch}")
-        a2.plot(g, [100 * r["scaling_efficiency"] for r in rs if r.get("scaling_efficiency") is not None],
-                marker="o", label=f"batch {batch}")
+        eff = [(r["gpus"], 100 * r["scaling_efficiency"]) for r in rs if r.get("scaling_efficiency") is not None]
+        a2.plot([e[0] for e in eff], [e[1] for e in eff], marker="o", label=f"batch {batch}")
     a1.set_xlabel("GPUs (towers)")
     a1.set_ylabel("images/s")
     a2.set_xlabel("GPUs (towers)")
@@ -150,7 +150,8 @@ def scaling_png(sweep, out):
     for a in (a1, a2):
         a.legend(fontsize=7)
         a.grid(alpha=0.3)
-    fig.suptitle("sweep: images/s and scaling efficiency (images/s at N / (N x one GPU's))", fontsize=9)
+    fig.suptitle("sweep: images/s and scaling efficiency (images/s at N over N/N0 times that at the smallest "
+                 "count N0 measured)", fontsize=9)
     return save(fig, out, "scaling.png")
 
 

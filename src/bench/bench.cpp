@@ -303,7 +303,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   // last benchmark skips them without counting as agreed (the summary says it came after them).
   std::optional<LayerTimes> layer_times;
   std::optional<ProjectionInput> projection;
-  const LinkModel link{c.fabric, c.link_gbps, c.link_latency_us};
+  const LinkModel link{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
   bool probe_failed = false;
   const bool late_signal = group.allreduce_max(stop.local() ? 1.0 : 0.0) > 0;
   const bool probe = c.layer_times || !trace.empty() || !c.project_gpus.empty();
@@ -312,8 +312,10 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         run_probed_steps(towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1);
     try {
       if (!c.project_gpus.empty()) {
-        projection = projection_input(steps, towers);
-        if (!json_in_place && !c.json.empty() && root)
+        projection = projection_input(steps, towers, r.overlap);
+        if (json_in_place && root)
+          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its projection is not in it\n";
+        else if (!c.json.empty() && root)
           add_to_json_file(c.json, "projection",
                            projection_json(*projection, link, project(*projection, link, c.project_gpus)));
       }

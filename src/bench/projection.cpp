@@ -37,7 +37,7 @@ std::vector<std::string> fabric_names() {
   return v;
 }
 
-ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t) {
+ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap) {
   ProjectionInput in;
   in.sequential = t.backend(0).name() == "cpu";
   const auto layers = t.graph(0).layers();
@@ -65,7 +65,7 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
   for (const auto& [off, count] : t.buckets()) {
     double ready = in.backward_ms;
-    for (std::size_t i = layers.size(); i-- > 0;) {
+    for (std::size_t i = layers.size(); overlap && i-- > 0;) {
       if (end_of[i].empty() || layers[i].ready_after < off + count) continue;
       ready = median(end_of[i]);
       break;
@@ -120,7 +120,7 @@ void print_projection(const ProjectionInput& in, const LinkModel& link, const st
       "\nprojection from one GPU's measured step (forward {:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} "
       "buckets, {:.1f} MB of gradients) over {} ({:g} Gb/s, {:g} us per hop), batch {} per GPU:\n",
       in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
-      link.name.empty() ? "the given link" : link.name, link.gbps, link.latency_us, batch);
+      link.name == "given" ? "the given link" : link.name, link.gbps, link.latency_us, batch);
   std::cout << fmt::format("{:>6} {:>11} {:>11} {:>11} {:>11} {:>10} {:>12} {:>8}\n", "gpus", "step ms", "sync ms",
                            "exposed ms", "efficiency", "algorithm", "measured ms", "error");
   for (const auto& p : pts) {

@@ -21,7 +21,7 @@
 namespace stepbench {
 
 struct LinkModel {
-  std::string name;  // a --fabric preset, or "given"
+  std::string name;  // a --fabric preset, or "given" (--link-gbps, --link-latency-us)
   double gbps = 0;   // per GPU, one direction
   double latency_us = 0;
 };
@@ -38,8 +38,9 @@ struct ProjectionInput {
   std::vector<Bucket> buckets;  // in sync order
   bool sequential = false;      // cpu towers: one after another, host-memory sums
 };
-// Tower 0's medians over the probed steps of a one-tower run.
-ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t);
+// Tower 0's medians over the probed steps of a one-tower run. overlap false (--no-overlap): every
+// bucket waits for the end of backward.
+ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap);
 
 struct ProjectedPoint {
   int gpus = 0;

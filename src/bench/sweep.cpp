@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
 #include "bench/projection.hpp"
@@ -54,7 +55,7 @@ SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_
     rt.stop();
     per_step.push_back(group.allreduce_max(rt.device_ms(0, 1)) / k);
   }
-  if (projection) *projection = projection_input(run_probed_steps(t, std::max(c.repetitions, 3)), t);
+  if (projection) *projection = projection_input(run_probed_steps(t, std::max(c.repetitions, 3)), t, c.run.overlap);
   row.steps_per_repetition = k;
   row.step_ms = median(per_step);
   row.images_per_s = static_cast<double>(row.gpus) * static_cast<double>(batch) / (row.step_ms / 1e3);
@@ -90,34 +91,46 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
   }
   const BatchFit fit = largest_batch_that_fits(r);
   if (root)
-    std::cerr << fmt::format("stepbench: sweep of {} on {}, {} {}, {}x{}: GPUs {} x batch per GPU {}{}\n",
+    std::cerr << fmt::format("stepbench: sweep of {} on {}, {} {}, {}x{}: GPUs {} x batch per GPU {}{}{}\n",
                              to_string(r.model), to_string(r.backend), to_string(r.precision), to_string(r.layout),
                              r.model_options.image_size, r.model_options.image_size, fmt::join(gpus, ","),
                              fmt::join(batches, ","),
-                             group.size() > 1 ? fmt::format(" (per process; {} processes)", group.size()) : "");
+                             group.size() > 1 ? fmt::format(" (per process; {} processes)", group.size()) : "",
+                             c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
   std::vector<SweepRow> rows;
   std::vector<std::pair<std::string, std::string>> context;
   std::map<std::int64_t, ProjectionInput> inputs;  // per batch: the one-GPU point's probed step
+  const Interrupt stop(c.interrupt, group);        // every process agrees before each point
+  bool cut = false;
   for (int g : gpus) {
     for (std::int64_t b : batches) {
-      if (c.interrupt && c.interrupt->load() != 0) break;
+      if ((cut = cut || stop.agreed() != 0)) break;
+      SweepRow row;
+      row.gpus = g * group.size();
+      row.batch = b;
       if (b > fit.batch) {
-        SweepRow row;
-        row.gpus = g * group.size();
-        row.batch = b;
         row.fits = false;
+        row.why = "does not fit (planning's memory check)";
         rows.push_back(row);
         continue;
       }
       const bool base = !c.project_gpus.empty() && g * group.size() == 1;
-      rows.push_back(time_point(c, group, g, b, &context, base ? &inputs[b] : nullptr));
-      if (root)
-        std::cerr << fmt::format("  gpus {} batch {}: {:.3f} ms per step\n", rows.back().gpus, b, rows.back().step_ms);
+      try {
+        row = time_point(c, group, g, b, &context, base ? &inputs[b] : nullptr);
+      } catch (const UsageError& e) {  // e.g. N CPU towers' arenas together: that point, not the sweep
+        if (group.size() > 1) throw;   // the other processes are inside a collective: end the job
+        row.fits = false;
+        row.why = fmt::format("not run: {}", e.what());
+        inputs.erase(b);
+      }
+      rows.push_back(row);
+      if (root && row.fits)
+        std::cerr << fmt::format("  gpus {} batch {}: {:.3f} ms per step\n", row.gpus, b, row.step_ms);
     }
   }
   fill_scaling_efficiency(rows);
-  const bool cut = c.interrupt && c.interrupt->load() != 0;
-  if (!root) return cut ? 128 + c.interrupt->load() : 0;
+  if (!c.plan_cache.empty() && r.plans && root) r.plans->save(c.plan_cache);
+  if (!root) return cut ? 128 + stop.signal() : 0;
 
   // the configuration's context, less what the grid varies
   std::erase_if(context, [](const auto& kv) {
@@ -136,27 +149,27 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                            "images/s", "efficiency");
   for (const auto& row : rows) {
     if (!row.fits) {
-      std::cout << fmt::format("{:>6} {:>10} {:>13} {:>11}\n", row.gpus, row.batch, row.gpus * row.batch,
-                               "does not fit (planning's memory check)");
+      std::cout << fmt::format("{:>6} {:>10} {:>13}   {}\n", row.gpus, row.batch, row.gpus * row.batch, row.why);
       continue;
     }
     std::cout << fmt::format("{:>6} {:>10} {:>13} {:>11.3f} {:>11.1f} {:>11}\n", row.gpus, row.batch,
                              row.gpus * row.batch, row.step_ms, row.images_per_s,
                              row.efficiency < 0 ? "-" : fmt::format("{:.1f}%", 100 * row.efficiency));
   }
-  for (int g : gpus)
-    std::cout << fmt::format(
-        "largest batch per GPU that fits at {} GPUs: {} ({:.2f} GiB of the {:.2f} GiB planning may use; batch {} does "
-        "not fit)\n",
-        g * group.size(), fit.batch, static_cast<double>(fit.bytes) / (1 << 30),
-        static_cast<double>(fit.budget) / (1 << 30), fit.batch + 1);
-  std::cout << "(each tower plans on its own device, so the largest batch per GPU is the same for every count";
+  std::cout << fmt::format(
+      "largest batch per GPU that planning accepts: {} ({:.2f} GiB of the {:.2f} GiB planning may use on {}{}; {})\n",
+      fit.batch, static_cast<double>(fit.bytes) / (1 << 30), static_cast<double>(fit.budget) / (1 << 30),
+      r.backend == BackendKind::cpu ? "the host" : "each process's first GPU",
+      group.size() > 1 ? ", the least over the processes" : "",
+      fit.at_cap ? "the search stopped there, its cap" : fmt::format("batch {} does not fit", fit.batch + 1));
   if (r.backend == BackendKind::cpu)
-    std::cout << "; CPU towers share the host's memory and cores: they run one after another, so images/s stays "
-                 "about flat and the efficiency falls as 1/N by construction";
-  std::cout << ")\n";
+    std::cout << "(that is one tower's: CPU towers of one process share the host's memory, so N of them need N "
+                 "times it; they also share its cores and run one after another, so images/s stays about flat and "
+                 "the efficiency falls as 1/N by construction)\n";
+  else
+    std::cout << "(one tower on one GPU: the same for every count where the GPUs are alike)\n";
   if (cut) std::cout << "cut short by a signal: the rows above are the points measured before it\n";
-  const LinkModel link{c.fabric, c.link_gbps, c.link_latency_us};
+  const LinkModel link{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
   nlohmann::json projections = nlohmann::json::array();
   for (const auto& [b, in] : inputs) {
     std::vector<std::pair<int, double>> measured;
@@ -174,6 +187,7 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
     for (const auto& row : rows) {
       nlohmann::json x{
           {"gpus", row.gpus}, {"batch", row.batch}, {"global_batch", row.gpus * row.batch}, {"fits", row.fits}};
+      if (!row.fits) x["why"] = row.why;
       if (row.fits) {
         x["step_ms"] = row.step_ms;
         x["images_per_s"] = row.images_per_s;
@@ -193,7 +207,7 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                                {"memory_budget_bytes", fit.budget},
                                {"projections", projections}}}});
   }
-  return cut ? 128 + c.interrupt->load() : 0;
+  return cut ? 128 + stop.signal() : 0;
 }
 
 }  // namespace stepbench

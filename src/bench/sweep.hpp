@@ -15,7 +15,8 @@ namespace stepbench {
 struct SweepRow {
   int gpus = 0;  // towers in all (per process x processes)
   std::int64_t batch = 0;
-  bool fits = true;  // false: planning refuses the batch, nothing was run
+  bool fits = true;  // false: planning refuses the batch (or the towers could not be built), not run
+  std::string why;   // when not fits
   double step_ms = 0, images_per_s = 0;
   double efficiency = -1;  // -1: no smaller count to compare with, or not run
   int steps_per_repetition = 0;

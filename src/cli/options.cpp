@@ -72,8 +72,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--device-memory-mb", o.device_memory_mb,
-                 "plan as if each device had at most this much memory (size a run for a smaller GPU; the largest "
-                 "batch of --sweep-*); 0: what it has")
+                 "plan as if each device had at most this much free memory for the graph's buffers (size a run "
+                 "for a smaller GPU; the largest batch of --sweep-*; the CUDA context, cuDNN/cuBLAS/NCCL buffers "
+                 "come on top); 0: what it has")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--sweep-gpus", b.sweep_gpus,
@@ -229,6 +230,15 @@ void resolve(Options& o) {
             "{} does not go with --sweep-gpus / --sweep-batch (the sweep times the training step over its grid, on "
             "synthetic data, and nothing else): drop it",
             f));
+    if (o.given("--global-batch-size"))
+      throw UsageError(
+          "--global-batch-size does not go with a sweep: give the batch per GPU (--batch-size or "
+          "--sweep-batch)");
+    if (!b.benchmark_args.empty())
+      throw UsageError(
+          fmt::format("{} does not go with a sweep (it times its grid itself, not through Google "
+                      "Benchmark): drop it",
+                      b.benchmark_args.front()));
     if (o.given("--gpus") && !b.sweep_gpus.empty())
       throw UsageError("--gpus and --sweep-gpus both give the GPU count: drop --gpus");
     if ((o.given("--batch-size") || o.given("--global-batch-size")) && !b.sweep_batch.empty())
@@ -269,6 +279,12 @@ void resolve(Options& o) {
     if (!one)
       throw UsageError(b.sweep() ? "--project-gpus starts from one GPU's step: add 1 to --sweep-gpus"
                                  : "--project-gpus starts from one GPU's step: use --gpus 1");
+    if (b.run.variable_update != VariableUpdate::replicated)
+      throw UsageError(
+          fmt::format("--project-gpus models replicated all-reduce; --variable-update {} moves "
+                      "gradients otherwise: use replicated or drop --project-gpus",
+                      to_string(b.run.variable_update)));
+    if (b.list) throw UsageError("--list prints names and runs nothing to project from: drop --project-gpus");
   }
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");

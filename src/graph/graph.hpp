@@ -99,8 +99,9 @@ class Graph {
   // Planning's memory checks without allocating, for finding the largest batch that fits: throws
   // UsageError as plan() would when the batch does not fit, else returns the bytes needed. quick:
   // only the estimate made before any op is created (cheap); otherwise every buffer and op is sized
-  // as plan() does (cuDNN's algorithm search included) and the exact arena is checked. The graph is
-  // spent afterwards: plan() refuses it.
+  // as plan() does and the exact arena is checked, without allocating the arena (the ops are made:
+  // on CUDA cuDNN's algorithm search runs at this batch with its temporary workspace, and 16-bit NHWC
+  // convolutions allocate their padded copies). The graph is spent afterwards, fitting or not.
   std::size_t plan_dry(bool quick);
 
   // ---- running ----

@@ -29,14 +29,16 @@ std::string limit_note(const Backend& be) {
 void Graph::plan() { plan_to(PlanStage::all); }
 
 std::size_t Graph::plan_dry(bool quick) {
-  SB_CHECK(!impl_->planned, "plan_dry after plan()");
-  return plan_to(quick ? PlanStage::estimate : PlanStage::sized);
+  SB_CHECK(!impl_->planned && !impl_->dry_planned, "plan_dry after plan() or plan_dry()");
+  const std::size_t bytes = plan_to(quick ? PlanStage::estimate : PlanStage::sized);  // throws when it does not fit
+  return bytes;
 }
 
 std::size_t Graph::plan_to(PlanStage stage) {
   auto& g = *impl_;
   if (g.planned) return g.arena_bytes;
   SB_CHECK(!g.dry_planned, "a graph sized by plan_dry() cannot be planned again: build another");
+  if (stage != PlanStage::all) g.dry_planned = true;  // spent, whether it fits or not
   SB_CHECK(g.input >= 0, "graph has no input");
   auto& be = g.be;
 

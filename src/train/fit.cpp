@@ -11,6 +11,7 @@ namespace stepbench {
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   BackendOptions bo;
   bo.kind = resolve(o.backend);
+  bo.device = o.group ? o.group->local_rank() * o.towers : 0;  // this process's first GPU, as Towers places it
   bo.precision = o.precision;
   bo.workspace_bytes = o.workspace_bytes;
   bo.own_kernels = o.own_kernels;
@@ -29,6 +30,9 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
       throw;
     } catch (const UsageError&) {
       return 0;
+    } catch (const Error&) {
+      if (quick) throw;
+      return 0;  // sizing the ops at an absurd batch (cuDNN's search, a tensor past 2^31 elements) failed
     }
   };
   std::size_t bytes = 0;  // what the last batch that fitted the exact check needs
@@ -50,6 +54,11 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   if (!bytes) b = largest(0, b, false);
   fit.batch = b;
   fit.bytes = b ? bytes : 0;
+  fit.at_cap = b == cap;
+  if (o.group && o.group->size() > 1) {  // every process must decide alike which batches run
+    const double least = -o.group->allreduce_max(-static_cast<double>(fit.batch));
+    if (least < static_cast<double>(fit.batch)) fit.batch = static_cast<std::int64_t>(least), fit.bytes = 0;
+  }
   return fit;
 }
 

@@ -80,14 +80,18 @@ struct TowerOptions {
   DType dtype() const { return storage_dtype(precision); }
 };
 
-// The largest batch per tower that planning accepts on tower 0's device for these options (model,
-// image size, precision, layout, memory limit): bisection on planning's quick estimate
-// (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false)); so `batch`
-// fits planning's checks and batch + 1 does not (or batch is cap). batch 0: not even one image fits.
+// The largest batch per tower that planning accepts on this process's first device for these
+// options (model, image size, precision, layout, memory limit): bisection on planning's quick
+// estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false); on
+// CUDA that runs cuDNN's algorithm search at the batch, with its temporary workspace); so `batch`
+// fits planning's checks for one tower and batch + 1 does not (unless at_cap). Under mpirun the
+// smallest over the processes (a collective). batch 0: not even one image fits. It is one tower's
+// answer: CPU towers of one process share the host's memory, so N of them need N x bytes.
 struct BatchFit {
   std::int64_t batch = 0;
   std::size_t bytes = 0;   // what `batch` needs (the exact arena)
   std::size_t budget = 0;  // what the device gives planning (Backend::memory_budget)
+  bool at_cap = false;     // the search stopped at its cap: larger batches were not tried
 };
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap = std::int64_t{1} << 20);
 

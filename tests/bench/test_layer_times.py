@@ -204,7 +204,8 @@ class Sweep(unittest.TestCase):
         self.assertRegex(out, r"gpus +batch/gpu +global batch +step ms +images/s +efficiency")
         self.assertRegex(out, r"\n +2 +8 +16 +[0-9.]+ +[0-9.]+ +[0-9.]+%\n")
         self.assertIn("100000 does not fit (planning's memory check)", " ".join(out.split()))
-        self.assertIn(f"largest batch per GPU that fits at 2 GPUs: {big} ", out)
+        self.assertIn(f"largest batch per GPU that planning accepts: {big} ", out)
+        self.assertIn(f"batch {big + 1} does not fit", out)
         # the answer is planning's: that batch plans, one more does not (exit 2 naming the limit)
         one = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--device-memory-mb", "64", "--list"]
         rc, out, err = run(*one, "--batch-size", str(big))
@@ -219,6 +220,8 @@ class Sweep(unittest.TestCase):
                            (["--phases", "step"], "--phases does not go with"),
                            (["--gpus", "2"], "--gpus and --sweep-gpus both give the GPU count"),
                            (["--sweep-batch", "4,4"], "--sweep-batch lists a value twice"),
+                           (["--global-batch-size", "16"], "--global-batch-size does not go with a sweep"),
+                           (["--benchmark_min_time=1"], "--benchmark_min_time=1 does not go with a sweep"),
                            (["--sweep-batch", "0"], "--sweep-batch")):
             rc, out, err = run(*self.SWEEP, "--sweep-gpus", "1", *extra)
             self.assertEqual(rc, 2, f"{extra}: {err}")
@@ -303,8 +306,12 @@ class Projection(unittest.TestCase):
                            (["--project-gpus", "8", "--fabric", "infiniband"], "--fabric"),
                            (["--project-gpus", "8", "--fabric", "ib-ndr", "--gpus", "2"], "use --gpus 1"),
                            (["--project-gpus", "8", "--fabric", "ib-ndr", "--sweep-gpus", "2,4"],
-                            "add 1 to --sweep-gpus")):
-            rc, out, err = run(*TINY, *([] if "--sweep-gpus" in extra else ["--phases", "step"]), *extra, *FAST)
+                            "add 1 to --sweep-gpus"),
+                           (["--project-gpus", "8", "--fabric", "ib-ndr", "--variable-update", "independent"],
+                            "--project-gpus models replicated all-reduce"),
+                           (["--project-gpus", "8", "--fabric", "ib-ndr", "--list"], "--list prints names")):
+            sweep = "--sweep-gpus" in extra
+            rc, out, err = run(*TINY, *([] if sweep else ["--phases", "step", *FAST]), *extra)
             self.assertEqual(rc, 2, f"{extra}: {err}")
             self.assertIn(why, err)
 
