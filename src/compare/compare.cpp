@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -98,12 +99,46 @@ std::vector<std::string> context_differences(const std::map<std::string, std::st
 
 namespace {
 
+// Google Benchmark writes bare NaN, Infinity and -Infinity (not JSON) where an aggregate divides by
+// zero, e.g. the cv of a counter that is 0 in every repetition (throttled on a GPU that never
+// throttled): as null, outside strings, so that such a run reads.
+std::string nan_as_null(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size())
+        out += text[++i];
+      else if (ch == '"')
+        in_string = false;
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    bool replaced = false;
+    for (const char* tok : {"-Infinity", "Infinity", "NaN"}) {
+      const std::size_t n = std::char_traits<char>::length(tok);
+      if (text.compare(i, n, tok) == 0) {
+        out += "null";
+        i += n - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += ch;
+  }
+  return out;
+}
+
 Run load_run_unchecked(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw CompareError(fmt::format("cannot read {}", path));
   json j;
   try {
-    f >> j;
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    j = json::parse(nan_as_null(text));
   } catch (const std::exception& e) {
     throw CompareError(fmt::format("{} is not JSON ({})", path, e.what()));
   }

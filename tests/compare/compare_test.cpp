@@ -300,6 +300,14 @@ TEST(CompareFiles, ReadsIterationsAcrossUnitsAndRefusesWhatIsNotARun) {
   EXPECT_DOUBLE_EQ(r.benchmarks.at("m/conv:1x1/fwd").layers, 3);
   EXPECT_EQ(r.benchmarks.at("m/conv:1x1/fwd").label, "a, b");
   EXPECT_EQ(r.context.at("device"), "x");
+  // Google Benchmark's NaN and Infinity (a cv over all-zero counters) read as null; not inside strings
+  const CRun n = load_run(d.write("nan.json", R"({"context": {"note": "NaN stays", "host_name": "h"},
+    "benchmarks": [
+      {"name": "m/step", "run_type": "iteration", "real_time": 2.0, "time_unit": "ms", "throttled": 0},
+      {"name": "m/step_cv", "run_name": "m/step", "run_type": "aggregate", "real_time": 0.1, "throttled": NaN,
+       "gap_ms": -Infinity, "x": Infinity}]})"));
+  EXPECT_EQ(n.benchmarks.at("m/step").ms, (std::vector<double>{2.0}));
+  EXPECT_EQ(n.context.at("note"), "NaN stays");
   EXPECT_THROW(load_run((d.p / "missing.json").string()), CompareError);
   EXPECT_THROW(load_run(d.write("bad.json", "{not json")), CompareError);
   EXPECT_THROW(load_run(d.write("other.json", R"({"results": []})")), CompareError);

@@ -69,9 +69,79 @@ void affine_per_channel(const Tensor& x, const Tensor& y, const float* a, const 
     }
 }
 
-// scratch: at least bn_scratch_doubles(C) doubles, reused across calls.
+// scratch: at least bn_scratch_doubles(C) doubles, reused across calls (channels-last backward: per
+// thread 2C double accumulators and 2C float partials, then 2C double totals and 3C float factors).
 std::size_t bn_scratch_doubles(std::int64_t channels) {
-  return static_cast<std::size_t>(omp_get_max_threads() + 1) * channels * 2;
+  return static_cast<std::size_t>(omp_get_max_threads() + 2) * channels * 3;
+}
+
+// A channels-last row (pixel r of the N x H x W pixels): C contiguous channels, also in a slice.
+inline float* nhwc_row(const Tensor& t, std::int64_t r, std::int64_t hw, std::int64_t w) {
+  return t.as<float>() + t.desc.offset(r / hw, 0, (r % hw) / w, (r % hw) % w);
+}
+
+// Channels-last backward over rows, vectorised along the channels. Pass 1: per channel the sums of
+// g = dy (masked by the fused ReLU) and of g * (x - mean), in float over blocks of kRows rows, folded
+// into per-thread double accumulators. Pass 2: dx. The generic per-pixel loop (interleaved double
+// accumulators, a branch per element) made BN backward 11-18x its forward on Inception's layers.
+template <bool Relu>
+void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* mean,
+                      const float* k1, const float* k2, const float* k3, double* totals, double* scratch, bool sums,
+                      float beta_dx) {
+  constexpr std::int64_t kRows = 64;
+  const Shape& s = x.shape();
+  const std::int64_t C = s.c, HW = s.h * s.w, R = s.n * HW;
+  if (sums) {
+    const int T = omp_get_max_threads();
+#pragma omp parallel num_threads(T)
+    {
+      double* dg = scratch + static_cast<std::size_t>(omp_get_thread_num()) * C * 3;
+      double* dgx = dg + C;
+      float* __restrict fg = reinterpret_cast<float*>(dgx + C);
+      float* __restrict fgx = fg + C;
+      std::fill(dg, dg + 2 * C, 0.0);
+#pragma omp for schedule(static)
+      for (std::int64_t b = 0; b < (R + kRows - 1) / kRows; ++b) {
+        std::fill(fg, fg + 2 * C, 0.0f);
+        for (std::int64_t r = b * kRows; r < std::min(R, (b + 1) * kRows); ++r) {
+          const float* __restrict px = nhwc_row(x, r, HW, s.w);
+          const float* __restrict py = nhwc_row(y, r, HW, s.w);
+          const float* __restrict pdy = nhwc_row(dy, r, HW, s.w);
+#pragma omp simd
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float d = pdy[c], g = Relu ? (py[c] > 0.0f ? d : 0.0f) : d;  // loads first: a select, not a branch
+            fg[c] += g;
+            fgx[c] += g * (px[c] - mean[c]);
+          }
+        }
+        for (std::int64_t c = 0; c < C; ++c) {
+          dg[c] += fg[c];
+          dgx[c] += fgx[c];
+        }
+      }
+    }
+    std::fill(totals, totals + 2 * C, 0.0);
+    for (int t = 0; t < T; ++t)
+      for (std::int64_t i = 0; i < 2 * C; ++i) totals[i] += scratch[static_cast<std::size_t>(t) * C * 3 + i];
+    return;
+  }
+  auto apply = [&](auto accumulate) {
+    constexpr bool Acc = decltype(accumulate)::value;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < R; ++r) {
+      const float* __restrict px = nhwc_row(x, r, HW, s.w);
+      const float* __restrict py = nhwc_row(y, r, HW, s.w);
+      const float* __restrict pdy = nhwc_row(dy, r, HW, s.w);
+      float* __restrict pdx = nhwc_row(dx, r, HW, s.w);
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float d = pdy[c], g = Relu ? (py[c] > 0.0f ? d : 0.0f) : d;  // loads first: a select, not a branch
+        const float v = k1[c] * (g - k2[c] - (px[c] - mean[c]) * k3[c]);
+        pdx[c] = Acc ? v + beta_dx * pdx[c] : v;  // beta 0 never reads dx
+      }
+    }
+  };
+  beta_dx == 0.0f ? apply(std::false_type{}) : apply(std::true_type{});
 }
 
 void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* running_mean,
@@ -141,6 +211,28 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
   double* totals = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 2;
   const float *X = x.as<float>(), *Y = y.as<float>(), *DY = dy.as<float>();
   float* DX = dx.as<float>();
+  if (x.desc.layout == Layout::nhwc) {
+    // after the per-thread regions: tot[c] = sum g, tot[C + c] = sum g (x - mean), then k1..k3
+    double* tot = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 3;
+    float* k1 = reinterpret_cast<float*>(tot + 2 * C);
+    float* k2 = k1 + C;
+    float* k3 = k2 + C;
+    auto run = [&](auto relu_c, bool sums) {
+      bn_backward_nhwc<decltype(relu_c)::value>(x, y, dy, dx, save_mean, k1, k2, k3, tot, scratch, sums, beta_dx);
+    };
+    relu ? run(std::true_type{}, true) : run(std::false_type{}, true);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double sg = tot[c], sgxhat = tot[C + c] * save_invstd[c];
+      dbeta[c] = static_cast<float>(sg);
+      dgamma[c] = static_cast<float>(sgxhat);
+      // dx = gamma*invstd * (g - sum(g)/M - xhat * sum(g xhat)/M), xhat = (x - mean) * invstd
+      k1[c] = gamma[c] * save_invstd[c];
+      k2[c] = static_cast<float>(sg / M);
+      k3[c] = static_cast<float>(sgxhat / M) * save_invstd[c];
+    }
+    relu ? run(std::true_type{}, false) : run(std::false_type{}, false);
+    return;
+  }
   dispatch_layout(x, [&](auto cl) {
     constexpr bool CL = decltype(cl)::value;
     const std::int64_t xc = cstride<CL>(x), yc = cstride<CL>(y), dyc = cstride<CL>(dy), dxc = cstride<CL>(dx);
@@ -150,7 +242,7 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
       const float* py = Y + y.desc.offset(n, 0, h, w);
       const float* pdy = DY + dy.desc.offset(n, 0, h, w);
       for (std::int64_t c = 0; c < C; ++c) {
-        const float g = (!relu || py[c * yc] > 0.0f) ? pdy[c * dyc] : 0.0f;
+        const float d = pdy[c * dyc], g = (!relu || py[c * yc] > 0.0f) ? d : 0.0f;
         acc[2 * c] += g;
         acc[2 * c + 1] += g * (px[c * xc] - save_mean[c]) * save_invstd[c];
       }
@@ -172,7 +264,7 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
       const float* pdy = DY + dy.desc.offset(n, 0, h, w);
       float* pdx = DX + dx.desc.offset(n, 0, h, w);
       for (std::int64_t c = 0; c < C; ++c) {
-        const float g = (!relu || py[c * yc] > 0.0f) ? pdy[c * dyc] : 0.0f;
+        const float d = pdy[c * dyc], g = (!relu || py[c * yc] > 0.0f) ? d : 0.0f;
         const float v = k1[c] * (g - k2[c] - (px[c * xc] - save_mean[c]) * k3[c]);
         pdx[c * dxc] = beta_dx == 0.0f ? v : v + beta_dx * pdx[c * dxc];
       }
