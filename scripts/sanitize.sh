@@ -46,7 +46,7 @@ if [ "$what" != asan ]; then
   echo "== tsan: ThreadSanitizer, one OpenMP thread"
   build_tests "$BASE-tsan" -DSTEPBENCH_TSAN=ON -DSTEPBENCH_SANITIZE=OFF
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    "$BASE-tsan/bin/stepbench_tests" --gtest_filter='Towers.*:HostCollective.*:Data.*:JpegMutation.*:Health.*:PlanCache.*' \
+    "$BASE-tsan/bin/stepbench_tests" --gtest_filter='Towers.*:HostCollective.*:Data.*:JpegMutation.*:Png.*:Records.*:Health.*:PlanCache.*' \
     --gtest_brief=1 || rc=1
 fi
 echo "== sanitizers: $([ $rc -eq 0 ] && echo clean || echo FAILED)"

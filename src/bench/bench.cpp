@@ -19,6 +19,7 @@
 
 #include "bench/feeder.hpp"
 #include "bench/gpu_state.hpp"
+#include "bench/input_report.hpp"
 #include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
@@ -30,6 +31,7 @@
 #include "bench/report.hpp"
 #include "bench/run_parts.hpp"
 #include "bench/stats.hpp"
+#include "bench/suggest.hpp"
 
 namespace stepbench {
 
@@ -227,6 +229,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   if (feeder.active() && has(phases, Phase::input_pipeline)) {
     reg(prefix + "/input_pipeline", [&](benchmark::State& st) {
       double host = 0;
+      const StageTimes before = feeder.stage_times();
       for (auto _ : st) {
         if (stop.stop_in_loop(st)) break;
         const auto t0 = std::chrono::steady_clock::now();
@@ -236,6 +239,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         st.SetIterationTime(group.allreduce_max(ms) / 1e3);
         host += ms;
       }
+      feeder.add_measure(feeder.stage_times() - before, host / 1e3,
+                         static_cast<std::uint64_t>(st.iterations() * r.batch_per_tower * towers.size()));
       st.counters["host_ms"] = avg(host);
       st.counters["gap_ms"] = avg(0.0);
       st.counters["images/s"] = rate(images);
@@ -370,7 +375,18 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     return stop.signal() ? 128 + stop.signal() : 1;
   }
   if (!c.history.empty()) append_history(c, towers, reporter);
-  if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans
+  if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);                // with the per-layer rigs' plans
+  if (c.suggest && feeder.pipeline()) feeder.set_remedies(run_suggest(c, feeder));  // the step is not running
+  if (feeder.pipeline() && (feeder.measure().images > 0 || c.suggest) && !c.json.empty()) {
+    if (json_in_place)
+      std::cerr << "stepbench: --json " << c.json << " is not a regular file: its input_stages are not in it\n";
+    else
+      try {
+        add_to_json_file(c.json, "input_stages", input_stages_json(feeder));
+      } catch (const Error& e) {
+        std::cerr << "stepbench: " << e.what() << "\n";
+      }
+  }
   PeerResult peer;
   if (!peer_python.empty()) {
     const auto v = towers.backend(0).versions();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/data.hpp"
 #include "tensor/names.hpp"
 #include "train/towers.hpp"
 
@@ -24,12 +25,13 @@ constexpr auto enum_names(Phase) {
 }
 
 // Where the step's input comes from: a constant batch on the device, a host batch copied every
-// step, or a JPEG folder (BenchConfig::data_dir).
-enum class DataKind { synthetic, synthetic_host, jpeg_folder };
+// step, a folder of JPEG and PNG images, or a record file of make-records (BenchConfig::data_dir).
+enum class DataKind { synthetic, synthetic_host, image_folder, records };
 constexpr auto enum_names(DataKind) {
-  return std::array<EnumName<DataKind>, 3>{{{DataKind::synthetic, "synthetic"},
+  return std::array<EnumName<DataKind>, 4>{{{DataKind::synthetic, "synthetic"},
                                             {DataKind::synthetic_host, "synthetic-host"},
-                                            {DataKind::jpeg_folder, "jpeg"}}};
+                                            {DataKind::image_folder, "images"},
+                                            {DataKind::records, "records"}}};
 }
 
 // --peer: PyTorch eager, or PyTorch with torch.compile (default mode).
@@ -46,12 +48,15 @@ struct BenchConfig {
   bool cuda_graph = false;
   std::vector<Phase> phases;  // empty: all
   DataKind data = DataKind::synthetic;
-  std::string data_dir;  // jpeg_folder
+  std::string data_dir;  // image_folder, records: the path
   int data_threads = 2;
   int prefetch = 2;
-  std::string json;        // Google Benchmark's JSON goes here ("": none)
-  std::string history;     // --history: one JSON line per run appended here ("": none)
-  std::string plan_cache;  // --plan-cache: run.plans was loaded from it, and is written back ("": none)
+  InputCache cache = InputCache::none;  // --cache memory (image folders)
+  std::uint64_t cache_limit_mb = 0;     // --cache-limit-mb (0: 80% of the available memory)
+  bool suggest = false;                 // --suggest: try each remedy for the input pipeline (bench/suggest.hpp)
+  std::string json;                     // Google Benchmark's JSON goes here ("": none)
+  std::string history;                  // --history: one JSON line per run appended here ("": none)
+  std::string plan_cache;               // --plan-cache: run.plans was loaded from it, and is written back ("": none)
   // The signal the command line's SIGINT/SIGTERM handler stored (0: none yet), polled between
   // benchmarks (bench/interrupt.hpp); null: never interrupted.
   const std::atomic<int>* interrupt = nullptr;
@@ -78,7 +83,8 @@ struct BenchConfig {
   std::string reduced_note;                 // non-empty: the reduced CPU default was applied, and how
 
   bool reduced() const { return !reduced_note.empty(); }
-  std::string data_name() const { return data == DataKind::jpeg_folder ? data_dir : std::string(to_string(data)); }
+  bool data_files() const { return data == DataKind::image_folder || data == DataKind::records; }
+  std::string data_name() const { return data_files() ? data_dir : std::string(to_string(data)); }
 };
 
 }  // namespace stepbench

@@ -52,9 +52,11 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   add("parameters", std::to_string(t.graph(0).num_parameters()));
   add("forward_macs_per_image", std::to_string(t.graph(0).forward_macs_per_image(false)));
   add("data", c.data_name());
-  if (c.data == DataKind::jpeg_folder) {
+  if (c.data_files()) {
+    add("data_kind", std::string(to_string(c.data)));
     add("data_threads", std::to_string(c.data_threads));
     add("prefetch", std::to_string(c.prefetch));
+    add("data_cache", c.cache == InputCache::memory ? "memory" : "none");
   }
   if (c.reduced()) add("reduced_configuration", c.reduced_note);
   // what ran the convolutions, batch norm and pooling, counted per distinct choice (after warm-up:

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "tensor/error.hpp"
 
 namespace stepbench {
@@ -22,20 +24,31 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
     for (std::size_t i = 0; i < fixed_->labels.size(); ++i) fixed_->labels[i] = static_cast<std::int32_t>(i % 1000);
     return;
   }
-  JpegFolder folder = scan_jpeg_folder(c.data_dir);
-  if (folder.classes.size() > 1000)
-    throw UsageError(
-        fmt::format("--data {}: {} classes, but the model has 1000 outputs", c.data_dir, folder.classes.size()));
-  files_ = folder.files.size();
-  classes_ = folder.classes.size();
-  PipelineOptions po;
-  po.batch = s.n;
-  po.image_size = s.h;
-  po.layout = t.options().layout;
-  po.threads = c.data_threads;
-  po.prefetch = c.prefetch;
-  po.pin = &t.backend(0);  // pinned batches: the staging copies are asynchronous DMA on a GPU
-  pipe_ = std::make_unique<JpegPipeline>(std::move(folder), po);
+  po_.batch = s.n;
+  po_.image_size = s.h;
+  po_.layout = t.options().layout;
+  po_.threads = c.data_threads;
+  po_.prefetch = c.prefetch;
+  po_.cache = c.cache;
+  po_.cache_limit_bytes = c.cache_limit_mb << 20;
+  po_.pin = &t.backend(0);  // pinned batches: the staging copies are asynchronous DMA on a GPU
+  std::size_t classes = 0;
+  if (c.data == DataKind::records) {
+    records_ = std::make_shared<const RecordFile>(c.data_dir);
+    classes = records_->classes().size();
+  } else {
+    folder_ = scan_image_folder(c.data_dir);
+    classes = folder_.classes.size();
+  }
+  if (classes > 1000)
+    throw UsageError(fmt::format("--data {}: {} classes, but the model has 1000 outputs", c.data_dir, classes));
+  pipe_ = records_ ? std::make_unique<ImagePipeline>(records_, po_) : std::make_unique<ImagePipeline>(folder_, po_);
+}
+
+std::string Feeder::name() const {
+  if (fixed_) return "synthetic-host";
+  if (records_) return "records";
+  return po_.cache == InputCache::memory ? "images+cache" : "images";
 }
 
 void Feeder::feed() {
@@ -44,17 +57,44 @@ void Feeder::feed() {
       t_.stage(i, fixed_->images.data(), fixed_->labels.data());
     } else {
       auto b = pipe_->next();
-      t_.stage(i, b->images.data(), b->labels.data());
+      const auto t0 = std::chrono::steady_clock::now();
+      t_.stage(i, b->images.data(), b->labels.data());  // returns when the copy is done
+      copy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       pipe_->recycle(std::move(b));
     }
   }
   t_.flip();
 }
 
+StageTimes Feeder::stage_times() const {
+  StageTimes s = pipe_ ? pipe_->stage_times() : StageTimes{};
+  s[Stage::copy] = copy_s_;
+  return s;
+}
+
+void Feeder::add_measure(const StageTimes& delta, double wall_s, std::uint64_t images) {
+  measure_.stages += delta;
+  measure_.wall_s += wall_s;
+  measure_.images += images;
+  measure_.threads = c_.data_threads;
+}
+
 std::string Feeder::describe() const {
   if (fixed_) return "synthetic-host (one host batch, copied every step on a copy stream)";
-  return fmt::format("{} ({} JPEG files, {} classes; {} decoding thread{}, prefetch {})", c_.data_dir, files_, classes_,
-                     c_.data_threads, c_.data_threads == 1 ? "" : "s", c_.prefetch);
+  const std::string threads =
+      fmt::format("{} decoding thread{}, prefetch {}", c_.data_threads, c_.data_threads == 1 ? "" : "s", c_.prefetch);
+  if (records_)
+    return fmt::format("{} (record file: {} images of {}x{}, {} classes; {})", c_.data_dir, records_->size(),
+                       records_->store_size(), records_->store_size(), records_->classes().size(), threads);
+  std::string kinds = folder_.png == 0    ? "JPEG files"
+                      : folder_.jpeg == 0 ? "PNG files"
+                                          : fmt::format("files: {} JPEG, {} PNG", folder_.jpeg, folder_.png);
+  std::string cache;
+  if (pipe_->cache_bytes() > 0)
+    cache = fmt::format("; cached in memory: {:.1f} MiB at {}x{}, filled in {:.2f} s", pipe_->cache_bytes() / 1048576.0,
+                        pipe_->store_size(), pipe_->store_size(), pipe_->cache_fill_seconds());
+  return fmt::format("{} ({} {}, {} classes; {}{})", c_.data_dir, folder_.files.size(), kinds, folder_.classes.size(),
+                     threads, cache);
 }
 
 std::string Feeder::skipped() const {

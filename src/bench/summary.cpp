@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "bench/input_report.hpp"
 #include "bench/report.hpp"
 #include "bench/stats.hpp"
 
@@ -108,22 +109,7 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
     const double S = step ? 1000.0 * static_cast<double>(images) / step_ms : NAN;
     const double P = pipe ? 1000.0 * static_cast<double>(images) / med(*pipe, "") : NAN;
     const double D = fed ? 1000.0 * static_cast<double>(images) / med(*fed, "") : NAN;
-    if (!std::isnan(P) && !std::isnan(S)) {
-      if (P < S)
-        std::cout << fmt::format(
-            "verdict: INPUT-BOUND. The input pipeline delivers {:.1f} images/s; the step could take {:.1f} images/s "
-            "(synthetic data). Fed by the pipeline the step ran at {:.1f} images/s, {:.2f}x slower than with "
-            "synthetic data. More --data-threads, smaller JPEGs or a faster decoder would help.\n",
-            P, S, D, S / D);
-      else
-        std::cout << fmt::format(
-            "verdict: not input-bound. The input pipeline delivers {:.1f} images/s, {:.2f}x what the step takes "
-            "({:.1f} images/s with synthetic data); fed by it the step ran at {:.1f} images/s ({:.2f}x the "
-            "synthetic step time).\n",
-            P, P / S, S, D, S / D);
-    } else {
-      std::cout << "verdict: needs both the step and input_pipeline phases\n";
-    }
+    print_input_section(std::cout, c, feeder, S, P, D);
     if (r.backend == BackendKind::cpu)
       std::cout << "note: on the cpu backend the decoding threads share the cores with the model, so the fed step "
                    "is slower than the synthetic one even when the pipeline alone keeps up\n";

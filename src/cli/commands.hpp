@@ -6,8 +6,10 @@ namespace stepbench::cli {
 
 // stepbench check: run given weights and input; write logits, loss and gradients (safetensors).
 int check_main(int argc, char** argv);
-// stepbench make-dataset DIR: write a synthetic JPEG folder for --data DIR.
+// stepbench make-dataset DIR: write a synthetic JPEG or PNG folder for --data DIR.
 int make_dataset_main(int argc, char** argv);
+// stepbench make-records DIR OUT: the folder decoded and resized once into a record file for --data OUT.
+int make_records_main(int argc, char** argv);
 // stepbench compare BASE.json HEAD.json: the regression gate (exit 1 on a regression).
 int compare_main(int argc, char** argv);
 

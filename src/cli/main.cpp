@@ -1,7 +1,8 @@
 // stepbench: times a CNN training step's phases, and checks numerics against a reference.
 //   stepbench [flags]           Google Benchmark fixtures of every phase, then a summary
 //   stepbench check ...         run given weights and input, write logits/loss/gradients
-//   stepbench make-dataset DIR  write a synthetic JPEG folder for --data DIR
+//   stepbench make-dataset DIR  write a synthetic JPEG or PNG folder for --data DIR
+//   stepbench make-records DIR OUT  the folder pre-resized into a record file for --data OUT
 // The environment is read here and nowhere below: the launcher's variables (mpirun) and the
 // test-only fault injection.
 #include <fmt/format.h>
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
     const std::string_view cmd = argc > 1 ? argv[1] : "";
     if (cmd == "check") return cli::check_main(argc, argv);
     if (cmd == "make-dataset") return cli::make_dataset_main(argc, argv);
+    if (cmd == "make-records") return cli::make_records_main(argc, argv);
     if (cmd == "compare") return cli::compare_main(argc, argv);
     if (argc == 2 && cmd == "--version") {
       print_version();

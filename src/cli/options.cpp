@@ -4,9 +4,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "bench/projection.hpp"
+#include "data/records.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench::cli {
@@ -111,9 +113,26 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                "(rows step:cuda_graph, forward:cuda_graph); one GPU per process, synthetic data");
   app.add_option("--data", o.data,
                  "input: synthetic (a constant batch on the device), synthetic-host (a host batch copied every "
-                 "step on a copy stream, double-buffered) or a folder of JPEGs, one subfolder per class")
+                 "step on a copy stream, double-buffered), a folder of JPEG and PNG images, one subfolder per "
+                 "class, or a record file written by stepbench make-records")
       ->capture_default_str();
-  app.add_option("--data-threads", b.data_threads, "JPEG decoding threads")
+  app.add_option_function<std::string>(
+         "--cache",
+         [&b](const std::string& v) {
+           if (v != "none" && v != "memory") throw UsageError(fmt::format("--cache {}: give none or memory", v));
+           b.cache = v == "memory" ? InputCache::memory : InputCache::none;
+         },
+         "memory: decode and resize every image of the --data folder once, at start, and keep it in memory; each "
+         "step then only crops, flips and normalises (refused, with the bytes, when it does not fit)")
+      ->type_name("none|memory");
+  app.add_option("--cache-limit-mb", b.cache_limit_mb,
+                 "the most --cache memory may use (default: 80% of the memory the kernel reports available)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
+  app.add_flag("--suggest", b.suggest,
+               "with --data: after the benchmarks, run the input pipeline a few batches as it is and with each "
+               "remedy (--cache memory, a record file, twice the --data-threads) and print the images/s of each "
+               "beside the step's");
+  app.add_option("--data-threads", b.data_threads, "decoding threads of the input pipeline")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--prefetch", b.prefetch, "decoded batches kept ready ahead of the step")
@@ -201,9 +220,26 @@ void resolve(Options& o) {
   if (o.data == "synthetic" || o.data == "synthetic-host") {
     b.data = *try_parse_enum<DataKind>(o.data);
   } else {
-    b.data = DataKind::jpeg_folder;
+    std::error_code ec;
     b.data_dir = o.data;
+    if (RecordFile::looks_like_records(o.data))
+      b.data = DataKind::records;
+    else if (std::filesystem::is_regular_file(o.data, ec))
+      throw UsageError(fmt::format(
+          "--data {}: a file, but not a stepbench record file; give a folder of class subfolders of JPEG or PNG "
+          "images, or a record file (stepbench make-records DIR OUT.records)",
+          o.data));
+    else
+      b.data = DataKind::image_folder;
   }
+  if (b.cache == InputCache::memory && b.data != DataKind::image_folder)
+    throw UsageError(b.data == DataKind::records
+                         ? "--cache memory: a record file is already decoded and resized; drop --cache"
+                         : "--cache memory caches the images of a --data folder; give --data DIR or drop --cache");
+  if (o.given("--cache-limit-mb") && b.cache != InputCache::memory)
+    throw UsageError("--cache-limit-mb caps --cache memory: add --cache memory or drop it");
+  if (b.suggest && !b.data_files())
+    throw UsageError("--suggest tries remedies for an input pipeline: give --data DIR (or a record file)");
   if (b.cuda_graph && !cuda) throw UsageError("--cuda-graph needs the cuda backend (CUDA Graphs); drop it on the cpu");
   if (b.cuda_graph && o.gpus > 1)
     throw UsageError(
@@ -224,7 +260,7 @@ void resolve(Options& o) {
   }
   if (b.sweep()) {
     for (const char* f : {"--phases", "--per-layer", "--layer-times", "--trace", "--peer", "--cuda-graph", "--history",
-                          "--list", "--data"})
+                          "--list", "--data", "--cache", "--cache-limit-mb", "--suggest"})
       if (o.given(f))
         throw UsageError(fmt::format(
             "{} does not go with --sweep-gpus / --sweep-batch (the sweep times the training step over its grid, on "

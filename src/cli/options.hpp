@@ -26,7 +26,7 @@ struct Options {
   double sync_timeout_s = 600.0;
   int workspace_mb = 512;
   int device_memory_mb = 0;        // 0: what the device has
-  std::string data = "synthetic";  // synthetic, synthetic-host, or a JPEG folder
+  std::string data = "synthetic";  // synthetic, synthetic-host, an image folder or a record file
   std::string peer_python;         // --peer-python: the only Python the peer tries
 
   std::vector<std::string> explicitly_set;  // flag names given on the command line or in --config

@@ -291,14 +291,14 @@ TEST(CudaData, PinnedJpegBatchesStagedToTheGpuMatchTheCpu) {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) GTEST_SKIP() << why;
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("stepbench_cudadata_{}", ::getpid());
-  make_jpeg_dataset(dir.string(), 16, 2, 80, 60);
+  make_dataset(dir.string(), 16, 2, 80, 60);
   Towers g(gpu_towers(BackendKind::cuda, 1, VariableUpdate::replicated, false)),
       c(gpu_towers(BackendKind::cpu, 1, VariableUpdate::replicated, false));
   PipelineOptions po;
   po.batch = 4;
   po.image_size = 32;
   po.pin = &g.backend(0);
-  JpegPipeline p(scan_jpeg_folder(dir.string()), po);
+  ImagePipeline p(scan_image_folder(dir.string()), po);
   auto b = p.next();
   EXPECT_TRUE(b->pinned());
   // the oracle of the same step on the same batch (the pipeline's layout is NCHW)

@@ -505,7 +505,7 @@ class Data(unittest.TestCase):
     def test_missing_and_empty_folders_are_usage_errors(self):
         with tempfile.TemporaryDirectory() as d:
             for folder, words in [(os.path.join(d, "nope"), ["no such folder", "make-dataset"]),
-                                  (d, ["no JPEG files"])]:
+                                  (d, ["no JPEG or PNG files"])]:
                 rc, _, err = run("--backend", "cpu", "--model", "tiny", "--data", folder, "--list")
                 self.assertEqual(rc, 2, err)
                 for w in words:
@@ -528,7 +528,70 @@ class Data(unittest.TestCase):
             with open(path) as f:
                 names = {b["run_name"].split("/repeats")[0] for b in json.load(f)["benchmarks"]}
             self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/input_pipeline", names)
-            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step:data=jpeg", names)
+            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step:data=images", names)
+
+    def test_png_folder_records_and_cache_with_the_stage_breakdown_and_suggest(self):
+        with tempfile.TemporaryDirectory() as d:
+            ds = os.path.join(d, "png")
+            rc, out, err = run("make-dataset", ds, "--images", "24", "--classes", "3", "--size", "120x90",
+                               "--format", "png")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(len(glob.glob(os.path.join(ds, "*", "*.png"))), 24)
+            common = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                      "--warmup", "1", "--repetitions", "2", "--phases", "step,input_pipeline", *FAST]
+            path = os.path.join(d, "out.json")
+            rc, out, err = run(*common, "--data", ds, "--suggest", "--json", path)
+            self.assertEqual(rc, 0, f"{out}\n{err}")
+            self.assertIn("24 PNG files", out)
+            for w in ["input stages:", "decode", "resize", "flip_normalise", "verdict:", "--suggest:",
+                      "--cache memory", "make-records, --data OUT.records", "--data-threads 4"]:
+                self.assertIn(w, out)
+            with open(path) as f:
+                j = json.load(f)
+            st = j["input_stages"]
+            self.assertGreater(st["images"], 0)
+            self.assertAlmostEqual(sum(st["share"].values()), 1.0, places=6)
+            # the stages and the waits account for the threads' time within 5%
+            busy = sum(st["ms_per_image"][k] for k in st["share"]) * st["images"] / 1e3
+            self.assertAlmostEqual((busy + st["idle_s"]) / (st["threads"] * st["wall_s"]), 1.0, delta=0.05)
+            self.assertEqual(len(st["suggest"]), 4)
+            self.assertTrue(all(r["images_per_s"] > 0 for r in st["suggest"]), st["suggest"])
+            self.assertEqual(j["context"]["data_kind"], "images")
+            # the same folder as a record file, and cached
+            rec = os.path.join(d, "png.records")
+            rc, out, err = run("make-records", ds, rec, "--image-size", "32")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("wrote 24 images of 37x37", out)
+            rc, out, err = run(*common, "--data", rec)
+            self.assertEqual(rc, 0, f"{out}\n{err}")
+            self.assertIn("record file: 24 images of 37x37", out)
+            self.assertIn("step:data=records", out)
+            rc, out, err = run(*common, "--data", ds, "--cache", "memory")
+            self.assertEqual(rc, 0, f"{out}\n{err}")
+            self.assertIn("cached in memory", out)
+            self.assertIn("step:data=images+cache", out)
+            # refusals: exit 2 and what to change
+            for args, words in [
+                    (["--data", ds, "--cache", "memory", "--cache-limit-mb", "1", "--image-size", "299"],
+                     ["--cache memory needs", "MiB", "make-records"]),
+                    (["--data", path], ["not a stepbench record file"]),
+                    (["--cache", "memory"], ["--data DIR"]),
+                    (["--data", rec, "--cache", "memory"], ["already decoded"]),
+                    (["--suggest"], ["--data DIR"]),
+                    (["--data", ds, "--cache", "disk"], ["none or memory"]),
+                    (["--data", ds, "--cache-limit-mb", "5"], ["add --cache memory"])]:
+                rc, _, err = run("--backend", "cpu", "--model", "tiny", *args, "--list")
+                self.assertEqual(rc, 2, f"{args}: {err}")
+                for w in words:
+                    self.assertIn(w, err, args)
+            with open(rec, "r+b") as f:
+                f.truncate(os.path.getsize(rec) - 7)
+            rc, _, err = run(*common, "--data", rec)
+            self.assertEqual(rc, 2, err)
+            self.assertIn("truncated", err)
+            rc, _, err = run("make-records", os.path.join(d, "nope"), rec)
+            self.assertEqual(rc, 2, err)
+            self.assertIn("no such folder", err)
 
     def test_synthetic_host_staging_over_two_towers(self):
         rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",

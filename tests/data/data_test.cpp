@@ -46,8 +46,8 @@ void write_solid_jpeg(const fs::path& path, int w, int h, unsigned char r, unsig
 
 TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {
   TempDir d;
-  EXPECT_EQ(make_jpeg_dataset(d.str(), 10, 3, 50, 40), 10u);
-  const auto f = scan_jpeg_folder(d.str());
+  EXPECT_EQ(make_dataset(d.str(), 10, 3, 50, 40), 10u);
+  const auto f = scan_image_folder(d.str());
   EXPECT_EQ(f.files.size(), 10u);
   ASSERT_EQ(f.classes.size(), 3u);
   EXPECT_EQ(f.classes[0], "class_0000");
@@ -58,15 +58,15 @@ TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {
 
 TEST(Data, MissingOrEmptyFoldersAreUsageErrors) {
   TempDir d;
-  EXPECT_THROW(scan_jpeg_folder(d.str() + "/nope"), UsageError);
-  EXPECT_THROW(scan_jpeg_folder(d.str()), UsageError);  // empty
+  EXPECT_THROW(scan_image_folder(d.str() + "/nope"), UsageError);
+  EXPECT_THROW(scan_image_folder(d.str()), UsageError);  // empty
   fs::create_directories(d.p / "cls");
   std::ofstream(d.p / "cls" / "readme.txt") << "not an image";
   try {
-    scan_jpeg_folder(d.str());
+    scan_image_folder(d.str());
     FAIL() << "a folder without JPEG files must be an error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("no JPEG files"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no JPEG or PNG files"), std::string::npos) << e.what();
   }
 }
 
@@ -97,8 +97,8 @@ TEST(Data, DecodeCropNormaliseGivesImageNetNormalisedValuesInEitherLayout) {
 
 TEST(Data, CropsAreRandomButSeeded) {
   TempDir d;
-  make_jpeg_dataset(d.str(), 1, 1, 120, 90);
-  const auto f = scan_jpeg_folder(d.str());
+  make_dataset(d.str(), 1, 1, 120, 90);
+  const auto f = scan_image_folder(d.str());
   PipelineOptions o;
   o.image_size = 16;
   std::vector<float> a(768), b(768), c(768);
@@ -112,7 +112,7 @@ TEST(Data, CropsAreRandomButSeeded) {
 
 TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
   TempDir d;
-  make_jpeg_dataset(d.str(), 12, 2, 64, 48);
+  make_dataset(d.str(), 12, 2, 64, 48);
   std::ofstream(d.p / "class_0000" / "broken.jpg") << "this is not a jpeg";
   std::ofstream(d.p / "class_0001" / "empty.jpg");
   {  // a JPEG cut off after its header
@@ -125,7 +125,7 @@ TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
   o.image_size = 24;
   o.threads = 2;
   o.prefetch = 2;
-  JpegPipeline p(scan_jpeg_folder(d.str()), o);
+  ImagePipeline p(scan_image_folder(d.str()), o);
   for (int k = 0; k < 8; ++k) {  // 40 images: more than three epochs of 15 files
     auto b = p.next();
     ASSERT_EQ(b->labels.size(), 5u);
@@ -149,16 +149,16 @@ TEST(Data, AFolderOfOnlyCorruptFilesIsAnErrorNotAHang) {
   PipelineOptions o;
   o.batch = 2;
   o.image_size = 8;
-  JpegPipeline p(scan_jpeg_folder(d.str()), o);
+  ImagePipeline p(scan_image_folder(d.str()), o);
   EXPECT_THROW(p.next(), Error);
 }
 
 TEST(Data, BadThreadCountsAreUsageErrors) {
   TempDir d;
-  make_jpeg_dataset(d.str(), 2, 1, 32, 32);
+  make_dataset(d.str(), 2, 1, 32, 32);
   PipelineOptions o;
   o.threads = 0;
-  EXPECT_THROW(JpegPipeline(scan_jpeg_folder(d.str()), o), UsageError);
+  EXPECT_THROW(ImagePipeline(scan_image_folder(d.str()), o), UsageError);
 }
 
 }  // namespace

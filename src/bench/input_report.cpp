@@ -1,0 +1,157 @@
+#include "bench/input_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace stepbench {
+
+namespace {
+
+constexpr Stage kWorkerStages[] = {Stage::read,   Stage::crop,           Stage::decode,
+                                   Stage::resize, Stage::flip_normalise, Stage::assembly};
+double ms_per_image(const InputMeasure& m, Stage s) {
+  return m.images ? 1e3 * m.stages[s] / static_cast<double>(m.images) : NAN;
+}
+
+// The remedy for the pipeline as measured: the name, and its images/s (measured: from --suggest).
+struct Remedy {
+  std::string name, why;
+  double ips = NAN;
+  bool measured = false;
+};
+
+Remedy choose_remedy(const BenchConfig& c, const Feeder& f) {
+  const InputMeasure& m = f.measure();
+  const StageTimes& st = m.stages;
+  const double busy = st.busy();
+  const double front = st[Stage::read] + st[Stage::decode] + st[Stage::resize];  // what a cache or records remove
+  const double per_step = st[Stage::crop] + st[Stage::flip_normalise] + st[Stage::assembly];
+  const double threads = std::max(1, m.threads);
+  Remedy r;
+  const auto find = [&](const std::string& name) -> const RemedyRow* {
+    for (const auto& row : f.remedies())
+      if (row.name.rfind(name, 0) == 0 && row.images_per_s > 0) return &row;
+    return nullptr;
+  };
+  if (c.data == DataKind::image_folder && c.cache != InputCache::memory && busy > 0 && front / busy >= 0.5) {
+    // decoding dominates: cache it, or pre-resize it to a record file where it does not fit
+    const ImagePipeline* p = f.pipeline();
+    const double bytes = static_cast<double>(f.folder().files.size()) * p->store_size() * p->store_size() * 3;
+    const bool fits = c.cache_limit_mb == 0 || bytes <= static_cast<double>(c.cache_limit_mb << 20);
+    r.name = fits ? "--cache memory" : "make-records";
+    r.why = fmt::format("read, decode and resize are {:.0f}% of the pipeline's work and run once with {}",
+                        100 * front / busy, fits ? "a cache" : "a record file");
+    r.ips = threads * static_cast<double>(m.images) / per_step;
+  } else {  // what remains runs every step: more threads
+    r.name = fmt::format("--data-threads {}", 2 * m.threads);
+    r.why = "the stages left run every step";
+    r.ips = 2 * threads * static_cast<double>(m.images) / std::max(busy, 1e-12);
+  }
+  if (const RemedyRow* row = find(r.name)) {
+    r.ips = row->images_per_s;
+    r.measured = true;
+  }
+  return r;
+}
+
+}  // namespace
+
+void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& f, double S, double P, double D) {
+  const InputMeasure& m = f.measure();
+  const StageTimes& st = m.stages;
+  const double busy = st.busy();
+  Stage top = Stage::decode;
+  if (f.pipeline() && m.images > 0 && busy > 0) {
+    out << fmt::format(
+        "input stages: thread time per image over the input_pipeline repetitions ({} images, {} thread{}):\n", m.images,
+        m.threads, m.threads == 1 ? "" : "s");
+    for (Stage s : kWorkerStages) {
+      if (st[s] > st[top]) top = s;
+    }
+    for (Stage s : {Stage::read, Stage::decode, Stage::resize, Stage::crop, Stage::flip_normalise, Stage::assembly})
+      out << fmt::format("  {:<16} {:>9.3f} ms {:>6.1f}%\n", kStageNames[static_cast<std::size_t>(s)],
+                         ms_per_image(m, s), 100 * st[s] / busy);
+    out << fmt::format("  {:<16} {:>9.3f} ms  (on the step's side, host-to-device staging)\n", "copy",
+                       ms_per_image(m, Stage::copy));
+    const double wall_threads = m.wall_s * m.threads;
+    out << fmt::format(
+        "  the threads' time: stages {:.1f}%, waiting for room {:.1f}%, the rest {:+.1f}%; stages / threads = "
+        "{:.3f} ms per image, the pipeline's measured {:.3f} ms (the same when the threads never wait)\n",
+        100 * busy / wall_threads, 100 * st.idle / wall_threads, 100 * (1 - (busy + st.idle) / wall_threads),
+        1e3 * busy / m.threads / static_cast<double>(m.images), 1e3 * m.wall_s / static_cast<double>(m.images));
+  }
+  if (!std::isnan(P) && !std::isnan(S)) {
+    if (P < S) {
+      std::string blame, fix;
+      if (f.pipeline() && busy > 0) {
+        blame = fmt::format(": {} is {:.0f}% of the pipeline", kStageNames[static_cast<std::size_t>(top)],
+                            100 * st[top] / busy);
+        const Remedy r = choose_remedy(c, f);
+        const std::string how =
+            r.measured ? "measured by --suggest" : "estimated from the stage times; --suggest measures it";
+        fix = r.ips >= S
+                  ? fmt::format("; `{}` would make the step compute-bound ({}: {:.0f} vs {:.0f} images/s; {})", r.name,
+                                how, r.ips, P, r.why)
+                  : fmt::format("; `{}` would bring it to {:.0f} images/s, still below the step's {:.0f} ({}; {})",
+                                r.name, r.ips, S, how, r.why);
+      }
+      out << fmt::format(
+          "verdict: INPUT-BOUND by {:.1f}x{}{}. The input pipeline delivers {:.1f} images/s; the step could take "
+          "{:.1f} images/s (synthetic data); fed by the pipeline it ran at {:.1f} images/s.\n",
+          S / P, blame, fix, P, S, D);
+    } else {
+      out << fmt::format(
+          "verdict: not input-bound. The input pipeline delivers {:.1f} images/s, {:.2f}x what the step takes "
+          "({:.1f} images/s with synthetic data); fed by it the step ran at {:.1f} images/s ({:.2f}x the "
+          "synthetic step time).\n",
+          P, P / S, S, D, S / D);
+    }
+  } else {
+    out << "verdict: needs both the step and input_pipeline phases\n";
+  }
+  if (!f.remedies().empty()) {
+    out << fmt::format("--suggest: the pipeline alone, a few batches each (the step takes {:.1f} images/s):\n", S);
+    const double base = f.remedies().front().images_per_s;
+    for (const auto& row : f.remedies()) {
+      if (row.images_per_s <= 0) {
+        out << fmt::format("  {:<34} {}\n", row.name, row.note);
+        continue;
+      }
+      out << fmt::format("  {:<34} {:>9.1f} images/s {:>6.2f}x  {}{}\n", row.name, row.images_per_s,
+                         row.images_per_s / base,
+                         std::isnan(S)          ? ""
+                         : row.images_per_s < S ? "input-bound"
+                                                : "compute-bound",
+                         row.note.empty() ? "" : "; " + row.note);
+    }
+  }
+}
+
+nlohmann::json input_stages_json(const Feeder& f) {
+  const InputMeasure& m = f.measure();
+  nlohmann::json j;
+  j["images"] = m.images;
+  j["threads"] = m.threads;
+  j["wall_s"] = m.wall_s;
+  j["idle_s"] = m.stages.idle;
+  const double busy = m.stages.busy();
+  for (int i = 0; i < kStages; ++i) {
+    const auto s = static_cast<Stage>(i);
+    j["ms_per_image"][std::string(kStageNames[static_cast<std::size_t>(i)])] = m.images ? ms_per_image(m, s) : 0.0;
+    if (s != Stage::copy)
+      j["share"][std::string(kStageNames[static_cast<std::size_t>(i)])] = busy > 0 ? m.stages[s] / busy : 0.0;
+  }
+  if (const ImagePipeline* p = f.pipeline()) {
+    j["store_size"] = p->store_size();
+    j["cache_bytes"] = p->cache_bytes();
+    j["cache_fill_s"] = p->cache_fill_seconds();
+    j["skipped"] = p->skipped();
+  }
+  for (const auto& r : f.remedies())
+    j["suggest"].push_back({{"remedy", r.name}, {"images_per_s", r.images_per_s}, {"note", r.note}});
+  return j;
+}
+
+}  // namespace stepbench

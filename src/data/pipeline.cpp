@@ -1,0 +1,272 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+#include "data/data.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+
+namespace {
+
+// What the kernel says can be allocated without swapping (MemAvailable), in bytes; 0 if unknown.
+std::uint64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+std::uint64_t crop_seed(std::uint64_t seed, std::uint64_t k) { return seed * 0x2545f4914f6cdd1dull + k; }
+
+}  // namespace
+
+HostBatch::HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin) {
+  const std::size_t img_bytes = (image_floats * sizeof(float) + 63) / 64 * 64;  // labels 64-byte aligned
+  const std::size_t bytes = img_bytes + batch * sizeof(std::int32_t);
+  if (pin) {
+    mem_ = {pin->allocate_host(bytes), [pin](void* p) { pin->deallocate_host(p); }};
+    pinned_ = pin->is_pinned(mem_.get());
+  } else {
+    mem_ = {std::aligned_alloc(64, (bytes + 63) / 64 * 64), [](void* p) { std::free(p); }};
+    if (!mem_) throw Error(fmt::format("out of host memory for a {:.1f} MiB input batch", bytes / 1048576.0));
+  }
+  auto* base = static_cast<char*>(mem_.get());
+  images = {reinterpret_cast<float*>(base), image_floats};
+  labels = {reinterpret_cast<std::int32_t*>(base + img_bytes), batch};
+}
+
+ImagePipeline::ImagePipeline(ImageFolder folder, PipelineOptions o) : o_(o) {
+  R_ = o_.store_size > 0 ? o_.store_size : default_store_size(o_.image_size);
+  files_ = std::move(folder.files);
+  labels_ = std::move(folder.labels);
+  classes_ = folder.classes.size();
+  if (o_.cache == InputCache::memory) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(files_.size()) * R_ * R_ * 3;
+    const std::uint64_t avail = available_memory();
+    const std::uint64_t limit = o_.cache_limit_bytes ? o_.cache_limit_bytes : avail / 10 * 8;
+    if (bytes > limit)
+      throw UsageError(fmt::format(
+          "--cache memory needs {:.1f} MiB ({} images of {}x{}x3 bytes), more than the {:.1f} MiB it may use ({}); "
+          "use stepbench make-records DIR OUT.records and --data OUT.records (read from disk, memory-mapped), "
+          "or a smaller --image-size",
+          bytes / 1048576.0, files_.size(), R_, R_, limit / 1048576.0,
+          o_.cache_limit_bytes ? "--cache-limit-mb"
+                               : fmt::format("80% of the {:.1f} MiB available", avail / 1048576.0)));
+    fill_cache(files_);
+  }
+  start();
+}
+
+ImagePipeline::ImagePipeline(std::shared_ptr<const RecordFile> records, PipelineOptions o)
+    : o_(o), records_(std::move(records)) {
+  if (o_.cache == InputCache::memory)
+    throw UsageError("--cache memory with a record file: the records are already decoded and resized; drop --cache");
+  R_ = records_->store_size();
+  classes_ = records_->classes().size();
+  labels_.resize(records_->size());
+  for (std::size_t i = 0; i < labels_.size(); ++i) labels_[i] = records_->label(i);
+  start();
+}
+
+void ImagePipeline::fill_cache(const std::vector<std::string>& files) {
+  const std::size_t img = static_cast<std::size_t>(R_) * R_ * 3;
+  cache_.resize(files.size() * img);
+  cache_why_.assign(files.size(), "");
+  std::atomic<std::size_t> next{0};
+  std::vector<std::unique_ptr<StageCounters>> counters;
+  counters.reserve(static_cast<std::size_t>(o_.threads));
+  for (int t = 0; t < o_.threads; ++t) counters.push_back(std::make_unique<StageCounters>());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto work = [&](int t) {
+    std::vector<unsigned char> file, stored;
+    Image8 im;
+    StageClock clk(counters[static_cast<std::size_t>(t)].get());
+    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+      clk.reset();
+      std::string& why = cache_why_[i];
+      if (!read_file(files[i], file, why)) continue;
+      clk.lap(Stage::read);
+      if (!decode_image(file.data(), file.size(), im, why)) continue;
+      clk.lap(Stage::decode);
+      resize_to_store(im, R_, stored);
+      std::copy(stored.begin(), stored.end(), cache_.begin() + static_cast<std::ptrdiff_t>(i * img));
+      clk.lap(Stage::resize);
+      counters[static_cast<std::size_t>(t)]->images.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < o_.threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& t : pool) t.join();
+  fill_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& c : counters) c->add_to(fill_);
+}
+
+void ImagePipeline::start() {
+  if (o_.threads < 1) throw UsageError(fmt::format("--data-threads {} must be at least 1", o_.threads));
+  if (o_.prefetch < 1) throw UsageError(fmt::format("--prefetch {} must be at least 1", o_.prefetch));
+  order_.resize(labels_.size());
+  for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+  std::mt19937_64 rng(o_.seed);
+  std::shuffle(order_.begin(), order_.end(), rng);
+  const std::size_t image_floats = static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
+  // Batches in flight: every thread filling one, plus `prefetch` ready ones.
+  for (int i = 0; i < o_.threads + o_.prefetch; ++i) {
+    free_.push_back(std::make_unique<HostBatch>(image_floats * static_cast<std::size_t>(o_.batch),
+                                                static_cast<std::size_t>(o_.batch), o_.pin));
+  }
+  counters_.reserve(static_cast<std::size_t>(o_.threads));
+  for (int i = 0; i < o_.threads; ++i) counters_.push_back(std::make_unique<StageCounters>());
+  for (int i = 0; i < o_.threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+ImagePipeline::~ImagePipeline() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  space_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+bool ImagePipeline::load(std::size_t i, std::vector<unsigned char>& buf, const unsigned char** img, StageClock& clk,
+                         std::string& why) {
+  if (records_) {  // a copy out of the mapping: the page faults are the read
+    const unsigned char* p = records_->image(i);
+    buf.assign(p, p + records_->image_bytes());
+    clk.lap(Stage::read);
+    *img = buf.data();
+    return true;
+  }
+  if (!cache_.empty()) {
+    if (!cache_why_[i].empty()) {
+      why = cache_why_[i];
+      return false;
+    }
+    *img = cache_.data() + i * static_cast<std::size_t>(R_) * R_ * 3;
+    return true;
+  }
+  thread_local std::vector<unsigned char> file;
+  thread_local Image8 im;
+  const bool read = read_file(files_[i], file, why);
+  clk.lap(Stage::read);
+  if (!read) return false;
+  const bool decoded = decode_image(file.data(), file.size(), im, why);
+  clk.lap(Stage::decode);
+  if (!decoded) return false;
+  resize_to_store(im, R_, buf);
+  clk.lap(Stage::resize);
+  *img = buf.data();
+  return true;
+}
+
+void ImagePipeline::worker(int id) {
+  const std::size_t image_floats = static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
+  const std::size_t n = order_.size();
+  const int S = static_cast<int>(o_.image_size);
+  StageCounters& ctr = *counters_[static_cast<std::size_t>(id)];
+  StageClock clk(&ctr);
+  std::vector<unsigned char> buf;
+  std::vector<float> crop(static_cast<std::size_t>(S) * S * 3);
+  for (;;) {
+    std::unique_ptr<HostBatch> b;
+    std::uint64_t ticket;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      // Only `prefetch` batches may wait ready: the rest of the pool is for batches being filled.
+      ctr.begin_idle();
+      space_cv_.wait(
+          l, [&] { return stop_ || (!free_.empty() && ready_.size() < static_cast<std::size_t>(o_.prefetch)); });
+      ctr.end_idle();
+      if (stop_) return;
+      b = std::move(free_.front());
+      free_.pop_front();
+      ticket = next_ticket_;
+      next_ticket_ += static_cast<std::uint64_t>(o_.batch);
+    }
+    clk.reset();
+    std::uint64_t probe = 0;  // extra images taken to replace skipped ones
+    for (std::int64_t i = 0; i < o_.batch; ++i) {
+      for (;;) {
+        const std::uint64_t k = ticket + static_cast<std::uint64_t>(i) + probe * 7919u;
+        const std::size_t item = order_[k % n];
+        std::string why;
+        const unsigned char* img = nullptr;
+        clk.lap(Stage::assembly);
+        if (load(item, buf, &img, clk, why)) {
+          const CropBox box = random_crop_box(R_, o_, crop_seed(o_.seed, k));
+          crop_resize(img, R_, box, S, crop.data());
+          clk.lap(Stage::crop);
+          flip_normalise(crop.data(), S, box.flip, o_.layout, o_,
+                         b->images.data() + static_cast<std::size_t>(i) * image_floats);
+          clk.lap(Stage::flip_normalise);
+          b->labels[static_cast<std::size_t>(i)] = labels_[item];
+          decoded_.fetch_add(1);
+          ctr.images.fetch_add(1, std::memory_order_relaxed);
+          failed_in_a_row_.store(0);
+          break;
+        }
+        ++probe;
+        skipped_.fetch_add(1);
+        const std::string& name = records_ ? records_->path() : files_[item];
+        std::lock_guard<std::mutex> l(mu_);
+        if (skipped_examples_.size() < 5) skipped_examples_.push_back(fmt::format("{} {}", name, why));
+        if (failed_in_a_row_.fetch_add(1) + 1 > n + 8) {  // every file failed
+          fatal_ = fmt::format("no file of the data folder could be decoded, e.g. {} {}", name, why);
+          stop_ = true;
+          ready_cv_.notify_all();
+          space_cv_.notify_all();
+          return;
+        }
+        if (stop_) return;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ready_.push_back(std::move(b));
+    }
+    ready_cv_.notify_one();
+    clk.lap(Stage::assembly);
+    ctr.batches.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+std::unique_ptr<HostBatch> ImagePipeline::next() {
+  std::unique_lock<std::mutex> l(mu_);
+  ready_cv_.wait(l, [&] { return !ready_.empty() || !fatal_.empty() || stop_; });
+  if (ready_.empty()) throw Error(fatal_.empty() ? "the input pipeline stopped" : fatal_);
+  auto b = std::move(ready_.front());
+  ready_.pop_front();
+  l.unlock();
+  space_cv_.notify_all();
+  return b;
+}
+
+void ImagePipeline::recycle(std::unique_ptr<HostBatch> b) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.push_back(std::move(b));
+  }
+  space_cv_.notify_all();
+}
+
+std::vector<std::string> ImagePipeline::skipped_examples() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return skipped_examples_;
+}
+
+StageTimes ImagePipeline::stage_times() const {
+  StageTimes t;
+  for (const auto& c : counters_) c->add_to(t);
+  return t;
+}
+
+}  // namespace stepbench
