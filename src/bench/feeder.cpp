@@ -83,9 +83,17 @@ std::string Feeder::describe() const {
   if (fixed_) return "synthetic-host (one host batch, copied every step on a copy stream)";
   const std::string threads =
       fmt::format("{} decoding thread{}, prefetch {}", c_.data_threads, c_.data_threads == 1 ? "" : "s", c_.prefetch);
-  if (records_)
-    return fmt::format("{} (record file: {} images of {}x{}, {} classes; {})", c_.data_dir, records_->size(),
-                       records_->store_size(), records_->store_size(), records_->classes().size(), threads);
+  if (records_) {
+    const int R = records_->store_size(), want = default_store_size(po_.image_size);
+    const std::string other = R == want
+                                  ? ""
+                                  : fmt::format(
+                                        "; made for another crop size: a folder would be resized to {}x{} for this "
+                                        "--image-size, so these crops differ from the plain pipeline's",
+                                        want, want);
+    return fmt::format("{} (record file: {} images of {}x{}, {} classes; {}{})", c_.data_dir, records_->size(), R, R,
+                       records_->classes().size(), threads, other);
+  }
   std::string kinds = folder_.png == 0    ? "JPEG files"
                       : folder_.jpeg == 0 ? "PNG files"
                                           : fmt::format("files: {} JPEG, {} PNG", folder_.jpeg, folder_.png);

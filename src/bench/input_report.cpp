@@ -22,7 +22,8 @@ struct Remedy {
   bool measured = false;
 };
 
-Remedy choose_remedy(const BenchConfig& c, const Feeder& f) {
+// processes: the remedy's images/s is one process's pipeline; the step's, every process's.
+Remedy choose_remedy(const BenchConfig& c, const Feeder& f, int processes) {
   const InputMeasure& m = f.measure();
   const StageTimes& st = m.stages;
   const double busy = st.busy();
@@ -39,7 +40,7 @@ Remedy choose_remedy(const BenchConfig& c, const Feeder& f) {
     // decoding dominates: cache it, or pre-resize it to a record file where it does not fit
     const ImagePipeline* p = f.pipeline();
     const double bytes = static_cast<double>(f.folder().files.size()) * p->store_size() * p->store_size() * 3;
-    const bool fits = c.cache_limit_mb == 0 || bytes <= static_cast<double>(c.cache_limit_mb << 20);
+    const bool fits = bytes <= static_cast<double>(cache_limit_bytes(f.pipeline_options()));
     r.name = fits ? "--cache memory" : "make-records";
     r.why = fmt::format("read, decode and resize are {:.0f}% of the pipeline's work and run once with {}",
                         100 * front / busy, fits ? "a cache" : "a record file");
@@ -53,12 +54,14 @@ Remedy choose_remedy(const BenchConfig& c, const Feeder& f) {
     r.ips = row->images_per_s;
     r.measured = true;
   }
+  r.ips *= processes;
   return r;
 }
 
 }  // namespace
 
-void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& f, double S, double P, double D) {
+void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& f, double S, double P, double D,
+                         int processes) {
   const InputMeasure& m = f.measure();
   const StageTimes& st = m.stages;
   const double busy = st.busy();
@@ -79,7 +82,7 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
     out << fmt::format(
         "  the threads' time: stages {:.1f}%, waiting for room {:.1f}%, the rest {:+.1f}%; stages / threads = "
         "{:.3f} ms per image, the pipeline's measured {:.3f} ms (the same when the threads never wait)\n",
-        100 * busy / wall_threads, 100 * st.idle / wall_threads, 100 * (1 - (busy + st.idle) / wall_threads),
+        100 * busy / wall_threads, 100 * st.idle / wall_threads, 100 * (1 - (busy + st.open + st.idle) / wall_threads),
         1e3 * busy / m.threads / static_cast<double>(m.images), 1e3 * m.wall_s / static_cast<double>(m.images));
   }
   if (!std::isnan(P) && !std::isnan(S)) {
@@ -88,7 +91,7 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
       if (f.pipeline() && busy > 0) {
         blame = fmt::format(": {} is {:.0f}% of the pipeline", kStageNames[static_cast<std::size_t>(top)],
                             100 * st[top] / busy);
-        const Remedy r = choose_remedy(c, f);
+        const Remedy r = choose_remedy(c, f, processes);
         const std::string how =
             r.measured ? "measured by --suggest" : "estimated from the stage times; --suggest measures it";
         fix = r.ips >= S
@@ -112,7 +115,10 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
     out << "verdict: needs both the step and input_pipeline phases\n";
   }
   if (!f.remedies().empty()) {
-    out << fmt::format("--suggest: the pipeline alone, a few batches each (the step takes {:.1f} images/s):\n", S);
+    // every process runs its own pipeline: the rows are this one's, the step's figure is per process too
+    S /= processes;
+    out << fmt::format("--suggest: the pipeline alone, a few batches each (the step takes {:.1f} images/s{}):\n", S,
+                       processes > 1 ? " per process" : "");
     const double base = f.remedies().front().images_per_s;
     for (const auto& row : f.remedies()) {
       if (row.images_per_s <= 0) {
@@ -136,6 +142,7 @@ nlohmann::json input_stages_json(const Feeder& f) {
   j["threads"] = m.threads;
   j["wall_s"] = m.wall_s;
   j["idle_s"] = m.stages.idle;
+  j["open_s"] = m.stages.open;  // in a stage at either end of a repetition (may be negative: ended inside it)
   const double busy = m.stages.busy();
   for (int i = 0; i < kStages; ++i) {
     const auto s = static_cast<Stage>(i);

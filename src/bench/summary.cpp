@@ -2,6 +2,7 @@
 // sync's bandwidths, the input verdict and the peer's ratios.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -109,7 +110,7 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
     const double S = step ? 1000.0 * static_cast<double>(images) / step_ms : NAN;
     const double P = pipe ? 1000.0 * static_cast<double>(images) / med(*pipe, "") : NAN;
     const double D = fed ? 1000.0 * static_cast<double>(images) / med(*fed, "") : NAN;
-    print_input_section(std::cout, c, feeder, S, P, D);
+    print_input_section(std::cout, c, feeder, S, P, D, std::max(1, t.global_size() / std::max(1, t.size())));
     if (r.backend == BackendKind::cpu)
       std::cout << "note: on the cpu backend the decoding threads share the cores with the model, so the fed step "
                    "is slower than the synthetic one even when the pipeline alone keeps up\n";

@@ -63,6 +63,8 @@ int make_records_main(int argc, char** argv) {
   app.add_option("--store-size", store, "the stored R x R instead (8 to 4096)")->check(CLI::Range(8, 4096));
   app.add_option("--threads", threads, "decoding threads")->capture_default_str()->check(CLI::Range(1, 1024));
   if (auto rc = parse_args(app, argc, argv, 2, "stepbench make-records")) return *rc;
+  if (app.count("--image-size") && app.count("--store-size"))
+    throw UsageError("make-records: give --image-size (the records store 8/7 of it) or --store-size, not both");
   const int R = store > 0 ? store : default_store_size(image_size);
   const ImageFolder f = scan_image_folder(dir);
   const auto t0 = std::chrono::steady_clock::now();

@@ -65,6 +65,11 @@ struct PipelineOptions {
   Backend* pin = nullptr;
 };
 
+// What the kernel says can be allocated without swapping (MemAvailable), in bytes; 0 if unknown.
+std::uint64_t available_memory_bytes();
+// The most --cache memory may use: o.cache_limit_bytes, or 80% of the available memory.
+std::uint64_t cache_limit_bytes(const PipelineOptions& o);
+
 // A batch on the host: images as float32 in the pipeline's layout, and int32 labels, in one
 // allocation from pin->allocate_host, or plain memory without a backend.
 class HostBatch {
@@ -111,10 +116,12 @@ class ImagePipeline {
 
  private:
   void start();
+  void validate() const;  // threads and prefetch, before anything runs
+  void stop_threads();
   void fill_cache(const std::vector<std::string>& files);
   void worker(int id);
   // The R x R image of item i into *img (pointing at the cache, the records or buf), timing its stages.
-  bool load(std::size_t i, std::vector<unsigned char>& buf, const unsigned char** img, StageClock& clk,
+  bool load(std::size_t i, std::vector<unsigned char>& buf, const unsigned char** img, StageCounters& clk,
             std::string& why);
 
   PipelineOptions o_;
@@ -134,6 +141,7 @@ class ImagePipeline {
   std::deque<std::unique_ptr<HostBatch>> ready_, free_;
   std::uint64_t next_ticket_ = 0;  // image cursor handed to workers
   std::vector<std::size_t> order_;
+  std::uint64_t probe_stride_ = 1;  // replacements for a skipped image: a stride coprime with the count
   bool stop_ = false;
   std::atomic<std::size_t> skipped_{0}, decoded_{0}, failed_in_a_row_{0};
   std::vector<std::string> skipped_examples_;

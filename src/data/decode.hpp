@@ -1,7 +1,7 @@
 // Reading and decoding one image file: JPEG (libjpeg-turbo) and PNG (libpng), told apart by their
-// first bytes, decoded to 8-bit RGB. PNG's colour types all end as RGB the way PIL's
-// convert('RGB') does: grey replicated, palettes expanded, alpha dropped (not composited), 16-bit
-// samples cut to their high byte, 1/2/4-bit grey scaled to 8 bits.
+// first bytes, decoded to 8-bit RGB. PNG's colour types all end as RGB much as Pillow's
+// convert('RGB') makes them: grey replicated, palettes expanded, alpha dropped (not composited),
+// 16-bit samples cut to their high byte (Pillow clips 16-bit grey instead), 1/2/4-bit grey scaled.
 #pragma once
 #include <cstddef>
 #include <string>

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -12,20 +13,23 @@ namespace stepbench {
 
 namespace {
 
-// What the kernel says can be allocated without swapping (MemAvailable), in bytes; 0 if unknown.
-std::uint64_t available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 std::uint64_t crop_seed(std::uint64_t seed, std::uint64_t k) { return seed * 0x2545f4914f6cdd1dull + k; }
 
 }  // namespace
+
+std::uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::uint64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);  // a kernel without MemAvailable
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+std::uint64_t cache_limit_bytes(const PipelineOptions& o) {
+  return o.cache_limit_bytes ? o.cache_limit_bytes : available_memory_bytes() / 10 * 8;
+}
 
 HostBatch::HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin) {
   const std::size_t img_bytes = (image_floats * sizeof(float) + 63) / 64 * 64;  // labels 64-byte aligned
@@ -43,22 +47,21 @@ HostBatch::HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin) 
 }
 
 ImagePipeline::ImagePipeline(ImageFolder folder, PipelineOptions o) : o_(o) {
+  validate();
   R_ = o_.store_size > 0 ? o_.store_size : default_store_size(o_.image_size);
   files_ = std::move(folder.files);
   labels_ = std::move(folder.labels);
   classes_ = folder.classes.size();
   if (o_.cache == InputCache::memory) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(files_.size()) * R_ * R_ * 3;
-    const std::uint64_t avail = available_memory();
-    const std::uint64_t limit = o_.cache_limit_bytes ? o_.cache_limit_bytes : avail / 10 * 8;
+    const std::uint64_t limit = cache_limit_bytes(o_);
     if (bytes > limit)
       throw UsageError(fmt::format(
           "--cache memory needs {:.1f} MiB ({} images of {}x{}x3 bytes), more than the {:.1f} MiB it may use ({}); "
           "use stepbench make-records DIR OUT.records and --data OUT.records (read from disk, memory-mapped), "
           "or a smaller --image-size",
           bytes / 1048576.0, files_.size(), R_, R_, limit / 1048576.0,
-          o_.cache_limit_bytes ? "--cache-limit-mb"
-                               : fmt::format("80% of the {:.1f} MiB available", avail / 1048576.0)));
+          o_.cache_limit_bytes ? "--cache-limit-mb" : "80% of the memory available"));
     fill_cache(files_);
   }
   start();
@@ -66,6 +69,7 @@ ImagePipeline::ImagePipeline(ImageFolder folder, PipelineOptions o) : o_(o) {
 
 ImagePipeline::ImagePipeline(std::shared_ptr<const RecordFile> records, PipelineOptions o)
     : o_(o), records_(std::move(records)) {
+  validate();
   if (o_.cache == InputCache::memory)
     throw UsageError("--cache memory with a record file: the records are already decoded and resized; drop --cache");
   R_ = records_->store_size();
@@ -73,6 +77,11 @@ ImagePipeline::ImagePipeline(std::shared_ptr<const RecordFile> records, Pipeline
   labels_.resize(records_->size());
   for (std::size_t i = 0; i < labels_.size(); ++i) labels_[i] = records_->label(i);
   start();
+}
+
+void ImagePipeline::validate() const {
+  if (o_.threads < 1) throw UsageError(fmt::format("--data-threads {} must be at least 1", o_.threads));
+  if (o_.prefetch < 1) throw UsageError(fmt::format("--prefetch {} must be at least 1", o_.prefetch));
 }
 
 void ImagePipeline::fill_cache(const std::vector<std::string>& files) {
@@ -87,35 +96,45 @@ void ImagePipeline::fill_cache(const std::vector<std::string>& files) {
   auto work = [&](int t) {
     std::vector<unsigned char> file, stored;
     Image8 im;
-    StageClock clk(counters[static_cast<std::size_t>(t)].get());
+    StageCounters& clk = *counters[static_cast<std::size_t>(t)];
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
-      clk.reset();
       std::string& why = cache_why_[i];
-      if (!read_file(files[i], file, why)) continue;
-      clk.lap(Stage::read);
-      if (!decode_image(file.data(), file.size(), im, why)) continue;
-      clk.lap(Stage::decode);
-      resize_to_store(im, R_, stored);
-      std::copy(stored.begin(), stored.end(), cache_.begin() + static_cast<std::ptrdiff_t>(i * img));
-      clk.lap(Stage::resize);
-      counters[static_cast<std::size_t>(t)]->images.fetch_add(1);
+      try {  // an allocation that fails for one image skips that image
+        if (!read_file(files[i], file, why)) continue;
+        clk.lap(Stage::read);
+        if (!decode_image(file.data(), file.size(), im, why)) continue;
+        clk.lap(Stage::decode);
+        resize_to_store(im, R_, stored);
+        std::copy(stored.begin(), stored.end(), cache_.begin() + static_cast<std::ptrdiff_t>(i * img));
+        clk.lap(Stage::resize);
+        clk.count_image();
+      } catch (const std::exception& e) {
+        why = fmt::format("could not be decoded ({})", e.what());
+      }
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < o_.threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& t : pool) t.join();
+  {
+    std::vector<std::jthread> pool;  // joined on every way out, an exception included
+    for (int t = 1; t < o_.threads; ++t) pool.emplace_back(work, t);
+    work(0);
+  }
   fill_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& c : counters) c->add_to(fill_);
+  fill_.open = 0;  // the clocks ran on to the join: the fill's wall time is fill_seconds_
 }
 
 void ImagePipeline::start() {
-  if (o_.threads < 1) throw UsageError(fmt::format("--data-threads {} must be at least 1", o_.threads));
-  if (o_.prefetch < 1) throw UsageError(fmt::format("--prefetch {} must be at least 1", o_.prefetch));
   order_.resize(labels_.size());
   for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = i;
   std::mt19937_64 rng(o_.seed);
   std::shuffle(order_.begin(), order_.end(), rng);
+  // A skipped image is replaced by the one `probe_stride_` further on in the order: a prime that
+  // does not divide the count, so that the replacements reach every image.
+  for (std::uint64_t p : {7919u, 7907u, 7901u, 7883u, 1u})
+    if (p == 1 || order_.size() % p != 0) {
+      probe_stride_ = p;
+      break;
+    }
   const std::size_t image_floats = static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
   // Batches in flight: every thread filling one, plus `prefetch` ready ones.
   for (int i = 0; i < o_.threads + o_.prefetch; ++i) {
@@ -124,20 +143,28 @@ void ImagePipeline::start() {
   }
   counters_.reserve(static_cast<std::size_t>(o_.threads));
   for (int i = 0; i < o_.threads; ++i) counters_.push_back(std::make_unique<StageCounters>());
-  for (int i = 0; i < o_.threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+  try {
+    for (int i = 0; i < o_.threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+  } catch (...) {  // a thread that could not start: stop and join the others before the error goes on
+    stop_threads();
+    throw;
+  }
 }
 
-ImagePipeline::~ImagePipeline() {
+void ImagePipeline::stop_threads() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
   space_cv_.notify_all();
   ready_cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
 }
 
-bool ImagePipeline::load(std::size_t i, std::vector<unsigned char>& buf, const unsigned char** img, StageClock& clk,
+ImagePipeline::~ImagePipeline() { stop_threads(); }
+
+bool ImagePipeline::load(std::size_t i, std::vector<unsigned char>& buf, const unsigned char** img, StageCounters& clk,
                          std::string& why) {
   if (records_) {  // a copy out of the mapping: the page faults are the read
     const unsigned char* p = records_->image(i);
@@ -173,7 +200,6 @@ void ImagePipeline::worker(int id) {
   const std::size_t n = order_.size();
   const int S = static_cast<int>(o_.image_size);
   StageCounters& ctr = *counters_[static_cast<std::size_t>(id)];
-  StageClock clk(&ctr);
   std::vector<unsigned char> buf;
   std::vector<float> crop(static_cast<std::size_t>(S) * S * 3);
   for (;;) {
@@ -192,25 +218,30 @@ void ImagePipeline::worker(int id) {
       ticket = next_ticket_;
       next_ticket_ += static_cast<std::uint64_t>(o_.batch);
     }
-    clk.reset();
     std::uint64_t probe = 0;  // extra images taken to replace skipped ones
     for (std::int64_t i = 0; i < o_.batch; ++i) {
       for (;;) {
-        const std::uint64_t k = ticket + static_cast<std::uint64_t>(i) + probe * 7919u;
+        const std::uint64_t k = ticket + static_cast<std::uint64_t>(i) + probe * probe_stride_;
         const std::size_t item = order_[k % n];
         std::string why;
         const unsigned char* img = nullptr;
-        clk.lap(Stage::assembly);
-        if (load(item, buf, &img, clk, why)) {
+        ctr.lap(Stage::assembly);
+        bool ok = false;
+        try {  // an allocation that fails for one image skips that image
+          ok = load(item, buf, &img, ctr, why);
+        } catch (const std::exception& e) {
+          why = fmt::format("could not be decoded ({})", e.what());
+        }
+        if (ok) {
           const CropBox box = random_crop_box(R_, o_, crop_seed(o_.seed, k));
           crop_resize(img, R_, box, S, crop.data());
-          clk.lap(Stage::crop);
+          ctr.lap(Stage::crop);
           flip_normalise(crop.data(), S, box.flip, o_.layout, o_,
                          b->images.data() + static_cast<std::size_t>(i) * image_floats);
-          clk.lap(Stage::flip_normalise);
+          ctr.lap(Stage::flip_normalise);
           b->labels[static_cast<std::size_t>(i)] = labels_[item];
           decoded_.fetch_add(1);
-          ctr.images.fetch_add(1, std::memory_order_relaxed);
+          ctr.count_image();
           failed_in_a_row_.store(0);
           break;
         }
@@ -234,8 +265,8 @@ void ImagePipeline::worker(int id) {
       ready_.push_back(std::move(b));
     }
     ready_cv_.notify_one();
-    clk.lap(Stage::assembly);
-    ctr.batches.fetch_add(1, std::memory_order_relaxed);
+    ctr.lap(Stage::assembly);
+    ctr.count_batch();
   }
 }
 

@@ -42,6 +42,14 @@ RecordsWritten write_records(const ImageFolder& folder, const std::string& out, 
   const std::string partial = out + ".partial";
   std::ofstream f(partial, std::ios::binary | std::ios::trunc);
   if (!f) throw UsageError(fmt::format("make-records: cannot write {} ({})", partial, std::strerror(errno)));
+  struct RemovePartial {  // on every way out but the rename
+    const std::string& path;
+    bool keep = false;
+    ~RemovePartial() {
+      std::error_code ec;
+      if (!keep) std::filesystem::remove(path, ec);
+    }
+  } cleanup{partial};
   std::string names;
   for (const auto& c : folder.classes) names += c + '\0';
   Header h{};
@@ -57,7 +65,10 @@ RecordsWritten write_records(const ImageFolder& folder, const std::string& out, 
 
   // Chunks of images decoded in parallel, written in order.
   const std::size_t img = static_cast<std::size_t>(R) * R * 3;
-  const std::size_t chunk = static_cast<std::size_t>(threads) * 16;
+  // a chunk of at most 256 MiB (and at least one image per thread)
+  const std::size_t chunk =
+      std::max<std::size_t>(static_cast<std::size_t>(threads),
+                            std::min<std::size_t>(static_cast<std::size_t>(threads) * 16, (256u << 20) / img));
   std::vector<unsigned char> buf(chunk * img);
   std::vector<std::string> why(chunk);
   RecordsWritten w;
@@ -70,18 +81,23 @@ RecordsWritten write_records(const ImageFolder& folder, const std::string& out, 
       Image8 im;
       for (std::size_t i; (i = next.fetch_add(1)) < n;) {
         why[i].clear();
-        if (read_file(folder.files[base + i], file, why[i]) && decode_image(file.data(), file.size(), im, why[i])) {
-          resize_to_store(im, R, stored);
-          std::memcpy(buf.data() + i * img, stored.data(), img);
-        } else if (why[i].empty()) {
-          why[i] = "could not be decoded";
+        try {  // an allocation that fails for one image leaves that image out
+          if (read_file(folder.files[base + i], file, why[i]) && decode_image(file.data(), file.size(), im, why[i])) {
+            resize_to_store(im, R, stored);
+            std::memcpy(buf.data() + i * img, stored.data(), img);
+          } else if (why[i].empty()) {
+            why[i] = "could not be decoded";
+          }
+        } catch (const std::exception& e) {
+          why[i] = fmt::format("could not be decoded ({})", e.what());
         }
       }
     };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
+    {
+      std::vector<std::jthread> pool;  // joined on every way out
+      for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+      work();
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (!why[i].empty()) {
         ++w.skipped;
@@ -91,10 +107,10 @@ RecordsWritten write_records(const ImageFolder& folder, const std::string& out, 
       f.write(reinterpret_cast<const char*>(buf.data() + i * img), static_cast<std::streamsize>(img));
       labels.push_back(folder.labels[base + i]);
     }
+    if (!f) throw UsageError(fmt::format("make-records: writing {} failed (disk full?)", partial));
   }
   if (labels.empty()) {
     f.close();
-    std::filesystem::remove(partial);
     throw UsageError(fmt::format("make-records: no file could be decoded, e.g. {}",
                                  w.skipped_examples.empty() ? "" : w.skipped_examples.front()));
   }
@@ -109,6 +125,7 @@ RecordsWritten write_records(const ImageFolder& folder, const std::string& out, 
   std::error_code ec;
   std::filesystem::rename(partial, out, ec);
   if (ec) throw UsageError(fmt::format("make-records: cannot rename {} to {}: {}", partial, out, ec.message()));
+  cleanup.keep = true;
   w.images = labels.size();
   w.bytes = h.labels_off + h.count * 4;
   return w;
@@ -147,14 +164,18 @@ RecordFile::RecordFile(const std::string& path) : path_(path) {
     Header h{};
     std::memcpy(&h, m, sizeof h);
     if (std::memcmp(h.magic, kMagic, 8) != 0) throw bad("not a stepbench record file (no SBREC01 signature)");
-    const std::uint64_t img = static_cast<std::uint64_t>(h.R) * h.R * 3;
-    if (h.R < 8 || h.R > 4096 || h.count == 0 || h.count > (1ull << 40) / std::max<std::uint64_t>(img, 1) ||
-        h.names_off != kHeaderBytes || h.names_bytes > bytes || h.images_off < h.names_off + h.names_bytes ||
-        h.images_off % 4096 != 0 || h.labels_off != align_up(h.images_off + h.count * img, 64))
+    // Every sum below is bounded before it is formed: a crafted header must not wrap around 2^64.
+    if (h.R < 8 || h.R > 4096 || h.count == 0 || h.count > (1ull << 40) || h.names_off != kHeaderBytes ||
+        h.images_off % 4096 != 0 || h.images_off > (1ull << 50) || h.images_off < h.names_off ||
+        h.names_bytes > h.images_off - h.names_off)
       throw bad("its header is damaged");
-    if (h.labels_off + h.count * 4 != bytes)
-      throw bad(fmt::format("{} bytes where its header says {} (truncated, or still being written)", bytes,
-                            h.labels_off + h.count * 4));
+    const std::uint64_t img = static_cast<std::uint64_t>(h.R) * h.R * 3;  // < 2^26
+    if (h.count > (1ull << 60) / img) throw bad("its header is damaged");
+    const std::uint64_t images_end = h.images_off + h.count * img;  // < 2^50 + 2^60
+    if (h.labels_off != align_up(images_end, 64)) throw bad("its header is damaged");
+    const std::uint64_t want = h.labels_off + h.count * 4;
+    if (want != bytes)
+      throw bad(fmt::format("{} bytes where its header says {} (truncated, or still being written)", bytes, want));
     const char* names = static_cast<const char*>(m) + h.names_off;
     for (std::uint64_t i = 0, s = 0; i < h.names_bytes; ++i)
       if (names[i] == '\0') {

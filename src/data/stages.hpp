@@ -1,12 +1,13 @@
-// The input pipeline's stages and their times. Image stages are thread time on the pipeline's
-// workers, summed over the threads; `assembly` is a worker's time per batch outside its images
-// (taking a buffer, the labels, handing the batch over); `copy` is the host-to-device staging on
-// the step's side; `idle` is the workers' time waiting for room (the step is slower than they are).
+// The input pipeline's stages and their times. Image stages are wall time on each of the
+// pipeline's worker threads (a preempted thread's wait counts too), summed over the threads; `assembly` is a worker's
+// time per batch outside its images (taking a buffer, the labels, handing the batch over); `copy` is the host-to-device
+// staging on the step's side; `idle` is the workers' time waiting for room (the step is slower than they are).
 #pragma once
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string_view>
 
 namespace stepbench {
@@ -19,6 +20,7 @@ constexpr std::array<std::string_view, kStages> kStageNames = {"read",          
 struct StageTimes {
   std::array<double, kStages> seconds{};
   double idle = 0;
+  double open = 0;  // in a stage not yet ended at the snapshot (charged to it at its end)
   std::uint64_t images = 0, batches = 0;
   double& operator[](Stage s) { return seconds[static_cast<std::size_t>(s)]; }
   double operator[](Stage s) const { return seconds[static_cast<std::size_t>(s)]; }
@@ -32,6 +34,7 @@ struct StageTimes {
     StageTimes d = *this;
     for (std::size_t i = 0; i < seconds.size(); ++i) d.seconds[i] -= b.seconds[i];
     d.idle -= b.idle;
+    d.open -= b.open;
     d.images -= b.images;
     d.batches -= b.batches;
     return d;
@@ -39,54 +42,70 @@ struct StageTimes {
   StageTimes& operator+=(const StageTimes& b) {
     for (std::size_t i = 0; i < seconds.size(); ++i) seconds[i] += b.seconds[i];
     idle += b.idle;
+    open += b.open;
     images += b.images;
     batches += b.batches;
     return *this;
   }
 };
 
-// One thread's running totals, in nanoseconds (read by other threads while it runs).
-struct StageCounters {
-  std::array<std::atomic<std::uint64_t>, kStages> ns{};
-  std::atomic<std::uint64_t> idle_ns{0}, images{0}, batches{0};
-  // while the thread waits: when it began (steady clock, ns), so a snapshot counts a wait in progress
-  std::atomic<std::int64_t> idle_since{-1};
-  static std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  void begin_idle() { idle_since.store(now_ns()); }
-  void end_idle() {
-    const std::int64_t since = idle_since.exchange(-1);
-    if (since >= 0) idle_ns.fetch_add(static_cast<std::uint64_t>(now_ns() - since));
-  }
-  void add_to(StageTimes& t) const {
-    for (std::size_t i = 0; i < ns.size(); ++i) t.seconds[i] += static_cast<double>(ns[i].load()) * 1e-9;
-    const std::int64_t since = idle_since.load();
-    t.idle +=
-        static_cast<double>(idle_ns.load() + (since >= 0 ? static_cast<std::uint64_t>(now_ns() - since) : 0)) * 1e-9;
-    t.images += images.load();
-    t.batches += batches.load();
-  }
-};
-
-// Times consecutive stages on one thread: lap(s) charges the time since the last lap to s.
-class StageClock {
+// One thread's clock. Every moment since its construction belongs to exactly one of: a stage
+// (lap(s) charges the time since the last lap, or since the last wait, to s), a wait for room
+// (begin_idle/end_idle), or the stage in progress, which a snapshot counts as `open`. So between
+// two snapshots stages + open + idle is the thread's elapsed time, whatever it was doing at either.
+// A mutex (uncontended but for snapshots) keeps the snapshot consistent.
+class StageCounters {
  public:
-  explicit StageClock(StageCounters* c) : c_(c), t_(std::chrono::steady_clock::now()) {}
+  StageCounters() : last_(now()) {}
   void lap(Stage s) {
-    const auto now = std::chrono::steady_clock::now();
-    if (c_)
-      c_->ns[static_cast<std::size_t>(s)].fetch_add(
-          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count()),
-          std::memory_order_relaxed);
-    t_ = now;
+    const auto t = now();
+    std::lock_guard<std::mutex> l(mu_);
+    ns_[static_cast<std::size_t>(s)] += t - last_;
+    last_ = t;
   }
-  void reset() { t_ = std::chrono::steady_clock::now(); }
+  void begin_idle() {  // what led up to the wait is the batch's bookkeeping
+    const auto t = now();
+    std::lock_guard<std::mutex> l(mu_);
+    ns_[static_cast<std::size_t>(Stage::assembly)] += t - last_;
+    last_ = t;
+    waiting_ = true;
+  }
+  void end_idle() {
+    const auto t = now();
+    std::lock_guard<std::mutex> l(mu_);
+    idle_ns_ += t - last_;
+    last_ = t;
+    waiting_ = false;
+  }
+  void count_image() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++images_;
+  }
+  void count_batch() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++batches_;
+  }
+  // Adds this thread's totals up to now.
+  void add_to(StageTimes& st) const {
+    const auto t = now();
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ns_.size(); ++i) st.seconds[i] += static_cast<double>(ns_[i]) * 1e-9;
+    st.idle += static_cast<double>(idle_ns_ + (waiting_ ? t - last_ : 0)) * 1e-9;
+    st.open += static_cast<double>(waiting_ ? 0 : t - last_) * 1e-9;
+    st.images += images_;
+    st.batches += batches_;
+  }
 
  private:
-  StageCounters* c_;
-  std::chrono::steady_clock::time_point t_;
+  static std::uint64_t now() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+  mutable std::mutex mu_;
+  std::array<std::uint64_t, kStages> ns_{};
+  std::uint64_t idle_ns_ = 0, last_ = 0, images_ = 0, batches_ = 0;
+  bool waiting_ = false;
 };
 
 }  // namespace stepbench

@@ -553,7 +553,8 @@ class Data(unittest.TestCase):
             self.assertAlmostEqual(sum(st["share"].values()), 1.0, places=6)
             # the stages and the waits account for the threads' time within 5%
             busy = sum(st["ms_per_image"][k] for k in st["share"]) * st["images"] / 1e3
-            self.assertAlmostEqual((busy + st["idle_s"]) / (st["threads"] * st["wall_s"]), 1.0, delta=0.05)
+            self.assertAlmostEqual((busy + st["open_s"] + st["idle_s"]) / (st["threads"] * st["wall_s"]), 1.0,
+                                   delta=0.05)
             self.assertEqual(len(st["suggest"]), 4)
             self.assertTrue(all(r["images_per_s"] > 0 for r in st["suggest"]), st["suggest"])
             self.assertEqual(j["context"]["data_kind"], "images")

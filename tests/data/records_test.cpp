@@ -132,9 +132,35 @@ TEST(Records, DamagedTruncatedAndForeignFilesAreRefusedWithTheReason) {
   std::string label = bytes;
   label[label.size() - 4] = 9;  // the last label: 9 of 1 class
   refused(label, "has label 9 of 1 classes");
+  // offsets chosen so that images_off + count * R*R*3 wraps around 2^64 to a small labels_off
+  std::string crafted(216, '\0');
+  auto put = [&](std::size_t at, std::uint64_t v, int n) {
+    std::memcpy(&crafted[at], &v, static_cast<std::size_t>(n));
+  };
+  std::memcpy(&crafted[0], "SBREC01\n", 8);
+  put(8, 22, 8);                         // count
+  put(16, 8, 4);                         // R
+  put(20, 1, 4);                         // classes
+  put(24, 64, 8);                        // names_off
+  put(32, 2, 8);                         // names_bytes
+  put(40, ~std::uint64_t{0} - 4095, 8);  // images_off = 2^64 - 4096
+  put(48, 128, 8);                       // labels_off
+  crafted[64] = 'a';
+  refused(crafted, "header is damaged");
   EXPECT_FALSE(RecordFile::looks_like_records((d.p / "ds").string()));
   EXPECT_THROW(write_records(scan_image_folder((d.p / "ds").string()), (d.p / "no/such/dir/x").string(), 16, 1),
                UsageError);
+}
+
+TEST(Records, BadThreadCountsAreUsageErrorsBeforeTheCacheFills) {
+  TempDir d;
+  make_dataset(d.p.string(), 2, 1, 20, 20);
+  for (int threads : {0, -3}) {
+    PipelineOptions o = options(Layout::nchw);
+    o.threads = threads;
+    o.cache = InputCache::memory;
+    EXPECT_THROW(ImagePipeline(scan_image_folder(d.p.string()), o), UsageError) << threads;
+  }
 }
 
 TEST(Records, TheStageTimesAccountForTheThreadsTime) {
@@ -158,8 +184,8 @@ TEST(Records, TheStageTimesAccountForTheThreadsTime) {
   EXPECT_GT(t[Stage::resize], 0);
   EXPECT_GT(t[Stage::crop], 0);
   EXPECT_GT(t.images, 0u);
-  // every moment of both threads is a stage or a wait for room, within 5%
-  EXPECT_NEAR((t.busy() + t.idle) / (2 * wall), 1.0, 0.05)
+  // every moment of both threads is a stage (ended or in progress) or a wait for room, within 5%
+  EXPECT_NEAR((t.busy() + t.open + t.idle) / (2 * wall), 1.0, 0.05)
       << "busy " << t.busy() << " idle " << t.idle << " wall " << wall;
 }
 
