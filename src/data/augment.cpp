@@ -21,9 +21,9 @@ double uniform(std::uint64_t& s) { return static_cast<double>(splitmix(s) >> 11)
 // length Lv (the centred window of the scaled axis). A triangle filter as wide as the scale when
 // shrinking (antialiased, like PIL's and torchvision's bilinear resize), bilinear when growing.
 struct Taps {
-  int n = 0;  // taps per output
-  std::vector<int> start;
-  std::vector<float> w;  // R x n, zero past each output's own taps
+  int n = 0;  // the most taps of any output (the stride of w)
+  std::vector<int> start, count;
+  std::vector<float> w;  // R x n; count[i] of them used by output i
 };
 Taps make_taps(int L, int Lv, int off, int R) {
   const double scale = static_cast<double>(L) / Lv;
@@ -31,6 +31,7 @@ Taps make_taps(int L, int Lv, int off, int R) {
   Taps t;
   t.n = static_cast<int>(std::ceil(support)) * 2 + 1;
   t.start.resize(static_cast<std::size_t>(R));
+  t.count.resize(static_cast<std::size_t>(R));
   t.w.assign(static_cast<std::size_t>(R) * t.n, 0.0f);
   for (int i = 0; i < R; ++i) {
     const double c = (i + off + 0.5) * scale;
@@ -47,8 +48,14 @@ Taps make_taps(int L, int Lv, int off, int R) {
       w[0] = 1;
       sum = 1;
     }
-    t.start[static_cast<std::size_t>(i)] = lo;
-    for (int k = 0; k < t.n; ++k) w[k] = static_cast<float>(w[k] / sum);
+    // zero weights at either end (the triangle's feet) are left out
+    int first = 0, last = std::max(0, std::min(hi - lo, t.n) - 1);
+    while (first < last && w[first] == 0) ++first;
+    while (last > first && w[last] == 0) --last;
+    t.start[static_cast<std::size_t>(i)] = lo + first;
+    t.count[static_cast<std::size_t>(i)] = last - first + 1;
+    for (int k = first; k <= last; ++k) w[k - first] = static_cast<float>(w[k] / sum);
+    for (int k = last - first + 1; k < t.n; ++k) w[k] = 0;
   }
   return t;
 }
@@ -69,19 +76,22 @@ void resize_to_store(const Image8& in, int R, std::vector<unsigned char>& out) {
   // the input rows the outputs read
   const int y_lo = ty.start.front();
   int y_hi = 0;
-  for (int i = 0; i < R; ++i) y_hi = std::max(y_hi, std::min(H, ty.start[static_cast<std::size_t>(i)] + ty.n));
-  thread_local std::vector<float> tmp;
+  for (int i = 0; i < R; ++i)
+    y_hi = std::max(y_hi, ty.start[static_cast<std::size_t>(i)] + ty.count[static_cast<std::size_t>(i)]);
+  thread_local std::vector<float> tmp, row;
   tmp.resize(static_cast<std::size_t>(y_hi - y_lo) * R * 3);
-  for (int y = y_lo; y < y_hi; ++y) {  // horizontal
-    const unsigned char* row = in.px.data() + static_cast<std::size_t>(y) * W * 3;
+  row.resize(static_cast<std::size_t>(W) * 3);
+  for (int y = y_lo; y < y_hi; ++y) {  // horizontal, from the row converted to float once
+    const unsigned char* src = in.px.data() + static_cast<std::size_t>(y) * W * 3;
+    for (std::size_t i = 0; i < row.size(); ++i) row[i] = src[i];
     float* t = tmp.data() + static_cast<std::size_t>(y - y_lo) * R * 3;
     for (int x = 0; x < R; ++x) {
       const int j0 = tx.start[static_cast<std::size_t>(x)];
       const float* w = tx.w.data() + static_cast<std::size_t>(x) * tx.n;
-      const int n = std::min(tx.n, W - j0);
+      const int n = tx.count[static_cast<std::size_t>(x)];
       float a0 = 0, a1 = 0, a2 = 0;
       for (int k = 0; k < n; ++k) {
-        const unsigned char* p = row + static_cast<std::size_t>(j0 + k) * 3;
+        const float* p = row.data() + static_cast<std::size_t>(j0 + k) * 3;
         a0 += w[k] * p[0];
         a1 += w[k] * p[1];
         a2 += w[k] * p[2];
@@ -96,7 +106,7 @@ void resize_to_store(const Image8& in, int R, std::vector<unsigned char>& out) {
   for (int y = 0; y < R; ++y) {  // vertical, rounded to 8 bits
     const int j0 = ty.start[static_cast<std::size_t>(y)];
     const float* w = ty.w.data() + static_cast<std::size_t>(y) * ty.n;
-    const int n = std::min(ty.n, H - j0);
+    const int n = ty.count[static_cast<std::size_t>(y)];
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int k = 0; k < n; ++k) {
       const float* t = tmp.data() + static_cast<std::size_t>(j0 + k - y_lo) * R * 3;
@@ -137,7 +147,19 @@ CropBox random_crop_box(int R, const PipelineOptions& o, std::uint64_t rng_state
 }
 
 void crop_resize(const unsigned char* src, int R, const CropBox& b, int S, float* out) {
-  // bilinear, sampling at pixel centres (align_corners = false)
+  // bilinear, sampling at pixel centres (align_corners = false); the columns' taps once per image
+  thread_local std::vector<std::size_t> c0, c1;
+  thread_local std::vector<float> wxs;
+  c0.resize(static_cast<std::size_t>(S));
+  c1.resize(static_cast<std::size_t>(S));
+  wxs.resize(static_cast<std::size_t>(S));
+  for (int x = 0; x < S; ++x) {
+    const double sx = std::clamp((x + 0.5) * b.w / S - 0.5, 0.0, b.w - 1.0);
+    const int x0 = static_cast<int>(sx), x1 = std::min(x0 + 1, b.w - 1);
+    wxs[static_cast<std::size_t>(x)] = static_cast<float>(sx - x0);
+    c0[static_cast<std::size_t>(x)] = static_cast<std::size_t>(b.x + x0) * 3;
+    c1[static_cast<std::size_t>(x)] = static_cast<std::size_t>(b.x + x1) * 3;
+  }
   for (int y = 0; y < S; ++y) {
     const double sy = std::clamp((y + 0.5) * b.h / S - 0.5, 0.0, b.h - 1.0);
     const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, b.h - 1);
@@ -146,13 +168,11 @@ void crop_resize(const unsigned char* src, int R, const CropBox& b, int S, float
     const unsigned char* r1 = src + static_cast<std::size_t>(b.y + y1) * R * 3;
     float* o = out + static_cast<std::size_t>(y) * S * 3;
     for (int x = 0; x < S; ++x) {
-      const double sx = std::clamp((x + 0.5) * b.w / S - 0.5, 0.0, b.w - 1.0);
-      const int x0 = static_cast<int>(sx), x1 = std::min(x0 + 1, b.w - 1);
-      const float wx = static_cast<float>(sx - x0);
-      const std::size_t c0 = static_cast<std::size_t>(b.x + x0) * 3, c1 = static_cast<std::size_t>(b.x + x1) * 3;
+      const std::size_t a = c0[static_cast<std::size_t>(x)], c = c1[static_cast<std::size_t>(x)];
+      const float wx = wxs[static_cast<std::size_t>(x)];
       for (int k = 0; k < 3; ++k) {
-        const float top = r0[c0 + k] + wx * (r0[c1 + k] - r0[c0 + k]);
-        const float bot = r1[c0 + k] + wx * (r1[c1 + k] - r1[c0 + k]);
+        const float top = r0[a + k] + wx * (r0[c + k] - r0[a + k]);
+        const float bot = r1[a + k] + wx * (r1[c + k] - r1[a + k]);
         o[x * 3 + k] = top + wy * (bot - top);
       }
     }
