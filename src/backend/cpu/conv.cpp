@@ -47,15 +47,29 @@ class DnnlConv final : public ConvOp {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto alg = dnnl::algorithm::convolution_direct;
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wfd, yd, strides, pad_l, pad_r),
-        attr, eng);
+    // Where oneDNN has a direct kernel for its own (blocked) weight format, it gets the weights in
+    // that format: reordered from the arena's plain filter before forward and backward-data, and the
+    // filter gradient reordered back after backward-filter. Where only gemm takes the shape, the
+    // plain filter as it is (no reorders).
+    const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
+    auto fwd_any = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wany, yd, strides, pad, pad), attr,
+        eng);
+    const bool blocked =
+        STEPBENCH_PLANT_FAULT == 0 && std::string(fwd_any.impl_info_str()).find("gemm") == std::string::npos;
+    const memory::desc& wk = blocked ? wany : wd;
+    if (blocked) {
+      fwd_pd_ = fwd_any;
+    } else {
+      fwd_pd_ = dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wfd, yd, strides, pad_l, pad_r),
+          attr, eng);
+    }
     bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(alg, xd, wd, yd, strides, pad, pad), attr, eng, fwd_pd_);
+        dnnl::convolution_backward_data::desc(alg, xd, wk, yd, strides, pad, pad), attr, eng, fwd_pd_);
     bwd_filter_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(alg, xd, wd, yd, strides, pad, pad), attr, eng, fwd_pd_);
+        dnnl::convolution_backward_weights::desc(alg, xd, wk, yd, strides, pad, pad), attr, eng, fwd_pd_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
-    mwf_ = memory(fwd_pd_.weights_desc(), eng, DNNL_MEMORY_NONE);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_filter_ = dnnl::convolution_backward_weights(bwd_filter_pd_);
     scratch_ = std::max({fwd_pd_.scratchpad_desc().get_size(), bwd_data_pd_.scratchpad_desc().get_size(),
@@ -64,29 +78,43 @@ class DnnlConv final : public ConvOp {
     my_ = memory(yd, eng, DNNL_MEMORY_NONE);
     mw_ = memory(wd, eng, DNNL_MEMORY_NONE);
     mscratch_ = scratchpad_memory(eng, scratch_);
+    // the weights as each direction takes them; a reorder where that is not the arena's format
+    std::size_t off = align_up(scratch_) + align_up(xdesc_.bytes());
+    auto direction = [&](const memory::desc& want, Reordered& r, bool to_plain) {
+      r.m = memory(want, eng, DNNL_MEMORY_NONE);
+      if (!blocked || want == wd) return;  // plain: the caller's buffer (as fwd_pd_ reads it, faults included)
+      r.offset = off;
+      off += align_up(want.get_size());
+      r.reorder = to_plain ? dnnl::reorder(r.m, mw_) : dnnl::reorder(mw_, r.m);
+      r.needed = true;
+    };
+    direction(fwd_pd_.weights_desc(), fwd_w_, false);
+    direction(bwd_data_pd_.weights_desc(), bwd_data_w_, false);
+    direction(bwd_filter_pd_.diff_weights_desc(), bwd_filter_dw_, true);
+    workspace_ = off;
   }
-  std::size_t workspace_bytes() const override { return align_up(scratch_) + xdesc_.bytes(); }
+  std::size_t workspace_bytes() const override { return workspace_; }
   std::string algorithm() const override {
     return fmt::format("fwd {} / bwd_data {} / bwd_filter {}", fwd_pd_.impl_info_str(), bwd_data_pd_.impl_info_str(),
                        bwd_filter_pd_.impl_info_str());
   }
   void forward(Stream&, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
     point(mx_, x.data);
-    point(mwf_, w);
     point(my_, y.data);
     point(mscratch_, ws);
-    fwd_.execute(
-        strm_, {{DNNL_ARG_SRC, mx_}, {DNNL_ARG_WEIGHTS, mwf_}, {DNNL_ARG_DST, my_}, {DNNL_ARG_SCRATCHPAD, mscratch_}});
+    fwd_.execute(strm_, {{DNNL_ARG_SRC, mx_},
+                         {DNNL_ARG_WEIGHTS, weights_in(fwd_w_, w, ws)},
+                         {DNNL_ARG_DST, my_},
+                         {DNNL_ARG_SCRATCHPAD, mscratch_}});
   }
   void backward_data(Stream&, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
     // oneDNN's backward-data has no sum post-op: accumulate through a planned temporary.
     void* target = beta == 0.0f ? dx.data : static_cast<char*>(ws) + align_up(scratch_);
     point(my_, dy.data);
-    point(mw_, w);
     point(mx_, target);
     point(mscratch_, ws);
     bwd_data_.execute(strm_, {{DNNL_ARG_DIFF_DST, my_},
-                              {DNNL_ARG_WEIGHTS, mw_},
+                              {DNNL_ARG_WEIGHTS, weights_in(bwd_data_w_, w, ws)},
                               {DNNL_ARG_DIFF_SRC, mx_},
                               {DNNL_ARG_SCRATCHPAD, mscratch_}});
     if (beta != 0.0f) add(Tensor{target, xdesc_}, dx, beta);
@@ -96,10 +124,13 @@ class DnnlConv final : public ConvOp {
     point(my_, dy.data);
     point(mw_, dw);
     point(mscratch_, ws);
+    Reordered& r = bwd_filter_dw_;
+    if (r.needed) point(r.m, static_cast<char*>(ws) + r.offset);
     bwd_filter_.execute(strm_, {{DNNL_ARG_SRC, mx_},
                                 {DNNL_ARG_DIFF_DST, my_},
-                                {DNNL_ARG_DIFF_WEIGHTS, mw_},
+                                {DNNL_ARG_DIFF_WEIGHTS, r.needed ? r.m : mw_},
                                 {DNNL_ARG_SCRATCHPAD, mscratch_}});
+    if (r.needed) r.reorder.execute(strm_, r.m, mw_);
 #if STEPBENCH_PLANT_FAULT == 1 || STEPBENCH_PLANT_FAULT == 2
     float* g = static_cast<float*>(dw);
     for (std::size_t i = 0, n = mw_.get_desc().get_size() / sizeof(float); i < n; ++i)
@@ -114,8 +145,27 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
   dnnl::convolution_backward_weights::primitive_desc bwd_filter_pd_;
   dnnl::primitive fwd_, bwd_data_, bwd_filter_;
-  memory mx_, my_, mw_, mwf_, mscratch_;
-  std::size_t scratch_ = 0;
+  // One direction's weights: in the arena's format (needed false: the caller's buffer as it is), or
+  // reordered through the workspace at `offset`.
+  struct Reordered {
+    memory m;
+    dnnl::reorder reorder;
+    std::size_t offset = 0;
+    bool needed = false;
+  };
+  memory& weights_in(Reordered& r, const void* w, void* ws) {
+    point(mw_, w);
+    if (!r.needed) {
+      point(r.m, w);
+      return r.m;
+    }
+    point(r.m, static_cast<char*>(ws) + r.offset);
+    r.reorder.execute(strm_, mw_, r.m);
+    return r.m;
+  }
+  memory mx_, my_, mw_, mscratch_;
+  Reordered fwd_w_, bwd_data_w_, bwd_filter_dw_;
+  std::size_t scratch_ = 0, workspace_ = 0;
 };
 
 }  // namespace
