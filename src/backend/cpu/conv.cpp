@@ -49,14 +49,18 @@ class DnnlConv final : public ConvOp {
     const auto alg = dnnl::algorithm::convolution_direct;
     // Where oneDNN has a direct kernel for its own (blocked) weight format, it gets the weights in
     // that format: reordered from the arena's plain filter before forward and backward-data, and the
-    // filter gradient reordered back after backward-filter. Where only gemm takes the shape, the
-    // plain filter as it is (no reorders).
+    // filter gradient reordered back after backward-filter. Where gemm takes the shape, the plain
+    // filter as it is (no reorders).
     const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
     auto fwd_any = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wany, yd, strides, pad, pad), attr,
-        eng);
-    const bool blocked =
-        STEPBENCH_PLANT_FAULT == 0 && std::string(fwd_any.impl_info_str()).find("gemm") == std::string::npos;
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wany, yd, strides, pad_l, pad_r),
+        attr, eng);
+    // gemm ("x64:gemm:jit", "gemm:..."; not "ip:any+brgemm:...", a direct kernel) takes the plain
+    // filter; so does anything that asks for the arena's format itself. Planted fault 3 (the forward
+    // reading the filter transposed) needs the plain path; the others hold on both.
+    const std::string impl = fwd_any.impl_info_str();
+    const bool gemm = impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
+    const bool blocked = STEPBENCH_PLANT_FAULT != 3 && !gemm && fwd_any.weights_desc() != wd;
     const memory::desc& wk = blocked ? wany : wd;
     if (blocked) {
       fwd_pd_ = fwd_any;
@@ -78,20 +82,22 @@ class DnnlConv final : public ConvOp {
     my_ = memory(yd, eng, DNNL_MEMORY_NONE);
     mw_ = memory(wd, eng, DNNL_MEMORY_NONE);
     mscratch_ = scratchpad_memory(eng, scratch_);
-    // the weights as each direction takes them; a reorder where that is not the arena's format
-    std::size_t off = align_up(scratch_) + align_up(xdesc_.bytes());
-    auto direction = [&](const memory::desc& want, Reordered& r, bool to_plain) {
+    // The weights as each direction takes them; a reorder where that is not the arena's format.
+    // The workspace: [scratchpad | backward-data's beta temporary | backward-data's weights]; the
+    // forward's weights and backward-filter's gradient, one call at a time, where the temporary is.
+    const std::size_t temp = align_up(scratch_), after_temp = temp + align_up(xdesc_.bytes());
+    workspace_ = after_temp;
+    auto direction = [&](const memory::desc& want, Reordered& r, bool to_plain, std::size_t at) {
       r.m = memory(want, eng, DNNL_MEMORY_NONE);
       if (!blocked || want == wd) return;  // plain: the caller's buffer (as fwd_pd_ reads it, faults included)
-      r.offset = off;
-      off += align_up(want.get_size());
+      r.offset = at;
+      workspace_ = std::max(workspace_, at + align_up(want.get_size()));
       r.reorder = to_plain ? dnnl::reorder(r.m, mw_) : dnnl::reorder(mw_, r.m);
       r.needed = true;
     };
-    direction(fwd_pd_.weights_desc(), fwd_w_, false);
-    direction(bwd_data_pd_.weights_desc(), bwd_data_w_, false);
-    direction(bwd_filter_pd_.diff_weights_desc(), bwd_filter_dw_, true);
-    workspace_ = off;
+    direction(fwd_pd_.weights_desc(), fwd_w_, false, temp);
+    direction(bwd_data_pd_.weights_desc(), bwd_data_w_, false, after_temp);
+    direction(bwd_filter_pd_.diff_weights_desc(), bwd_filter_dw_, true, temp);
   }
   std::size_t workspace_bytes() const override { return workspace_; }
   std::string algorithm() const override {
