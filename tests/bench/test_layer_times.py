@@ -277,10 +277,16 @@ class Projection(unittest.TestCase):
         self.assertTrue(pj["towers_one_after_another"])
         self.assertGreater(len(pj["buckets"]), 0)
         points = {p["gpus"]: p for p in pj["points"]}
+        # CPU towers share one host's caches, which the model (N x one tower + the sync) leaves out: measured
+        # 2 and 4 towers ran 5-12% above it on two EPYCs, by the same fraction at both counts. So the model's
+        # scaling is held to 5% (the error at 2 and at 4 towers agree) and its level to 20%; a model that
+        # dropped the N x or mis-sized the sync misses both
+        err = {g: points[g]["step_ms"] / measured[g] - 1 for g in (2, 4)}
+        why = "; ".join(f"{g} towers: projected {points[g]['step_ms']:.3f} ms, measured {measured[g]:.3f} ms "
+                        f"({err[g]:+.1%})" for g in (2, 4)) + f" (link {gbps:.3g} Gb/s, {us:.3g} us)\n{out}"
         for g in (2, 4):
-            self.assertLess(abs(points[g]["step_ms"] / measured[g] - 1), 0.10,
-                            f"{g} towers: projected {points[g]['step_ms']:.3f} ms, measured {measured[g]:.3f} ms "
-                            f"(link {gbps:.3g} Gb/s, {us:.3g} us)\n{out}")
+            self.assertLess(abs(err[g]), 0.20, why)
+        self.assertLess(abs(err[4] - err[2]), 0.05, why)
         self.assertGreater(points[64]["step_ms"], points[4]["step_ms"])
         self.assertIn("projection from one GPU's measured step", out)
         self.assertRegex(out, r"\n +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+% +host +[0-9.]+ +[-+][0-9.]+%\n")
