@@ -13,6 +13,12 @@ fp16 through autocast (fp16 with a GradScaler in the step). Each timed repetitio
 as fill --min-time seconds (Google Benchmark's rule for stepbench's repetitions; the warm-up's last
 call sets the count), or exactly --calls; the median is per call.
 
+--layer-times N: after the phases, N more steps under PyTorch's profiler (CPU activities), with each
+of torchvision's layers (BasicConv2d = conv + BN + ReLU, the pooling, dropout and fc modules, and the
+functional pools inside the Inception blocks) as a record_function range: per layer, the median
+forward time (its range) and backward time (the autograd functions whose sequence numbers its
+forward ops recorded), named as stepbench names its layers; under "layers" in the JSON.
+
 Exit 77 when torch or torchvision is missing."""
 import argparse, contextlib, json, math, os, statistics, sys, time
 
@@ -44,6 +50,8 @@ def main():
     ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
     ap.add_argument("--calls", type=int, default=0,
                     help="calls per timed repetition (the median is per call); 0: as many as fill --min-time")
+    ap.add_argument("--layer-times", type=int, default=0, metavar="N",
+                    help="after the phases, N profiled steps: per-layer forward and backward medians")
     ap.add_argument("--min-time", type=float, default=0.5,
                     help="seconds each repetition lasts at least (Google Benchmark's --benchmark_min_time)")
     args = ap.parse_args()
@@ -51,8 +59,8 @@ def main():
     unknown = set(phases) - {"forward", "forward_train", "forward_backward", "step"}
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
-    if args.calls < 0 or args.min_time < 0 or not 0 <= args.dropout < 1:
-        ap.error("--calls and --min-time are at least 0, --dropout in [0, 1)")
+    if args.calls < 0 or args.min_time < 0 or args.layer_times < 0 or not 0 <= args.dropout < 1:
+        ap.error("--calls, --min-time and --layer-times are at least 0, --dropout in [0, 1)")
     # Debian's torch starts with one thread here; take stepbench's count (--threads), else OpenMP's
     # default: OMP_NUM_THREADS, or every core
     omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
@@ -150,6 +158,8 @@ def main():
             ms.append(a.elapsed_time(b) / n if dev.type == "cuda" else hs[-1])
         out[name] = statistics.median(ms)
         host[name] = statistics.median(hs)
+    if args.layer_times:
+        out["layers"] = layer_times(model, step, sync, args.layer_times)
     out["timing"] = "cuda events" if dev.type == "cuda" else "host"
     out["host_ms"] = host
     out["calls"] = calls
@@ -172,6 +182,84 @@ def main():
     out["settings"] += (f", dropout {args.dropout:g}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
+
+
+# the aten ops of the functional pools inside torchvision's Inception blocks, and stepbench's names
+POOL_OPS = {"aten::avg_pool2d": "avg_pool", "aten::max_pool2d": "max_pool", "aten::adaptive_avg_pool2d": "adaptive_avg_pool"}
+
+
+def layer_times(model, step, sync, steps):
+    """Per layer, {"forward_ms", "backward_ms"}: medians over `steps` profiled steps (host time of the
+    CPU ops; on CUDA the launches, not the kernels)."""
+    leaves = ("BasicConv2d", "MaxPool2d", "AdaptiveAvgPool2d", "Dropout", "Linear")
+    stack = []
+
+    def enter(name):
+        def hook(mod, inp):
+            r = torch.autograd.profiler.record_function("layer:" + name)
+            r.__enter__()
+            stack.append(r)
+        return hook
+
+    def leave(mod, inp, out):
+        stack.pop().__exit__(None, None, None)
+
+    handles = []
+    for name, mod in model.named_modules():
+        kind = type(mod).__name__
+        # the layers, and the blocks and AuxLogits (containers: their functional pools are layers)
+        if kind in leaves or (kind.startswith("Inception") and name):
+            handles += [mod.register_forward_pre_hook(enter(name)), mod.register_forward_hook(leave)]
+    per_step = []
+    try:
+        for _ in range(steps):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                step()
+                sync()
+            per_step.append(attribute(prof.events()))
+    finally:
+        for h in handles:
+            h.remove()
+    names = sorted({n for d in per_step for n in d})
+    return {n: {k: statistics.median(d.get(n, {}).get(k, 0.0) for d in per_step) for k in ("forward_ms", "backward_ms")}
+            for n in names}
+
+
+def is_container(range_name):  # "layer:Mixed_5b", "layer:AuxLogits": a block, not a layer
+    name = range_name[len("layer:"):]
+    return name.startswith(("Mixed_", "AuxLogits")) and "." not in name
+
+
+def attribute(events):
+    """One profiled step's events -> {layer: {"forward_ms", "backward_ms"}}."""
+    def layer_of(e):  # the innermost layer range around an op; in a block, its functional pool
+        p, top = e.cpu_parent, e
+        while p is not None and not p.name.startswith("layer:"):
+            p, top = p.cpu_parent, p
+        if p is None:
+            return None
+        if is_container(p.name):
+            return f"{p.name[len('layer:'):]}.{POOL_OPS[top.name]}" if top.name in POOL_OPS else None
+        return p.name[len("layer:"):]
+
+    out, seq_layer = {}, {}
+
+    def add(name, key, us):
+        out.setdefault(name, {"forward_ms": 0.0, "backward_ms": 0.0})[key] += us / 1e3
+
+    for e in events:
+        if e.name.startswith("layer:") and not is_container(e.name):
+            add(e.name[len("layer:"):], "forward_ms", e.cpu_time_total)
+        elif e.name in POOL_OPS and e.cpu_parent is not None and is_container(e.cpu_parent.name):
+            add(layer_of(e), "forward_ms", e.cpu_time_total)
+        if e.sequence_nr >= 0 and not e.name.startswith("autograd::"):
+            name = layer_of(e)
+            if name:
+                seq_layer.setdefault(e.sequence_nr, name)
+    for e in events:
+        if e.name.startswith("autograd::engine::evaluate_function:") and e.sequence_nr in seq_layer:
+            add(seq_layer[e.sequence_nr], "backward_ms", e.cpu_time_total)
+    return out
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
 #include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
 #include "bench/peer.hpp"
+#include "bench/peer_layers.hpp"
 #include "bench/per_layer.hpp"
 #include "bench/phases.hpp"
 #include "bench/projection.hpp"
@@ -391,7 +392,12 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   if (!peer_python.empty()) {
     const auto v = towers.backend(0).versions();
     const auto th = v.find("omp_threads");
-    peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()));
+    // per layer on the CPU only: on a GPU PyTorch's CPU profiler would time the launches
+    const bool peer_layers = layer_times && towers.backend(0).name() == "cpu";
+    peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()),
+                    peer_layers ? std::max(c.repetitions, 3) : 0);
+    if (peer_layers && !peer.layers.empty() && !c.json.empty() && root && !json_in_place)
+      add_to_json_file(c.json, "peer_layer_times", peer_layers_json(match_peer_layers(*layer_times, peer), peer));
   }
   print_summary(c, towers, reporter, prefix, peer, feeder);
   if (layer_times) {
@@ -400,6 +406,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     if (it != reporter.reps.end())
       for (const auto& x : it->second) v.push_back(x.device_ms);
     print_layer_times(*layer_times, 12, v.empty() ? NAN : median(v));
+    if (!peer.layers.empty()) print_peer_layers(match_peer_layers(*layer_times, peer), peer, 12);
   }
   if (projection)
     print_projection(*projection, link, project(*projection, link, c.project_gpus), {}, r.batch_per_tower);

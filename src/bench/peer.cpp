@@ -108,7 +108,7 @@ std::string choose_peer_python(const BenchConfig& c) {
 }
 
 PeerResult run_peer(const BenchConfig& c, const std::vector<std::string>& script_dirs, const std::string& py,
-                    int threads) {
+                    int threads, int layer_steps) {
   PeerResult out;
   if (c.peer == PeerKind::none) return out;
   std::string script;
@@ -138,12 +138,13 @@ PeerResult run_peer(const BenchConfig& c, const std::vector<std::string>& script
   }
   const std::string cmd = fmt::format(
       "{} {} --model {} --batch-size {} --image-size {} --format {} --aux-logits {} --dropout {} --device {} "
-      "--warmup {} --repetitions {} --precision {} --min-time {} --phases {}{}{}",
+      "--warmup {} --repetitions {} --precision {} --min-time {} --phases {}{}{}{}",
       shell_quote(py), shell_quote(script), to_string(r.model), r.batch_per_tower, r.model_options.image_size,
       to_string(r.layout), r.model_options.aux_logits ? "on" : "off", r.model_options.dropout, to_string(r.backend),
       c.warmup, c.repetitions, to_string(r.precision), benchmark_min_time(c.benchmark_args),
       fmt::format("{}", fmt::join(phases, ",")), threads > 0 ? fmt::format(" --threads {}", threads) : "",
-      c.peer == PeerKind::pytorch_compile ? " --compile" : "");
+      c.peer == PeerKind::pytorch_compile ? " --compile" : "",
+      layer_steps > 0 ? fmt::format(" --layer-times {}", layer_steps) : "");
   std::cerr << "stepbench: timing the peer: " << cmd << "\n";
   int st = 0;
   const std::string text = capture(cmd, &st);
@@ -160,6 +161,11 @@ PeerResult run_peer(const BenchConfig& c, const std::vector<std::string>& script
       if (v.is_number() && k != "threads" && k != "cudnn") out.ms[k] = v.get<double>();
     if (j.contains("host_ms"))
       for (const auto& [k, v] : j["host_ms"].items()) out.host_ms[k] = v.get<double>();
+    if (j.contains("layers")) {
+      for (const auto& [k, v] : j["layers"].items())
+        out.layers[k] = {v.value("forward_ms", 0.0), v.value("backward_ms", 0.0)};
+      out.layer_steps = layer_steps;
+    }
     out.timing = j.value("timing", std::string("host"));
     out.settings = j.value("settings", std::string("not reported"));
     out.torch = j.value("torch", std::string("?"));

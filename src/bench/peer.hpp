@@ -15,6 +15,13 @@ struct PeerResult {
   std::string timing;                     // "cuda events" (device time, as stepbench's) or "host"
   std::string settings;                   // what decides its numerics: TF32 flags, autocast, threads, ...
   std::string python, torch;              // the interpreter that ran it and its torch version
+  // --layer-times on the CPU: per layer (torchvision's module names, which stepbench's layers take),
+  // the medians of `layer_steps` steps under PyTorch's profiler
+  struct LayerMs {
+    double forward_ms = 0, backward_ms = 0;
+  };
+  std::map<std::string, LayerMs> layers;
+  int layer_steps = 0;
   bool empty() const { return ms.empty(); }
 };
 
@@ -31,8 +38,9 @@ std::string choose_peer_python(const BenchConfig& c);
 // The peer's medians, run by the interpreter `py`, or an empty result with the reason printed on
 // stderr (the run then exits 1). `script_dirs`: the folders to look for bench/torch_peer.py in,
 // first match wins. `threads`: stepbench's CPU thread count, handed to the peer (0: its default).
+// `layer_steps` > 0: that many profiled steps after the phases, for PeerResult::layers.
 PeerResult run_peer(const BenchConfig& c, const std::vector<std::string>& script_dirs, const std::string& py,
-                    int threads);
+                    int threads, int layer_steps = 0);
 
 // Google Benchmark's --benchmark_min_time among `benchmark_args` in seconds (its default, 0.5, when
 // absent): the peer's repetitions last as long.

@@ -144,10 +144,132 @@ void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const 
   beta_dx == 0.0f ? apply(std::false_type{}) : apply(std::true_type{});
 }
 
+// NCHW, parallel over channels: each thread owns whole channels, whose (n, h) rows of w values are
+// contiguous (also in a channel slice), so a channel's passes run back to back while its planes are
+// still in cache, with no cross-thread reduction. Row sums are in float (vectorised along w, at
+// most a few hundred values), the totals over rows in double. The per-pixel loop across channels
+// (stride H x W) it replaces made NCHW batch norm 2x (forward) and 6x (backward) the NHWC kernels.
+template <class Row>
+double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's float sum
+  double total = 0.0;
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t h = 0; h < s.h; ++h) total += row(n, h);
+  return total;
+}
+
+void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                              float* running_mean, float* running_var, float* save_mean, float* save_invstd,
+                              const BatchNormParams& p) {
+  const Shape& s = x.shape();
+  const double M = static_cast<double>(s.n * s.h * s.w);
+  const std::int64_t W = s.w;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < s.c; ++c) {
+    auto xrow = [&](std::int64_t n, std::int64_t h) { return x.as<float>() + x.desc.offset(n, c, h, 0); };
+    const double mean = sum_over_rows(s,
+                                      [&](std::int64_t n, std::int64_t h) {
+                                        const float* px = xrow(n, h);
+                                        float r = 0.0f;
+#pragma omp simd reduction(+ : r)
+                                        for (std::int64_t w = 0; w < W; ++w) r += px[w];
+                                        return static_cast<double>(r);
+                                      }) /
+                        M;
+    const auto mf = static_cast<float>(mean);
+    // around the float mean the row values are computed from (two passes: no cancellation)
+    const double var = sum_over_rows(s,
+                                     [&](std::int64_t n, std::int64_t h) {
+                                       const float* px = xrow(n, h);
+                                       float r = 0.0f;
+#pragma omp simd reduction(+ : r)
+                                       for (std::int64_t w = 0; w < W; ++w) r += (px[w] - mf) * (px[w] - mf);
+                                       return static_cast<double>(r);
+                                     }) /
+                       M;
+    const double invstd = 1.0 / std::sqrt(var + p.eps);
+    save_mean[c] = mf;
+    save_invstd[c] = static_cast<float>(invstd);
+    const double unbiased = M > 1 ? var * M / (M - 1) : var;
+    running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * mf);
+    running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
+    const auto a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mf * gamma[c] * invstd);
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* px = xrow(n, h);
+        float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
+        if (p.relu) {
+#pragma omp simd
+          for (std::int64_t w = 0; w < W; ++w) py[w] = std::max(a * px[w] + b, 0.0f);
+        } else {
+#pragma omp simd
+          for (std::int64_t w = 0; w < W; ++w) py[w] = a * px[w] + b;
+        }
+      }
+  }
+}
+
+template <bool Relu>
+void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
+                      const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx) {
+  const Shape& s = x.shape();
+  const double M = static_cast<double>(s.n * s.h * s.w);
+  const std::int64_t W = s.w;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < s.c; ++c) {
+    const float mean = save_mean[c];
+    double sg = 0.0, sgx = 0.0;  // sum of g = dy (masked by the fused ReLU), of g * (x - mean)
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
+        const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
+        const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
+        float fg = 0.0f, fgx = 0.0f;
+#pragma omp simd reduction(+ : fg, fgx)
+        for (std::int64_t w = 0; w < W; ++w) {
+          const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;  // loads first: a select
+          fg += g;
+          fgx += g * (px[w] - mean);
+        }
+        sg += fg;
+        sgx += fgx;
+      }
+    const double sgxhat = sgx * save_invstd[c];
+    dbeta[c] = static_cast<float>(sg);
+    dgamma[c] = static_cast<float>(sgxhat);
+    // dx = gamma*invstd * (g - sum(g)/M - xhat * sum(g xhat)/M), xhat = (x - mean) * invstd
+    const float k1 = gamma[c] * save_invstd[c], k2 = static_cast<float>(sg / M),
+                k3 = static_cast<float>(sgxhat / M) * save_invstd[c];
+    for (std::int64_t n = 0; n < s.n; ++n)
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
+        const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
+        const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
+        float* pdx = dx.as<float>() + dx.desc.offset(n, c, h, 0);
+        if (beta_dx == 0.0f) {  // beta 0 never reads dx
+#pragma omp simd
+          for (std::int64_t w = 0; w < W; ++w) {
+            const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
+            pdx[w] = k1 * (g - k2 - (px[w] - mean) * k3);
+          }
+        } else {
+#pragma omp simd
+          for (std::int64_t w = 0; w < W; ++w) {
+            const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
+            pdx[w] = k1 * (g - k2 - (px[w] - mean) * k3) + beta_dx * pdx[w];
+          }
+        }
+      }
+  }
+}
+
 void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* running_mean,
                          float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p,
                          double* scratch) {
   check_f32(x, "batch norm");
+  if (x.desc.layout == Layout::nchw) {
+    bn_forward_training_nchw(x, y, gamma, beta, running_mean, running_var, save_mean, save_invstd, p);
+    return;
+  }
   const Shape& s = x.shape();
   const std::int64_t C = s.c;
   const double M = static_cast<double>(s.n * s.h * s.w);
@@ -208,9 +330,6 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
   const Shape& s = x.shape();
   const std::int64_t C = s.c;
   const double M = static_cast<double>(s.n * s.h * s.w);
-  double* totals = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 2;
-  const float *X = x.as<float>(), *Y = y.as<float>(), *DY = dy.as<float>();
-  float* DX = dx.as<float>();
   if (x.desc.layout == Layout::nhwc) {
     // after the per-thread regions: tot[c] = sum g, tot[C + c] = sum g (x - mean), then k1..k3
     double* tot = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 3;
@@ -233,43 +352,10 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
     relu ? run(std::true_type{}, false) : run(std::false_type{}, false);
     return;
   }
-  dispatch_layout(x, [&](auto cl) {
-    constexpr bool CL = decltype(cl)::value;
-    const std::int64_t xc = cstride<CL>(x), yc = cstride<CL>(y), dyc = cstride<CL>(dy), dxc = cstride<CL>(dx);
-    // totals[2c] = sum(dy'), totals[2c+1] = sum(dy' * xhat), dy' = dy masked by the fused ReLU
-    channel_sums<CL, 2>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      const float* py = Y + y.desc.offset(n, 0, h, w);
-      const float* pdy = DY + dy.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float d = pdy[c * dyc], g = (!relu || py[c * yc] > 0.0f) ? d : 0.0f;
-        acc[2 * c] += g;
-        acc[2 * c + 1] += g * (px[c * xc] - save_mean[c]) * save_invstd[c];
-      }
-    });
-    float* k1 = reinterpret_cast<float*>(scratch);
-    float* k2 = k1 + C;
-    float* k3 = k2 + C;
-    for (std::int64_t c = 0; c < C; ++c) {
-      dbeta[c] = static_cast<float>(totals[2 * c]);
-      dgamma[c] = static_cast<float>(totals[2 * c + 1]);
-      // dx = gamma*invstd * (dy' - sum(dy')/M - xhat * sum(dy' xhat)/M)
-      k1[c] = gamma[c] * save_invstd[c];
-      k2[c] = static_cast<float>(totals[2 * c] / M);
-      k3[c] = static_cast<float>(totals[2 * c + 1] / M) * save_invstd[c];
-    }
-    for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      const float* py = Y + y.desc.offset(n, 0, h, w);
-      const float* pdy = DY + dy.desc.offset(n, 0, h, w);
-      float* pdx = DX + dx.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float d = pdy[c * dyc], g = (!relu || py[c * yc] > 0.0f) ? d : 0.0f;
-        const float v = k1[c] * (g - k2[c] - (px[c * xc] - save_mean[c]) * k3[c]);
-        pdx[c * dxc] = beta_dx == 0.0f ? v : v + beta_dx * pdx[c * dxc];
-      }
-    });
-  });
+  if (relu)
+    bn_backward_nchw<true>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta, beta_dx);
+  else
+    bn_backward_nchw<false>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta, beta_dx);
 }
 
 class CpuBatchNorm final : public BatchNormOp {

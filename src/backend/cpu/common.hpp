@@ -56,6 +56,16 @@ void for_each_pixel(const Shape& s, F&& body) {
       for (std::int64_t w = 0; w < s.w; ++w) body(n, h, w);
 }
 
+// Calls row(n, c, h) for every row of an NCHW shape, in parallel: each row's s.w values are
+// contiguous, also in a channel slice, so the inner loops stream and vectorise along w.
+template <class F>
+void for_each_nchw_row(const Shape& s, F&& row) {
+#pragma omp parallel for collapse(3) schedule(static)
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h) row(n, c, h);
+}
+
 template <class F>
 void dispatch_layout(const Tensor& t, F&& f) {
   if (t.desc.layout == Layout::nhwc)

@@ -47,32 +47,47 @@ class DnnlConv final : public ConvOp {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto alg = dnnl::algorithm::convolution_direct;
-    // Where oneDNN has a direct kernel for its own (blocked) weight format, it gets the weights in
-    // that format: reordered from the arena's plain filter before forward and backward-data, and the
-    // filter gradient reordered back after backward-filter. Where gemm takes the shape, the plain
-    // filter as it is (no reorders).
+    // Where oneDNN has a direct kernel for its own (blocked) formats, it gets its operands in them:
+    // reordered through the workspace from the arena's plain filter and, in NCHW, from the plain
+    // activations (what PyTorch's NCHW convolutions do too), and the outputs reordered back. Where
+    // gemm takes the shape, the plain tensors as they are (no reorders). NHWC activations stay
+    // plain: oneDNN's NHWC kernels (brgconv) read them directly.
     const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
-    auto fwd_any = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wany, yd, strides, pad_l, pad_r),
-        attr, eng);
-    // gemm ("x64:gemm:jit", "gemm:..."; not "ip:any+brgemm:...", a direct kernel) takes the plain
-    // filter; so does anything that asks for the arena's format itself. Planted fault 3 (the forward
-    // reading the filter transposed) needs the plain path; the others hold on both.
-    const std::string impl = fwd_any.impl_info_str();
-    const bool gemm = impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
-    const bool blocked = STEPBENCH_PLANT_FAULT != 3 && !gemm && fwd_any.weights_desc() != wd;
-    const memory::desc& wk = blocked ? wany : wd;
-    if (blocked) {
-      fwd_pd_ = fwd_any;
-    } else {
-      fwd_pd_ = dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xd, wfd, yd, strides, pad_l, pad_r),
+    auto forward_pd = [&](const memory::desc& src, const memory::desc& w, const memory::desc& dst) {
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, w, dst, strides, pad_l, pad_r),
           attr, eng);
+    };
+    // gemm ("x64:gemm:jit", "gemm:..."; not "ip:any+brgemm:...", a direct kernel) takes the plain
+    // tensors; so does anything that asks for the arena's formats itself. Planted fault 3 (the
+    // forward reading the filter transposed) needs the plain path; the others hold on all paths.
+    auto is_gemm = [](const std::string& impl) {
+      return impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
+    };
+    bool blocked = false, act_blocked = false;
+    if (STEPBENCH_PLANT_FAULT != 3 && x.layout == Layout::nchw) {
+      const memory::desc xany(dims4(x.shape), dt::f32, tag::any), yany(dims4(y.shape), dt::f32, tag::any);
+      auto pd = forward_pd(xany, wany, yany);
+      if (!is_gemm(pd.impl_info_str()) && (pd.src_desc() != xd || pd.dst_desc() != yd)) {
+        fwd_pd_ = pd;
+        blocked = act_blocked = act_blocked_ = true;
+      }
     }
+    if (STEPBENCH_PLANT_FAULT != 3 && !act_blocked) {
+      auto pd = forward_pd(xd, wany, yd);
+      if (!is_gemm(pd.impl_info_str()) && pd.weights_desc() != wd) {
+        fwd_pd_ = pd;
+        blocked = true;
+      }
+    }
+    if (!blocked) fwd_pd_ = forward_pd(xd, wfd, yd);
+    const memory::desc any_x = act_blocked ? memory::desc(dims4(x.shape), dt::f32, tag::any) : xd;
+    const memory::desc any_y = act_blocked ? memory::desc(dims4(y.shape), dt::f32, tag::any) : yd;
+    const memory::desc& wk = blocked ? wany : wd;
     bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(alg, xd, wk, yd, strides, pad, pad), attr, eng, fwd_pd_);
+        dnnl::convolution_backward_data::desc(alg, any_x, wk, any_y, strides, pad, pad), attr, eng, fwd_pd_);
     bwd_filter_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(alg, xd, wk, yd, strides, pad, pad), attr, eng, fwd_pd_);
+        dnnl::convolution_backward_weights::desc(alg, any_x, wk, any_y, strides, pad, pad), attr, eng, fwd_pd_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_filter_ = dnnl::convolution_backward_weights(bwd_filter_pd_);
@@ -82,61 +97,73 @@ class DnnlConv final : public ConvOp {
     my_ = memory(yd, eng, DNNL_MEMORY_NONE);
     mw_ = memory(wd, eng, DNNL_MEMORY_NONE);
     mscratch_ = scratchpad_memory(eng, scratch_);
-    // The weights as each direction takes them; a reorder where that is not the arena's format.
-    // The workspace: [scratchpad | backward-data's beta temporary | backward-data's weights]; the
-    // forward's weights and backward-filter's gradient, one call at a time, where the temporary is.
-    const std::size_t temp = align_up(scratch_), after_temp = temp + align_up(xdesc_.bytes());
-    workspace_ = after_temp;
-    auto direction = [&](const memory::desc& want, Reordered& r, bool to_plain, std::size_t at) {
-      r.m = memory(want, eng, DNNL_MEMORY_NONE);
-      if (!blocked || want == wd) return;  // plain: the caller's buffer (as fwd_pd_ reads it, faults included)
-      r.offset = at;
-      workspace_ = std::max(workspace_, at + align_up(want.get_size()));
-      r.reorder = to_plain ? dnnl::reorder(r.m, mw_) : dnnl::reorder(mw_, r.m);
-      r.needed = true;
+    // Each operand as its direction takes it: the caller's buffer where that is the plain format,
+    // else a reorder through the workspace. The workspace, per direction: the scratchpad, then (on
+    // the plain path) backward-data's beta temporary, then that direction's reordered operands.
+    const std::size_t base = align_up(scratch_);
+    const std::size_t temp_end = base + (act_blocked ? 0 : align_up(xdesc_.bytes()));
+    workspace_ = temp_end;
+    auto stage = [&](std::size_t& cursor, const memory::desc& want, const memory& plain, Staged& s, bool out) {
+      s.m = memory(want, eng, DNNL_MEMORY_NONE);
+      if (!blocked || want == plain.get_desc()) return;  // plain: the caller's buffer (faults included)
+      s.offset = cursor;
+      cursor += align_up(want.get_size());
+      workspace_ = std::max(workspace_, cursor);
+      s.reorder = out ? dnnl::reorder(s.m, plain) : dnnl::reorder(plain, s.m);
+      if (out) {  // backward-data's beta 1: the reorder adds to what the plain buffer holds
+        dnnl::primitive_attr sum;
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        sum.set_post_ops(po);
+        s.add = dnnl::reorder(s.m, plain, sum);
+      }
+      s.needed = true;
     };
-    direction(fwd_pd_.weights_desc(), fwd_w_, false, temp);
-    direction(bwd_data_pd_.weights_desc(), bwd_data_w_, false, after_temp);
-    direction(bwd_filter_pd_.diff_weights_desc(), bwd_filter_dw_, true, temp);
+    std::size_t f = base, d = temp_end, g = base;
+    stage(f, fwd_pd_.weights_desc(), mw_, fwd_w_, false);
+    stage(f, fwd_pd_.src_desc(), mx_, fwd_x_, false);
+    stage(f, fwd_pd_.dst_desc(), my_, fwd_y_, true);
+    stage(d, bwd_data_pd_.weights_desc(), mw_, bwd_data_w_, false);
+    stage(d, bwd_data_pd_.diff_dst_desc(), my_, bwd_data_dy_, false);
+    stage(d, bwd_data_pd_.diff_src_desc(), mx_, bwd_data_dx_, true);
+    stage(g, bwd_filter_pd_.diff_weights_desc(), mw_, bwd_filter_dw_, true);
+    stage(g, bwd_filter_pd_.src_desc(), mx_, bwd_filter_x_, false);
+    stage(g, bwd_filter_pd_.diff_dst_desc(), my_, bwd_filter_dy_, false);
   }
   std::size_t workspace_bytes() const override { return workspace_; }
   std::string algorithm() const override {
-    return fmt::format("fwd {} / bwd_data {} / bwd_filter {}", fwd_pd_.impl_info_str(), bwd_data_pd_.impl_info_str(),
-                       bwd_filter_pd_.impl_info_str());
+    return fmt::format("fwd {} / bwd_data {} / bwd_filter {}{}", fwd_pd_.impl_info_str(), bwd_data_pd_.impl_info_str(),
+                       bwd_filter_pd_.impl_info_str(), act_blocked_ ? " (activations reordered to blocked)" : "");
   }
   void forward(Stream&, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
-    point(mx_, x.data);
-    point(my_, y.data);
     point(mscratch_, ws);
-    fwd_.execute(strm_, {{DNNL_ARG_SRC, mx_},
-                         {DNNL_ARG_WEIGHTS, weights_in(fwd_w_, w, ws)},
-                         {DNNL_ARG_DST, my_},
+    fwd_.execute(strm_, {{DNNL_ARG_SRC, in(fwd_x_, mx_, x.data, ws)},
+                         {DNNL_ARG_WEIGHTS, in(fwd_w_, mw_, w, ws)},
+                         {DNNL_ARG_DST, out(fwd_y_, my_, y.data, ws)},
                          {DNNL_ARG_SCRATCHPAD, mscratch_}});
+    done(fwd_y_, my_, false);
   }
   void backward_data(Stream&, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
-    // oneDNN's backward-data has no sum post-op: accumulate through a planned temporary.
-    void* target = beta == 0.0f ? dx.data : static_cast<char*>(ws) + align_up(scratch_);
-    point(my_, dy.data);
-    point(mx_, target);
+    SB_CHECK(beta == 0.0f || beta == 1.0f, "convolution backward-data: beta is 0 (overwrite) or 1 (add)");
+    // oneDNN's backward-data has no sum post-op: on the plain path, accumulate through a planned
+    // temporary; a reordered gradient is added by its reorder back.
+    const bool staged = bwd_data_dx_.needed;
+    void* target = beta == 0.0f || staged ? dx.data : static_cast<char*>(ws) + align_up(scratch_);
     point(mscratch_, ws);
-    bwd_data_.execute(strm_, {{DNNL_ARG_DIFF_DST, my_},
-                              {DNNL_ARG_WEIGHTS, weights_in(bwd_data_w_, w, ws)},
-                              {DNNL_ARG_DIFF_SRC, mx_},
+    bwd_data_.execute(strm_, {{DNNL_ARG_DIFF_DST, in(bwd_data_dy_, my_, dy.data, ws)},
+                              {DNNL_ARG_WEIGHTS, in(bwd_data_w_, mw_, w, ws)},
+                              {DNNL_ARG_DIFF_SRC, out(bwd_data_dx_, mx_, target, ws)},
                               {DNNL_ARG_SCRATCHPAD, mscratch_}});
-    if (beta != 0.0f) add(Tensor{target, xdesc_}, dx, beta);
+    done(bwd_data_dx_, mx_, beta != 0.0f);
+    if (beta != 0.0f && !staged) add(Tensor{target, xdesc_}, dx, beta);
   }
   void backward_filter(Stream&, const Tensor& x, const Tensor& dy, void* dw, void* ws) override {
-    point(mx_, x.data);
-    point(my_, dy.data);
-    point(mw_, dw);
     point(mscratch_, ws);
-    Reordered& r = bwd_filter_dw_;
-    if (r.needed) point(r.m, static_cast<char*>(ws) + r.offset);
-    bwd_filter_.execute(strm_, {{DNNL_ARG_SRC, mx_},
-                                {DNNL_ARG_DIFF_DST, my_},
-                                {DNNL_ARG_DIFF_WEIGHTS, r.needed ? r.m : mw_},
+    bwd_filter_.execute(strm_, {{DNNL_ARG_SRC, in(bwd_filter_x_, mx_, x.data, ws)},
+                                {DNNL_ARG_DIFF_DST, in(bwd_filter_dy_, my_, dy.data, ws)},
+                                {DNNL_ARG_DIFF_WEIGHTS, out(bwd_filter_dw_, mw_, dw, ws)},
                                 {DNNL_ARG_SCRATCHPAD, mscratch_}});
-    if (r.needed) r.reorder.execute(strm_, r.m, mw_);
+    done(bwd_filter_dw_, mw_, false);
 #if STEPBENCH_PLANT_FAULT == 1 || STEPBENCH_PLANT_FAULT == 2
     float* g = static_cast<float*>(dw);
     for (std::size_t i = 0, n = mw_.get_desc().get_size() / sizeof(float); i < n; ++i)
@@ -151,27 +178,37 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
   dnnl::convolution_backward_weights::primitive_desc bwd_filter_pd_;
   dnnl::primitive fwd_, bwd_data_, bwd_filter_;
-  // One direction's weights: in the arena's format (needed false: the caller's buffer as it is), or
-  // reordered through the workspace at `offset`.
-  struct Reordered {
+  // One operand of one direction: in the arena's format (needed false: the caller's buffer as it
+  // is), or staged in the workspace at `offset` and reordered from (an input) or to (an output) the
+  // plain buffer; `add` is an output's reorder that adds to the plain buffer.
+  struct Staged {
     memory m;
-    dnnl::reorder reorder;
+    dnnl::reorder reorder, add;
     std::size_t offset = 0;
     bool needed = false;
   };
-  memory& weights_in(Reordered& r, const void* w, void* ws) {
-    point(mw_, w);
-    if (!r.needed) {
-      point(r.m, w);
-      return r.m;
+  memory& in(Staged& s, memory& plain, const void* p, void* ws) {
+    point(plain, p);
+    if (!s.needed) {
+      point(s.m, p);
+      return s.m;
     }
-    point(r.m, static_cast<char*>(ws) + r.offset);
-    r.reorder.execute(strm_, mw_, r.m);
-    return r.m;
+    point(s.m, static_cast<char*>(ws) + s.offset);
+    s.reorder.execute(strm_, plain, s.m);
+    return s.m;
+  }
+  memory& out(Staged& s, memory& plain, const void* p, void* ws) {
+    point(plain, p);
+    point(s.m, s.needed ? static_cast<char*>(ws) + s.offset : p);
+    return s.m;
+  }
+  void done(Staged& s, memory& plain, bool accumulate) {
+    if (s.needed) (accumulate ? s.add : s.reorder).execute(strm_, s.m, plain);
   }
   memory mx_, my_, mw_, mscratch_;
-  Reordered fwd_w_, bwd_data_w_, bwd_filter_dw_;
+  Staged fwd_w_, fwd_x_, fwd_y_, bwd_data_w_, bwd_data_dy_, bwd_data_dx_, bwd_filter_dw_, bwd_filter_x_, bwd_filter_dy_;
   std::size_t scratch_ = 0, workspace_ = 0;
+  bool act_blocked_ = false;
 };
 
 }  // namespace

@@ -9,20 +9,25 @@
 namespace stepbench::cpu {
 namespace {
 
-// body(const float* a, const float* b, float* out, c-strides...) over pixels; the three tensors
-// share one shape and layout.
+// out = f(a, b, out) elementwise; the three tensors share one shape and layout (any strides of a
+// channel slice): per pixel along the contiguous channels in NHWC, per row along w in NCHW.
 template <class F>
 void zip3(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
-  const std::int64_t C = out.shape().c;
-  dispatch_layout(out, [&](auto cl) {
-    constexpr bool CL = decltype(cl)::value;
-    const std::int64_t ac = cstride<CL>(a), bc = cstride<CL>(b), oc = cstride<CL>(out);
-    for_each_pixel(out.shape(), [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* pa = a.as<float>() + a.desc.offset(n, 0, h, w);
-      const float* pb = b.as<float>() + b.desc.offset(n, 0, h, w);
-      float* po = out.as<float>() + out.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) po[c * oc] = f(pa[c * ac], pb[c * bc], po[c * oc]);
+  const Shape& s = out.shape();
+  if (out.desc.layout == Layout::nchw) {
+    for_each_nchw_row(s, [&](std::int64_t n, std::int64_t c, std::int64_t h) {
+      const float* pa = a.as<float>() + a.desc.offset(n, c, h, 0);
+      const float* pb = b.as<float>() + b.desc.offset(n, c, h, 0);
+      float* po = out.as<float>() + out.desc.offset(n, c, h, 0);
+      for (std::int64_t w = 0; w < s.w; ++w) po[w] = f(pa[w], pb[w], po[w]);
     });
+    return;
+  }
+  for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+    const float* pa = a.as<float>() + a.desc.offset(n, 0, h, w);
+    const float* pb = b.as<float>() + b.desc.offset(n, 0, h, w);
+    float* po = out.as<float>() + out.desc.offset(n, 0, h, w);
+    for (std::int64_t c = 0; c < s.c; ++c) po[c] = f(pa[c], pb[c], po[c]);
   });
 }
 
