@@ -204,11 +204,14 @@ def layer_times(model, step, sync, steps):
     def leave(mod, inp, out):
         stack.pop().__exit__(None, None, None)
 
+    # the layers, and the blocks and AuxLogits: containers (modules with a BasicConv2d child, not the
+    # model), whose functional pools are layers
+    containers = {name for name, mod in model.named_modules()
+                  if name and type(mod).__name__ not in leaves
+                  and any(type(ch).__name__ == "BasicConv2d" for ch in mod.children())}
     handles = []
     for name, mod in model.named_modules():
-        kind = type(mod).__name__
-        # the layers, and the blocks and AuxLogits (containers: their functional pools are layers)
-        if kind in leaves or (kind.startswith("Inception") and name):
+        if type(mod).__name__ in leaves or name in containers:
             handles += [mod.register_forward_pre_hook(enter(name)), mod.register_forward_hook(leave)]
     per_step = []
     try:
@@ -216,7 +219,7 @@ def layer_times(model, step, sync, steps):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 step()
                 sync()
-            per_step.append(attribute(prof.events()))
+            per_step.append(attribute(prof.events(), containers))
     finally:
         for h in handles:
             h.remove()
@@ -225,13 +228,11 @@ def layer_times(model, step, sync, steps):
             for n in names}
 
 
-def is_container(range_name):  # "layer:Mixed_5b", "layer:AuxLogits": a block, not a layer
-    name = range_name[len("layer:"):]
-    return name.startswith(("Mixed_", "AuxLogits")) and "." not in name
-
-
-def attribute(events):
+def attribute(events, containers):
     """One profiled step's events -> {layer: {"forward_ms", "backward_ms"}}."""
+    def is_container(range_name):  # "layer:Mixed_5b": a block, not a layer
+        return range_name[len("layer:"):] in containers
+
     def layer_of(e):  # the innermost layer range around an op; in a block, its functional pool
         p, top = e.cpu_parent, e
         while p is not None and not p.name.startswith("layer:"):

@@ -407,6 +407,43 @@ class Peer(unittest.TestCase):
             q = mine / theirs
             self.assertAlmostEqual(ratio, q, delta=0.005 + q * (5e-4 / mine + 5e-4 / theirs) + 1e-9, msg=" ".join(row))
 
+    def test_layer_times_beside_the_peers_profiler(self):
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
+            self.skipTest("python3-torch and python3-torchvision are not installed")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            p = subprocess.run([STEPBENCH, "--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size",
+                                "4", "--warmup", "1", "--repetitions", "3", "--phases", "step", "--layer-times",
+                                "--peer", "pytorch", "--peer-python", "/usr/bin/python3", "--json", path, *FAST],
+                               capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            self.assertEqual(p.returncode, 0, f"{p.stdout}\n{p.stderr}")
+            with open(path) as f:
+                j = json.load(f)
+        self.assertRegex(p.stderr, r"--phases step --threads 1 --layer-times 3")
+        self.assertIn("layers beside PyTorch", p.stdout)
+        pl = j["peer_layer_times"]
+        self.assertEqual(pl["peer_steps"], 3)
+        rows = {r["layer"]: r for r in pl["layers"]}
+        # the layers both name: torchvision-style modules and the block's functional pool; the model's
+        # own functional pools and the loss are outside any module on the peer's side
+        self.assertEqual(set(rows), {"conv1", "conv2", "block.branch1x1", "block.branch5x5_1", "block.branch5x5_2",
+                                     "block.branch3x3_1", "block.branch3x3_2", "block.avg_pool", "block.branch_pool",
+                                     "dropout", "fc"})
+        # stepbench's side is the sum of that layer's pieces per pass in layer_times
+        for name, r in rows.items():
+            for pass_, key in (("forward", "forward_ms"), ("backward", "backward_ms")):
+                mine = sum(q["median_ms"] for q in j["layer_times"]["pieces"] if q["layer"] == name and q["pass"] == pass_)
+                self.assertAlmostEqual(r[key], mine, delta=1e-9, msg=f"{name} {pass_}")
+            if r["kind"] == "conv_bn_relu":
+                self.assertGreater(r["peer_forward_ms"], 0, name)
+                self.assertGreater(r["peer_backward_ms"], 0, name)
+        # the table's row for conv1: both sides and the gap, as in the JSON to the digits printed
+        beside = p.stdout[p.stdout.index("layers beside PyTorch"):]
+        line = next(l for l in beside.splitlines() if l.split()[:1] == ["conv1"])
+        c = rows["conv1"]
+        gap = c["forward_ms"] + c["backward_ms"] - c["peer_forward_ms"] - c["peer_backward_ms"]
+        self.assertAlmostEqual(float(line.split()[-1]), gap, delta=2e-3, msg=line)
+
     def test_a_peer_that_cannot_run_is_a_usage_error_before_the_benchmarks(self):
         base = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
                 "--repetitions", "1", *FAST]
