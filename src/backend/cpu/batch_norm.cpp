@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -193,22 +194,18 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * mf);
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
     const auto a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mf * gamma[c] * invstd);
+    const float lo = p.relu ? 0.0f : -std::numeric_limits<float>::infinity();  // the fused ReLU, or none
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t h = 0; h < s.h; ++h) {
         const float* px = xrow(n, h);
         float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
-        if (p.relu) {
 #pragma omp simd
-          for (std::int64_t w = 0; w < W; ++w) py[w] = std::max(a * px[w] + b, 0.0f);
-        } else {
-#pragma omp simd
-          for (std::int64_t w = 0; w < W; ++w) py[w] = a * px[w] + b;
-        }
+        for (std::int64_t w = 0; w < W; ++w) py[w] = std::max(a * px[w] + b, lo);  // NaN stays NaN
       }
   }
 }
 
-template <bool Relu>
+template <bool Relu, bool Acc>
 void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                       const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx) {
   const Shape& s = x.shape();
@@ -245,18 +242,11 @@ void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const 
         const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
         const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
         float* pdx = dx.as<float>() + dx.desc.offset(n, c, h, 0);
-        if (beta_dx == 0.0f) {  // beta 0 never reads dx
 #pragma omp simd
-          for (std::int64_t w = 0; w < W; ++w) {
-            const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
-            pdx[w] = k1 * (g - k2 - (px[w] - mean) * k3);
-          }
-        } else {
-#pragma omp simd
-          for (std::int64_t w = 0; w < W; ++w) {
-            const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
-            pdx[w] = k1 * (g - k2 - (px[w] - mean) * k3) + beta_dx * pdx[w];
-          }
+        for (std::int64_t w = 0; w < W; ++w) {
+          const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
+          const float v = k1 * (g - k2 - (px[w] - mean) * k3);
+          pdx[w] = Acc ? v + beta_dx * pdx[w] : v;  // beta 0 never reads dx
         }
       }
   }
@@ -352,10 +342,14 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
     relu ? run(std::true_type{}, false) : run(std::false_type{}, false);
     return;
   }
-  if (relu)
-    bn_backward_nchw<true>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta, beta_dx);
+  auto run = [&](auto relu_c, auto acc_c) {
+    bn_backward_nchw<decltype(relu_c)::value, decltype(acc_c)::value>(x, y, dy, dx, gamma, save_mean, save_invstd,
+                                                                      dgamma, dbeta, beta_dx);
+  };
+  if (beta_dx == 0.0f)
+    relu ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{});
   else
-    bn_backward_nchw<false>(x, y, dy, dx, gamma, save_mean, save_invstd, dgamma, dbeta, beta_dx);
+    relu ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{});
 }
 
 class CpuBatchNorm final : public BatchNormOp {
