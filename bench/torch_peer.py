@@ -231,7 +231,7 @@ def layer_times(model, step, sync, steps):
 def attribute(events, containers):
     """One profiled step's events -> {layer: {"forward_ms", "backward_ms"}}."""
     def is_container(range_name):  # "layer:Mixed_5b": a block, not a layer
-        return range_name[len("layer:"):] in containers
+        return range_name.startswith("layer:") and range_name[len("layer:"):] in containers
 
     def layer_of(e):  # the innermost layer range around an op; in a block, its functional pool
         p, top = e.cpu_parent, e

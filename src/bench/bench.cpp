@@ -396,8 +396,16 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     const bool peer_layers = layer_times && towers.backend(0).name() == "cpu";
     peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()),
                     peer_layers ? std::max(c.repetitions, 3) : 0);
-    if (peer_layers && !peer.layers.empty() && !c.json.empty() && root && !json_in_place)
-      add_to_json_file(c.json, "peer_layer_times", peer_layers_json(match_peer_layers(*layer_times, peer), peer));
+    if (peer_layers && !peer.layers.empty() && !c.json.empty() && root) {
+      try {
+        if (json_in_place)
+          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its peer_layer_times are not in it\n";
+        else
+          add_to_json_file(c.json, "peer_layer_times", peer_layers_json(match_peer_layers(*layer_times, peer), peer));
+      } catch (const Error& e) {
+        std::cerr << "stepbench: " << e.what() << "\n";
+      }
+    }
   }
   print_summary(c, towers, reporter, prefix, peer, feeder);
   if (layer_times) {

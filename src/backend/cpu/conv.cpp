@@ -98,19 +98,24 @@ class DnnlConv final : public ConvOp {
     mw_ = memory(wd, eng, DNNL_MEMORY_NONE);
     mscratch_ = scratchpad_memory(eng, scratch_);
     // Each operand as its direction takes it: the caller's buffer where that is the plain format,
-    // else a reorder through the workspace. The workspace, per direction: the scratchpad, then (on
-    // the plain path) backward-data's beta temporary, then that direction's reordered operands.
+    // else a reorder through the workspace. The workspace, per direction: the scratchpad, then
+    // (where backward-data writes a plain dx) its beta temporary, then that direction's reordered
+    // operands.
     const std::size_t base = align_up(scratch_);
-    const std::size_t temp_end = base + (act_blocked ? 0 : align_up(xdesc_.bytes()));
+    // the temporary wherever backward-data writes the plain dx itself (beta 1 adds it afterwards)
+    const bool dx_staged = blocked && bwd_data_pd_.diff_src_desc() != xd;
+    const std::size_t temp_end = base + (dx_staged ? 0 : align_up(xdesc_.bytes()));
     workspace_ = temp_end;
-    auto stage = [&](std::size_t& cursor, const memory::desc& want, const memory& plain, Staged& s, bool out) {
+    // out: an output, reordered back after the call; accumulate: also a reorder that adds (beta 1)
+    auto stage = [&](std::size_t& cursor, const memory::desc& want, const memory& plain, Staged& s, bool out,
+                     bool accumulate = false) {
       s.m = memory(want, eng, DNNL_MEMORY_NONE);
       if (!blocked || want == plain.get_desc()) return;  // plain: the caller's buffer (faults included)
       s.offset = cursor;
       cursor += align_up(want.get_size());
       workspace_ = std::max(workspace_, cursor);
       s.reorder = out ? dnnl::reorder(s.m, plain) : dnnl::reorder(plain, s.m);
-      if (out) {  // backward-data's beta 1: the reorder adds to what the plain buffer holds
+      if (accumulate) {  // backward-data's beta 1: the reorder adds to what the plain buffer holds
         dnnl::primitive_attr sum;
         dnnl::post_ops po;
         po.append_sum(1.0f);
@@ -125,7 +130,8 @@ class DnnlConv final : public ConvOp {
     stage(f, fwd_pd_.dst_desc(), my_, fwd_y_, true);
     stage(d, bwd_data_pd_.weights_desc(), mw_, bwd_data_w_, false);
     stage(d, bwd_data_pd_.diff_dst_desc(), my_, bwd_data_dy_, false);
-    stage(d, bwd_data_pd_.diff_src_desc(), mx_, bwd_data_dx_, true);
+    stage(d, bwd_data_pd_.diff_src_desc(), mx_, bwd_data_dx_, true, true);
+    SB_CHECK(bwd_data_dx_.needed == dx_staged, "convolution: backward-data's temporary planned for the wrong path");
     stage(g, bwd_filter_pd_.diff_weights_desc(), mw_, bwd_filter_dw_, true);
     stage(g, bwd_filter_pd_.src_desc(), mx_, bwd_filter_x_, false);
     stage(g, bwd_filter_pd_.diff_dst_desc(), my_, bwd_filter_dy_, false);
