@@ -147,11 +147,12 @@ void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const 
 
 // NCHW, parallel over channels: each thread owns whole channels, whose (n, h) rows of w values are
 // contiguous (also in a channel slice), so a channel's passes run back to back while its planes are
-// still in cache, with no cross-thread reduction. Row sums are in float (vectorised along w, at
-// most a few hundred values), the totals over rows in double. The per-pixel loop across channels
-// (stride H x W) it replaces made NCHW batch norm 2x (forward) and 6x (backward) the NHWC kernels.
+// still in cache, with no cross-thread reduction. Sums in double (vectorised along w), as the
+// per-element double accumulators before: float row sums overflowed on huge activations (a blown-up
+// learning rate) where these do not, and changed which parameter goes non-finite first. The per-pixel loop across
+// channels (stride H x W) it replaces made NCHW batch norm 2x (forward) and 6x (backward) the NHWC kernels.
 template <class Row>
-double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's float sum
+double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's sum
   double total = 0.0;
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t h = 0; h < s.h; ++h) total += row(n, h);
@@ -170,10 +171,10 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     const double mean = sum_over_rows(s,
                                       [&](std::int64_t n, std::int64_t h) {
                                         const float* px = xrow(n, h);
-                                        float r = 0.0f;
+                                        double r = 0.0;
 #pragma omp simd reduction(+ : r)
                                         for (std::int64_t w = 0; w < W; ++w) r += px[w];
-                                        return static_cast<double>(r);
+                                        return r;
                                       }) /
                         M;
     const auto mf = static_cast<float>(mean);
@@ -181,10 +182,13 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     const double var = sum_over_rows(s,
                                      [&](std::int64_t n, std::int64_t h) {
                                        const float* px = xrow(n, h);
-                                       float r = 0.0f;
+                                       double r = 0.0;
 #pragma omp simd reduction(+ : r)
-                                       for (std::int64_t w = 0; w < W; ++w) r += (px[w] - mf) * (px[w] - mf);
-                                       return static_cast<double>(r);
+                                       for (std::int64_t w = 0; w < W; ++w) {
+                                         const double d = px[w] - mf;  // squared in double: no overflow
+                                         r += d * d;
+                                       }
+                                       return r;
                                      }) /
                        M;
     const double invstd = 1.0 / std::sqrt(var + p.eps);
@@ -220,7 +224,7 @@ void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const 
         const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
         const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
         const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
-        float fg = 0.0f, fgx = 0.0f;
+        double fg = 0.0, fgx = 0.0;
 #pragma omp simd reduction(+ : fg, fgx)
         for (std::int64_t w = 0; w < W; ++w) {
           const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;  // loads first: a select
