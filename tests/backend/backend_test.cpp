@@ -108,6 +108,18 @@ TEST(Backend, CpuRejectsPrecisionsItCannotRunWithTheReason) {
   EXPECT_THROW(be->require(DType::f16), UnsupportedError);
 }
 
+// The hand-written kernels run the widest of their builds (src/backend/cpu/isa.hpp) that oneDNN's
+// effective ISA reaches: ONEDNN_MAX_CPU_ISA=SSE41 (isa_sse41.*) selects the plain x86-64 build,
+// AVX2 (isa_avx2.*) the AVX2 one, so each build runs the op tests on an AVX-512 machine.
+TEST(Backend, CpuKernelBuildFollowsOnednnsIsa) {
+  auto be = make_cpu_backend();
+  const auto v = be->versions();
+  const std::string isa = v.at("cpu_isa"), kernels = v.at("cpu_kernels");
+  if (isa.rfind("isa#", 0) == 0) GTEST_SKIP() << "oneDNN's ISA " << isa << " has no name in the backend yet";
+  const std::string want = isa.rfind("avx512_core", 0) == 0 ? "avx512" : isa.rfind("avx2", 0) == 0 ? "avx2" : "x86-64";
+  EXPECT_EQ(kernels, want) << "oneDNN's effective ISA " << isa;
+}
+
 TEST(Backend, CpuCastsEveryStorageType) {
   auto be = make_cpu_backend();
   const auto v = random_vec(70000, 29, -70000, 70000);  // more than one chunk, beyond fp16's range too

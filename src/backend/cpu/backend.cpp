@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cpu/common.hpp"
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/onednn.hpp"
 #include "tensor/error.hpp"
 
@@ -66,6 +67,7 @@ class CpuBackend final : public Backend {
     const auto* v = dnnl::version();
     return {{"onednn", fmt::format("{}.{}.{}", v->major, v->minor, v->patch)},
             {"cpu_isa", isa_name(dnnl::get_effective_cpu_isa())},
+            {"cpu_kernels", std::string(cpu::to_string(cpu::kernel_isa()))},  // isa.hpp
             {"omp_threads", std::to_string(omp_get_max_threads())}};
   }
   void require(DType t) const override {

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,8 +12,12 @@
 #include <vector>
 
 #include "backend/cpu/common.hpp"
+#include "backend/cpu/isa.hpp"
 
-namespace stepbench::cpu {
+STEPBENCH_CPU_ISA_BEGIN
+#include "backend/cpu/loops.hpp"  // after BEGIN: its loops are built for this file's set
+
+namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 namespace {
 
 // Per-channel sums over all pixels of f(pixel pointer offsets...) into out[C], with per-thread
@@ -227,7 +232,9 @@ void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const 
         double fg = 0.0, fgx = 0.0;
 #pragma omp simd reduction(+ : fg, fgx)
         for (std::int64_t w = 0; w < W; ++w) {
-          const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;  // loads first: a select
+          // dy where y > 0 (NaN y: 0), as a bit mask: GCC leaves the select into double sums scalar
+          const std::uint32_t keep = !Relu || py[w] > 0.0f ? 0xffffffffu : 0u;
+          const float g = std::bit_cast<float>(std::bit_cast<std::uint32_t>(pdy[w]) & keep);
           fg += g;
           fgx += g * (px[w] - mean);
         }
@@ -386,4 +393,5 @@ std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const BatchNor
   return std::make_unique<CpuBatchNorm>(x, p);
 }
 
-}  // namespace stepbench::cpu
+}  // namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS
+STEPBENCH_CPU_ISA_END

@@ -5,8 +5,12 @@
 #include <memory>
 
 #include "backend/cpu/common.hpp"
+#include "backend/cpu/isa.hpp"
 
-namespace stepbench::cpu {
+STEPBENCH_CPU_ISA_BEGIN
+#include "backend/cpu/loops.hpp"  // after BEGIN: its loops are built for this file's set
+
+namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 namespace {
 
 // out = f(a, b, out) elementwise; the three tensors share one shape and layout (any strides of a
@@ -85,4 +89,5 @@ void cast(const void* src, DType from, void* dst, DType to, std::size_t count) {
             static_cast<std::size_t>(std::min(chunk, n - i)));
 }
 
-}  // namespace stepbench::cpu
+}  // namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS
+STEPBENCH_CPU_ISA_END

@@ -5,8 +5,10 @@
 #include <cstdint>
 
 #include "backend/cpu/common.hpp"
+#include "backend/cpu/isa.hpp"
 
-namespace stepbench::cpu {
+STEPBENCH_CPU_ISA_BEGIN
+namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 
 void optimizer_update(const OptimizerConfig& cfg, float* params, const float* grads, float* s0, float* s1,
                       std::size_t n, float inv_scale) {
@@ -56,4 +58,5 @@ void update_loss_scale(float* scaler, int growth_interval) {
   scaler[1] = 0.0f;
 }
 
-}  // namespace stepbench::cpu
+}  // namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS
+STEPBENCH_CPU_ISA_END

@@ -9,8 +9,12 @@
 #include <memory>
 
 #include "backend/cpu/common.hpp"
+#include "backend/cpu/isa.hpp"
 
-namespace stepbench::cpu {
+STEPBENCH_CPU_ISA_BEGIN
+#include "backend/cpu/loops.hpp"  // after BEGIN: its loops are built for this file's set
+
+namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 namespace {
 
 struct Window {
@@ -280,4 +284,5 @@ std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, cons
   return std::make_unique<CpuPool>(x, y, p);
 }
 
-}  // namespace stepbench::cpu
+}  // namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS
+STEPBENCH_CPU_ISA_END
