@@ -29,6 +29,7 @@ const std::vector<std::string>& fingerprint_keys() {
                                              "host_name",
                                              "num_cpus",
                                              "cpu_isa",
+                                             "cpu_kernels",
                                              "omp_threads",
                                              "onednn",
                                              "cuda_runtime",

@@ -17,6 +17,10 @@ const PoolCase kPoolCases[] = {
     {"avg_5x5_s3_aux", {2, 3, 17, 17}, {PoolKind::avg_include_pad, 5, 5, 3, 3, 0, 0}},
     {"global_avg", {3, 5, 8, 8}, {PoolKind::avg_include_pad, 8, 8, 1, 1, 0, 0}},
     {"max_3x3_s1_p1", {2, 3, 6, 6}, {PoolKind::max, 3, 3, 1, 1, 1, 1}},
+    // wide enough for the cpu kernels' vector bodies (channels and rows past 16 floats, remainders)
+    {"max_3x3_s2_wide", {1, 17, 3, 29}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},  // distinct_vec: <= 1536 values
+    {"avg_3x3_s1_p1_wide", {2, 37, 6, 35}, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}},
+    {"avg_3x3_s1_p1_exclude_pad_wide", {1, 19, 5, 37}, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1}},
 };
 
 TEST_P(Ops, Pooling) {

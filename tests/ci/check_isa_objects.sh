@@ -3,14 +3,22 @@
 # object files (NAME.avx2.cpp.o, NAME.avx512.cpp.o among the arguments; the others are ignored, so
 # the target's whole object list can be passed):
 #   1. every weak function in them (inline functions and templates of headers, which the linker may
-#      keep from any object) is plain x86-64 code: no VEX or EVEX instruction, no ymm/zmm/mask
-#      register. A copy built for AVX-512 that the linker kept would crash an AVX2 machine in code
-#      that has nothing to do with the kernels.
-#   2. every global function they define is in their own namespace (stepbench::cpu::isa_<set>).
-#   3. the target pragma took: each object has code that uses its set's registers (ymm for avx2,
-#      zmm for avx512).
+#      keep from any object), with its local clones (.cold, .part.N, .isra.N, .constprop.N), is
+#      plain x86-64 code: no VEX or EVEX instruction, no ymm/zmm/mask register, no popcnt, crc32,
+#      lzcnt or tzcnt. A copy built for AVX-512 that the linker kept would crash an AVX2 machine in
+#      code that has nothing to do with the kernels. (A template of the set's own namespace
+#      instantiated with a named type would be flagged too, though its name is the set's own: move
+#      it into an anonymous namespace.)
+#   2. every global function they define is in their own namespace (stepbench::cpu::isa_<set>), and
+#      nothing in them runs at load time (.init_array): that would run on every CPU.
+#   3. no fused multiply-add (vfmadd...): the builds are compiled with -ffp-contract=off so that they
+#      round every operation as the plain build does.
+#   4. with --require-wide (optimised builds; -O0 vectorises nothing): the target pragma took, each
+#      object has code that uses its set's registers (ymm for avx2, zmm for avx512).
 set -euo pipefail
-[ $# -gt 0 ] || { echo "usage: $0 OBJECT.o... (NAME.avx2.cpp.o and NAME.avx512.cpp.o are checked)" >&2; exit 2; }
+require_wide=0
+if [ "${1:-}" = --require-wide ]; then require_wide=1; shift; fi
+[ $# -gt 0 ] || { echo "usage: $0 [--require-wide] OBJECT.o... (NAME.avx2.cpp.o and NAME.avx512.cpp.o are checked)" >&2; exit 2; }
 command -v objdump > /dev/null && command -v nm > /dev/null || { echo "SKIP: objdump/nm (binutils) missing"; exit 77; }
 fail=0 checked=0
 for obj in "$@"; do
@@ -24,10 +32,10 @@ for obj in "$@"; do
   weak=$(nm --defined-only "$obj" | awk '$2 == "W" {print $3}' | sort -u)
   # per function: its name, whether it has a VEX/EVEX instruction or a wide/mask register
   report=$(objdump -d --no-show-raw-insn "$obj" | awk -v reg="$reg" '
-    /^[0-9a-f]+ <.*>:$/ { name = substr($2, 2, length($2) - 3); seen[name] = 1; next }
+    /^[0-9a-f]+ <.*>:$/ { name = substr($2, 2, length($2) - 3); sub(/\..*/, "", name); next }  # clones: their function
     /^ +[0-9a-f]+:\t/ {
       split($0, f, "\t"); ins = f[2]
-      if (ins ~ /^v/ || ins ~ /%[yz]mm|%k[0-7]/) vec[name] = 1
+      if (ins ~ /^(v|popcnt|crc32|lzcnt|tzcnt)/ || ins ~ /%[yz]mm|%k[0-7]/) vec[name] = 1
       if (index(ins, reg)) wide++
     }
     END { for (n in vec) print "vec", n; print "wide", wide + 0 }')
@@ -43,8 +51,17 @@ for obj in "$@"; do
     sed 's/^/  /' <<< "$strays"
     ok=0
   fi
+  fma=$(objdump -d --no-show-raw-insn "$obj" | grep -cE $'\tvf(n)?m(add|sub)' || true)
+  if [ "$fma" -gt 0 ]; then
+    echo "FAIL $obj: $fma fused multiply-adds (is -ffp-contract=off set on it?)"
+    ok=0
+  fi
+  if objdump -h "$obj" | grep -q '\.init_array'; then
+    echo "FAIL $obj: has load-time code (.init_array), which would run on every CPU"
+    ok=0
+  fi
   wide=$(awk '$1 == "wide" {print $2}' <<< "$report")
-  if [ "$wide" -eq 0 ]; then
+  if [ $require_wide -eq 1 ] && [ "$wide" -eq 0 ]; then
     echo "FAIL $obj: no instruction uses $reg: the $set_name target pragma did not apply"
     ok=0
   fi

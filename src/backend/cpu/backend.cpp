@@ -68,6 +68,7 @@ class CpuBackend final : public Backend {
     return {{"onednn", fmt::format("{}.{}.{}", v->major, v->minor, v->patch)},
             {"cpu_isa", isa_name(dnnl::get_effective_cpu_isa())},
             {"cpu_kernels", std::string(cpu::to_string(cpu::kernel_isa()))},  // isa.hpp
+            {"cpu_kernel_builds", std::string(cpu::kernel_builds())},
             {"omp_threads", std::to_string(omp_get_max_threads())}};
   }
   void require(DType t) const override {

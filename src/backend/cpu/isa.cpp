@@ -9,10 +9,12 @@
 namespace stepbench::cpu {
 namespace {
 
+#if STEPBENCH_CPU_MULTI_ISA
 bool has(dnnl::cpu_isa effective, dnnl::cpu_isa want) {  // oneDNN's ISAs are feature bit sets
   const auto e = static_cast<unsigned>(effective), w = static_cast<unsigned>(want);
   return (e & w) == w;
 }
+#endif
 
 KernelIsa detect() {
 #if STEPBENCH_CPU_MULTI_ISA
@@ -33,6 +35,8 @@ KernelIsa kernel_isa() {
   static const KernelIsa isa = detect();
   return isa;
 }
+
+std::string_view kernel_builds() { return STEPBENCH_CPU_MULTI_ISA ? "x86-64 avx2 avx512" : "x86-64"; }
 
 std::string_view to_string(KernelIsa isa) {
   switch (isa) {

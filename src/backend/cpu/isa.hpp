@@ -58,5 +58,7 @@ enum class KernelIsa { base, avx2, avx512 };
 // that oneDNN's effective ISA also reaches. Decided once per process.
 KernelIsa kernel_isa();
 std::string_view to_string(KernelIsa isa);
+// The builds this binary has: "x86-64 avx2 avx512" (GCC on x86-64), else "x86-64".
+std::string_view kernel_builds();
 
 }  // namespace stepbench::cpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "backend/cpu/common.hpp"
 #include "backend/cpu/isa.hpp"
@@ -34,13 +35,28 @@ inline Window pool_window(const PoolParams& p, const Shape& xs, std::int64_t oh,
 // Range of outputs whose window covers input index i: o*s - pad <= i < o*s - pad + k.
 inline void covering(std::int64_t i, int k, int s, int pad, std::int64_t out, std::int64_t& o0, std::int64_t& o1) {
   const std::int64_t num = i + pad - k + 1;
+  if (s == 1) {  // no divisions (the block average pools: per input pixel, twice)
+    o0 = std::max<std::int64_t>(num, 0);
+    o1 = std::min<std::int64_t>(i + pad + 1, out);
+    return;
+  }
   o0 = num <= 0 ? 0 : (num + s - 1) / s;
   o1 = std::min<std::int64_t>((i + pad) / s + 1, out);
 }
+// Average pools: every output's 1 / divisor, in output order (oh * OW + ow); fixed by the shapes.
+std::vector<float> inverse_counts(const PoolParams& p, const Shape& xs, const Shape& ys) {
+  std::vector<float> inv;
+  if (p.kind == PoolKind::max) return inv;
+  inv.resize(static_cast<std::size_t>(ys.h * ys.w));
+  for (std::int64_t oh = 0; oh < ys.h; ++oh)
+    for (std::int64_t ow = 0; ow < ys.w; ++ow) inv[oh * ys.w + ow] = pool_window(p, xs, oh, ow).inv_count;
+  return inv;
+}
 
 // NCHW: per output row (n, c, oh). The outputs whose windows lie inside the row horizontally are
-// vectorised along ow (each lane visits its window in the scalar loop's order, h then w, so ties and
-// sums come out the same); the few at the borders (padding) take the scalar loop.
+// vectorised along ow (each lane visits its window in the scalar loop's order, h then w, so ties come
+// out the same); the few at the borders (padding), and rows with fewer than two such outputs (a
+// global pool), take the scalar loop, which sums an average window's rows as vectors.
 void pool_forward_nchw(const Tensor& x, const Tensor& y, const PoolParams& p, std::int32_t* argmax) {
   const Shape &xs = x.shape(), &ys = y.shape();
   const Strides idx = dense_strides(ys, Layout::nchw);  // argmax storage order
@@ -69,15 +85,22 @@ void pool_forward_nchw(const Tensor& x, const Tensor& y, const PoolParams& p, st
         py[ow] = m;
         if (pa) pa[ow] = at;
       } else {
-        float sum = 0.0f;
-        for (std::int64_t h = win.h0; h < win.h1; ++h)
-          for (std::int64_t w = win.w0; w < win.w1; ++w) sum += X[h * xh + w];
+        float sum = 0.0f;  // each window row summed as a vector (the global pool: 8 wide), rows in order
+        for (std::int64_t h = win.h0; h < win.h1; ++h) {
+          float r = 0.0f;
+#pragma omp simd reduction(+ : r)
+          for (std::int64_t w = win.w0; w < win.w1; ++w) r += X[h * xh + w];
+          sum += r;
+        }
         py[ow] = sum * win.inv_count;
       }
     };
+    if (hi - lo < 2) {  // one window or none inside the row (a global pool): no vector of outputs
+      for (std::int64_t ow = 0; ow < ys.w; ++ow) scalar(ow);
+      return;
+    }
     for (std::int64_t ow = 0; ow < lo; ++ow) scalar(ow);
-    for (std::int64_t ow = std::max(lo, hi); ow < ys.w; ++ow) scalar(ow);
-    if (lo >= hi) return;
+    for (std::int64_t ow = hi; ow < ys.w; ++ow) scalar(ow);
     const Window win = pool_window(p, xs, oh, lo);  // the rows and divisor every inner window shares
     if (max) {
       const auto first = static_cast<std::int32_t>(win.h0 * W - pw);
@@ -174,39 +197,69 @@ void pool_forward(const Tensor& x, const Tensor& y, const PoolParams& p, std::in
 
 // NCHW: per plane (n, c), one thread scatters every output's gradient into its window (max: into
 // its argmax), in output order: each input pixel sums its outputs in the order the NHWC gather does.
-void pool_backward_nchw(const Tensor& dy, const Tensor& dx, const PoolParams& p, float beta,
-                        const std::int32_t* argmax) {
+// Average pools of stride 1 along w scatter a whole output row at a time: its scaled gradients, added
+// to each window row's pixels by one contiguous pass per window column, from the last column to the
+// first, so that every pixel still receives its outputs in output order.
+void pool_backward_nchw(const Tensor& dy, const Tensor& dx, const PoolParams& p, float beta, const std::int32_t* argmax,
+                        const float* inv) {
   const Shape &xs = dx.shape(), &ys = dy.shape();
   const Strides idx = dense_strides(ys, Layout::nchw);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t n = 0; n < xs.n; ++n)
-    for (std::int64_t c = 0; c < xs.c; ++c) {
-      float* DX = dx.as<float>() + dx.desc.offset(n, c, 0, 0);
-      const std::int64_t xh = dx.desc.strides.h;
-      for (std::int64_t h = 0; h < xs.h; ++h)
-        for (std::int64_t w = 0; w < xs.w; ++w) DX[h * xh + w] = beta == 0.0f ? 0.0f : beta * DX[h * xh + w];
-      for (std::int64_t oh = 0; oh < ys.h; ++oh) {
-        const float* pdy = dy.as<float>() + dy.desc.offset(n, c, oh, 0);
-        if (p.kind == PoolKind::max) {
-          const std::int32_t* pa = argmax + n * idx.n + c * idx.c + oh * idx.h;
-          for (std::int64_t ow = 0; ow < ys.w; ++ow) DX[pa[ow] / xs.w * xh + pa[ow] % xs.w] += pdy[ow];
-        } else {
-          for (std::int64_t ow = 0; ow < ys.w; ++ow) {
-            const Window win = pool_window(p, xs, oh, ow);
-            const float g = win.inv_count * pdy[ow];
-            for (std::int64_t h = win.h0; h < win.h1; ++h)
-              for (std::int64_t w = win.w0; w < win.w1; ++w) DX[h * xh + w] += g;
+#pragma omp parallel
+  {
+    std::vector<float> grow(p.kind == PoolKind::max ? 0 : static_cast<std::size_t>(ys.w));
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t n = 0; n < xs.n; ++n)
+      for (std::int64_t c = 0; c < xs.c; ++c) {
+        float* DX = dx.as<float>() + dx.desc.offset(n, c, 0, 0);
+        const std::int64_t xh = dx.desc.strides.h;
+        for (std::int64_t h = 0; h < xs.h; ++h) {
+          float* __restrict d = DX + h * xh;
+          if (beta == 0.0f)
+            std::fill(d, d + xs.w, 0.0f);
+          else
+#pragma omp simd
+            for (std::int64_t w = 0; w < xs.w; ++w) d[w] *= beta;
+        }
+        for (std::int64_t oh = 0; oh < ys.h; ++oh) {
+          const float* pdy = dy.as<float>() + dy.desc.offset(n, c, oh, 0);
+          const float* io = inv + oh * ys.w;
+          if (p.kind == PoolKind::max) {
+            const std::int32_t* pa = argmax + n * idx.n + c * idx.c + oh * idx.h;
+            for (std::int64_t ow = 0; ow < ys.w; ++ow) DX[pa[ow] / xs.w * xh + pa[ow] % xs.w] += pdy[ow];
+          } else if (p.stride_w == 1) {
+            float* __restrict g = grow.data();
+#pragma omp simd
+            for (std::int64_t ow = 0; ow < ys.w; ++ow) g[ow] = io[ow] * pdy[ow];
+            const std::int64_t hs = oh * p.stride_h - p.pad_h;
+            for (std::int64_t h = std::max<std::int64_t>(hs, 0); h < std::min<std::int64_t>(hs + p.kh, xs.h); ++h)
+              for (std::int64_t j = p.kw - 1; j >= 0; --j) {
+                // outputs ow whose column j is the pixel ow - pad + j of the row
+                const std::int64_t ow0 = std::max<std::int64_t>(0, p.pad_w - j),
+                                   ow1 = std::min<std::int64_t>(ys.w, xs.w + p.pad_w - j);
+                float* __restrict d = DX + h * xh + (ow0 - p.pad_w + j);
+                const float* __restrict gr = g + ow0;
+#pragma omp simd
+                for (std::int64_t k = 0; k < ow1 - ow0; ++k) d[k] += gr[k];
+              }
+          } else {
+            for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+              const Window win = pool_window(p, xs, oh, ow);
+              const float g = io[ow] * pdy[ow];
+              for (std::int64_t h = win.h0; h < win.h1; ++h)
+                for (std::int64_t w = win.w0; w < win.w1; ++w) DX[h * xh + w] += g;
+            }
           }
         }
       }
-    }
+  }
 }
 
-void pool_backward(const Tensor& dy, const Tensor& dx, const PoolParams& p, float beta, const std::int32_t* argmax) {
+void pool_backward(const Tensor& dy, const Tensor& dx, const PoolParams& p, float beta, const std::int32_t* argmax,
+                   const float* inv) {
   check_f32(dy, "pooling backward");
   SB_CHECK(p.kind != PoolKind::max || argmax, "max pool backward needs the forward's argmax");
   if (dx.desc.layout == Layout::nchw) {
-    pool_backward_nchw(dy, dx, p, beta, argmax);
+    pool_backward_nchw(dy, dx, p, beta, argmax, inv);
     return;
   }
   const Shape &xs = dx.shape(), &ys = dy.shape();
@@ -249,7 +302,7 @@ void pool_backward(const Tensor& dy, const Tensor& dx, const PoolParams& p, floa
     for (std::int64_t oh = oh0; oh < oh1; ++oh)
       for (std::int64_t ow = ow0; ow < ow1; ++ow) {
         const float* __restrict pdy = dy.as<float>() + dy.desc.offset(n, 0, oh, ow);
-        const float k = pool_window(p, xs, oh, ow).inv_count;
+        const float k = inv[oh * ys.w + ow];
 #pragma omp simd
         for (std::int64_t c = 0; c < C; ++c) pdx[c] += k * pdy[c];
       }
@@ -258,7 +311,8 @@ void pool_backward(const Tensor& dy, const Tensor& dx, const PoolParams& p, floa
 
 class CpuPool final : public PoolOp {
  public:
-  CpuPool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) : p_(p), y_(y) {
+  CpuPool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p)
+      : p_(p), y_(y), inv_(inverse_counts(p, x.shape, y.shape)) {
     if (x.dtype != DType::f32) throw UnsupportedError("pooling: the cpu backend computes in fp32 only");
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
   }
@@ -270,12 +324,13 @@ class CpuPool final : public PoolOp {
   }
   void backward(Stream&, const Tensor&, const Tensor&, const Tensor& dy, const Tensor& dx, float beta,
                 const void* reserve) override {
-    pool_backward(dy, dx, p_, beta, static_cast<const std::int32_t*>(reserve));
+    pool_backward(dy, dx, p_, beta, static_cast<const std::int32_t*>(reserve), inv_.data());
   }
 
  private:
   PoolParams p_;
   TensorDesc y_;
+  std::vector<float> inv_;  // average pools: inverse_counts(), made at planning
 };
 
 }  // namespace
