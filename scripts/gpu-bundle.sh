@@ -6,7 +6,7 @@
 #   OUT_DIR/lib/                 every shared library they need that such a machine lacks (oneDNN, the
 #                                OpenCL ICD loader, Google Benchmark, fmt, libjpeg-turbo, libgomp)
 #   OUT_DIR/gpu-check.sh         the stages to run there: tests, bench, peer (see its header)
-#   OUT_DIR/bench/, tests/parity/, configs/, BUNDLE.txt
+#   OUT_DIR/bench/, tests/parity/, tests/bench/, configs/, BUNDLE.txt
 # The CUDA runtime is linked statically; cuDNN, cuBLAS and NCCL are taken from the GPU machine
 # (gpu-check.sh finds them), since they are hundreds of MiB. Built without MPI (Open MPI's plugins
 # and helpers would not fit); NCCL towers in one process work, mpirun across processes does not.
@@ -87,7 +87,7 @@ if [ -e "$OUT_DIR" ] && [ ! -f "$OUT_DIR/BUNDLE.txt" ] && [ -n "$(ls -A "$OUT_DI
   exit 2
 fi
 rm -rf "$OUT_DIR"
-mkdir -p "$OUT_DIR/bin" "$OUT_DIR/lib" "$OUT_DIR/bench" "$OUT_DIR/tests/parity"
+mkdir -p "$OUT_DIR/bin" "$OUT_DIR/lib" "$OUT_DIR/bench" "$OUT_DIR/tests/parity" "$OUT_DIR/tests/bench"
 for b in stepbench stepbench_tests; do
   cp "$BUILD_DIR/bin/$b" "$OUT_DIR/bin/"
   strip --strip-unneeded "$OUT_DIR/bin/$b"
@@ -104,6 +104,7 @@ done | sort -u | while read -r soname path; do
 done
 cp "$STEPBENCH_ROOT/bench/torch_peer.py" "$OUT_DIR/bench/"
 cp "$STEPBENCH_ROOT/tests/parity/torch_parity.py" "$OUT_DIR/tests/parity/"
+cp "$STEPBENCH_ROOT/tests/bench/test_layer_times.py" "$OUT_DIR/tests/bench/"  # gpu-check layers: its trace checker
 cp -r "$STEPBENCH_ROOT/configs" "$OUT_DIR/"
 cp "$STEPBENCH_ROOT/scripts/gpu-check.sh" "$OUT_DIR/gpu-check.sh"
 {

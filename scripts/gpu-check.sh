@@ -9,9 +9,13 @@
 #                             the same configurations in PyTorch on the same GPU (eager with autocast or
 #                             TF32 as stepbench, then torch.compile); images/s ratios against OUT/bench.json
 #                             or BENCH_JSON
-#   gpu-check.sh all OUT      the three in turn
+#   gpu-check.sh layers OUT   where the time goes: Inception-v3 bf16 NHWC, --layer-times and --trace (the
+#                             trace checked as the CPU test checks it), and a one-GPU --sweep-batch
+#   gpu-check.sh input OUT    the input fixtures on the GPU: synthetic-host, a JPEG folder, its records
+#   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_PEER_COMPILE=bf16-nhwc,... limits the torch.compile runs (each compiles for 1-3 minutes;
-# default all); STEPBENCH_CHECK_BATCH sets the batch (default 128).
+# default all); STEPBENCH_CHECK_BATCH sets the batch (default 128); STEPBENCH_CHECK_CONFIGS limits the
+# bench and peer configurations ("bf16-nhwc,fp32-nchw,bf16-nhwc-own"; default all five).
 # Runs from a bundle made by scripts/gpu-bundle.sh (bin/ and lib/ beside this script), or from a
 # checkout with a CUDA build in ${STEPBENCH_BUILD_DIR:-build-gpu} (made here when missing).
 # cuDNN, cuBLAS and NCCL are taken from the CUDA toolkit's folder, else from the Python wheels
@@ -22,14 +26,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,21p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,23p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
 STAGE=$1
 OUT_DIR=$2
 BENCH_JSON=${3:-}
-case $STAGE in tests|bench|peer|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+case $STAGE in tests|bench|peer|layers|input|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
@@ -129,7 +133,7 @@ stage_tests() {
   "$BIN/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1 \
     --gtest_output="json:$OUT_DIR/tests.json" || rc=1
   echo "== the cuda op and step tests with batch norm and pooling on stepbench's kernels"
-  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*:*CudaTinyStep*' --gtest_brief=1 \
+  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*:*CudaTinyStep*:*CudaUnits*' --gtest_brief=1 \
     --gtest_output="json:$tmp/tests-own-kernels.json" || rc=1
   # a run where every GPU test skipped is not a pass
   "$PY" - "$OUT_DIR/tests.json" "$tmp/tests-own-kernels.json" <<'PY' || rc=1
@@ -162,6 +166,14 @@ PY
 
 # "own": batch norm and pooling on stepbench's kernels (--own-kernels), the fallback where cuDNN declines
 CONFIGS=("fp32 nchw" "tf32 nhwc" "bf16 nhwc" "fp16 nhwc" "bf16 nhwc own")
+if [ -n "${STEPBENCH_CHECK_CONFIGS:-}" ]; then
+  picked=()
+  for c in "${CONFIGS[@]}"; do
+    case ",$STEPBENCH_CHECK_CONFIGS," in *",${c// /-},"*) picked+=("$c") ;; esac
+  done
+  [ ${#picked[@]} -gt 0 ] || { echo "gpu-check: STEPBENCH_CHECK_CONFIGS=$STEPBENCH_CHECK_CONFIGS names none of: ${CONFIGS[*]// /-}" >&2; exit 2; }
+  CONFIGS=("${picked[@]}")
+fi
 BATCH=${STEPBENCH_CHECK_BATCH:-128}
 
 stage_bench() {
@@ -334,11 +346,85 @@ PY
   return $rc
 }
 
+# Where the time goes on the GPU (issue 18's GPU check): the probed step's layer times against the
+# step, the trace checked by the CPU test's own checker, and the sweep's largest batch.
+stage_layers() {
+  local rc=0 tmp=$OUT_DIR/layers-files
+  mkdir -p "$tmp"
+  header layers
+  echo "== inception_v3 bf16 nhwc batch $BATCH: --layer-times --trace"
+  if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision bf16 \
+      --format nhwc --phases forward,step --warmup 5 --repetitions 5 --layer-times --trace "$tmp/trace.json" \
+      --json "$tmp/layers.json" > "$tmp/layers.txt" 2> "$tmp/layers.err"; then
+    rc=1
+    echo "failed:"; tail -5 "$tmp/layers.err"
+  fi
+  sed -n '/^layer times/,$p' "$tmp/layers.txt" | head -45
+  if [ -f "$tmp/trace.json" ]; then
+    "$PY" - "$HERE" "$tmp/trace.json" <<'PY' || rc=1
+import importlib.util, json, os, sys, unittest
+here, path = sys.argv[1], sys.argv[2]
+src = next(p for p in (os.path.join(here, "tests/bench/test_layer_times.py"),
+                       os.path.join(here, "../tests/bench/test_layer_times.py")) if os.path.exists(p))
+spec = importlib.util.spec_from_file_location("tlt", src)
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+j = m.check_trace(unittest.TestCase(), path, 1, convs=94)  # the aux head's two are named AuxLogits.*
+ev = [e for e in j["traceEvents"] if e["ph"] == "X"]
+tracks = sorted({(e["pid"], e["tid"]) for e in ev})
+print(f"trace: {len(ev)} spans on tracks {tracks}; checked: well-formed, nested, every layer once per pass")
+kern = [e for e in ev if e.get("cat") == "kernel"]
+print(f"trace: {len(kern)} kernel spans" + (f", e.g. {kern[0]['name'][:100]}" if kern else " (no CUPTI records)"))
+PY
+  fi
+  echo "== one-GPU sweep: bf16 nhwc, batch 64,128,256 and the largest batch planning accepts"
+  if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --precision bf16 --format nhwc \
+      --sweep-gpus 1 --sweep-batch 64,128,256 --warmup 3 --repetitions 3 --json "$tmp/sweep.json" \
+      > "$tmp/sweep.txt" 2> "$tmp/sweep.err"; then
+    rc=1
+    echo "failed:"; tail -5 "$tmp/sweep.err"
+  fi
+  sed -n '/^sweep/,$p' "$tmp/sweep.txt" | head -25
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/layers.tar.gz" layers-files && rm -rf "$tmp"
+  echo "== layers: $([ $rc -eq 0 ] && echo done || echo FAILED)"
+  return $rc
+}
+
+# The input fixtures on the GPU: a staged host batch, a JPEG folder (the pipeline, the step fed by
+# it, the verdict) and the same folder as records.
+stage_input() {
+  local rc=0 tmp=$OUT_DIR/input-files b=64
+  mkdir -p "$tmp"
+  header input
+  "$BIN/stepbench" make-dataset "$tmp/jpegs" --images 512 --classes 8 --size 500x375 > /dev/null 2>&1 || rc=1
+  "$BIN/stepbench" make-records "$tmp/jpegs" "$tmp/data.records" > /dev/null 2> "$tmp/records.err" || rc=1
+  local threads
+  threads=$(nproc)
+  for src in synthetic-host "$tmp/jpegs" "$tmp/data.records"; do
+    local name
+    name=$(basename "$src")
+    echo "== --data $name, bf16 nhwc, batch $b, $threads threads"
+    if ! timeout 100 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size $b --precision bf16 --format nhwc \
+        --data "$src" --data-threads "$threads" --phases step,input_pipeline --warmup 3 --repetitions 3 \
+        --json "$tmp/input-$name.json" > "$tmp/input-$name.txt" 2> "$tmp/input-$name.err"; then
+      rc=1
+      echo "failed:"; tail -5 "$tmp/input-$name.err"
+    fi
+    grep -E "images/s|input|verdict|bound|stage" "$tmp/input-$name.txt" | head -25
+  done
+  rm -rf "$tmp/jpegs" "$tmp/data.records"
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/input.tar.gz" input-files && rm -rf "$tmp"
+  echo "== input: $([ $rc -eq 0 ] && echo done || echo FAILED)"
+  return $rc
+}
+
 rc=0
 case $STAGE in
   tests) stage_tests 2>&1 | tee "$OUT_DIR/tests.log"; rc=${PIPESTATUS[0]} ;;
   bench) stage_bench 2>&1 | tee "$OUT_DIR/bench.log"; rc=${PIPESTATUS[0]} ;;
   peer) stage_peer 2>&1 | tee "$OUT_DIR/peer.log"; rc=${PIPESTATUS[0]} ;;
+  layers) stage_layers 2>&1 | tee "$OUT_DIR/layers.log"; rc=${PIPESTATUS[0]} ;;
+  input) stage_input 2>&1 | tee "$OUT_DIR/input.log"; rc=${PIPESTATUS[0]} ;;
   all)
     for s in tests bench peer; do
       "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"

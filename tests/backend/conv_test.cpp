@@ -40,9 +40,6 @@ TEST_P(Ops, Convolution) {
     ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
     ref::conv_backward_data(ys, dy, w, cc.x, dx_ref, cc.p);
     ref::conv_backward_filter(cc.x, x, ys, dy, dw_ref, cc.p);
-    const auto ey = test::conv_forward_bound(cc.x, x, {}, w, ys, y_ref, cc.p, m);
-    const auto edx = test::conv_backward_data_bound(ys, dy, {}, w, cc.x, dx_ref, cc.p, m);
-    const auto edw = test::conv_backward_filter_bound(cc.x, x, ys, dy, {}, dw_ref, cc.p, m);
 
     DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
         DX(*be, cc.x, layout, dtype);
@@ -51,6 +48,14 @@ TEST_P(Ops, Convolution) {
     DY.upload(dy);
     auto op = be->make_conv(X.t().desc, Y.t().desc, cc.p);
     SCOPED_TRACE(op->algorithm());
+    // the transform factor only for a direction cuDNN runs through FFT or Winograd
+    using test::ConvDirection;
+    const auto ey =
+        test::conv_forward_bound(cc.x, x, {}, w, ys, y_ref, cc.p, for_conv(m, op->algorithm(), ConvDirection::forward));
+    const auto edx = test::conv_backward_data_bound(ys, dy, {}, w, cc.x, dx_ref, cc.p,
+                                                    for_conv(m, op->algorithm(), ConvDirection::backward_data));
+    const auto edw = test::conv_backward_filter_bound(cc.x, x, ys, dy, {}, dw_ref, cc.p,
+                                                      for_conv(m, op->algorithm(), ConvDirection::backward_filter));
     Buffer ws(*be, op->workspace_bytes());
     auto& s = be->default_stream();
     op->forward(s, X, W, Y, ws.get());
@@ -64,6 +69,31 @@ TEST_P(Ops, Convolution) {
     op->backward_filter(s, X, DY, DW, ws.get());
     EXPECT_WITHIN(test::filter_back(*be, layout, DW.get_host(), cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dw_ref, edw);
   }
+}
+
+// The transform factor per direction, read from the algorithm cuDNN picked (ErrorModel::transform
+// is kTransform on cuda): FFT and Winograd keep it, the GEMM and direct algorithms drop it, and a
+// report that is not cuDNN's keeps the worst case.
+TEST(ErrorModel, TransformOnlyWhereCudnnRunsOne) {
+  auto m = test::error_model({"cuda", Layout::nchw, DType::f32});
+  ASSERT_EQ(m.transform, test::kTransform);
+  using D = test::ConvDirection;
+  const std::string gemm = "cudnn fwd algo 1 / bwd_data algo 1 / bwd_filter algo 3";
+  for (D d : {D::forward, D::backward_data, D::backward_filter}) EXPECT_EQ(for_conv(m, gemm, d).transform, 1.0);
+  const std::string fft = "cudnn fwd algo 5 / bwd_data algo 3 / bwd_filter algo 2 (channels padded 3 -> 8)";
+  for (D d : {D::forward, D::backward_data, D::backward_filter})
+    EXPECT_EQ(for_conv(m, fft, d).transform, test::kTransform);
+  const std::string wino = "cudnn fwd algo 7 / bwd_data algo 5 / bwd_filter algo 5";
+  for (D d : {D::forward, D::backward_data, D::backward_filter})
+    EXPECT_EQ(for_conv(m, wino, d).transform, test::kTransform);
+  const std::string mixed = "cudnn fwd algo 6 / bwd_data algo 0 / bwd_filter algo 0";
+  EXPECT_EQ(for_conv(m, mixed, D::forward).transform, test::kTransform);
+  EXPECT_EQ(for_conv(m, mixed, D::backward_data).transform, 1.0);
+  EXPECT_EQ(for_conv(m, mixed, D::backward_filter).transform, 1.0);
+  EXPECT_EQ(for_conv(m, "jit:avx512_core", D::forward).transform, test::kTransform) << "not cuDNN's: unknown";
+  EXPECT_EQ(for_conv(m, "", D::backward_data).transform, test::kTransform);
+  // a tighter bound: the accumulation term shrinks by the factor
+  EXPECT_LT(for_conv(m, gemm, D::forward).conv(1000), m.conv(1000) / 32);
 }
 
 }  // namespace

@@ -169,11 +169,19 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaTinyStep,
 // the transform algorithms' growth), and in reduced precision also the CPU step on weights and
 // input rounded to the GPU's significand. Rules (parity's): outputs and loss within 2x the yardstick; gradients
 // as a population, median ratio <= 2 and 90th percentile <= 4, and per tensor at most 32x the
-// yardstick; a wrong gradient (zero, doubled, transposed) is off by ~1, which no tensor may be.
-// The fp16 CudaStep case starts at loss scale 256 (one_step). On the CPU, the same step's largest
-// weight gradient times 256 stays inside fp16's range (cuDNN writes 16-bit weight gradients), and
-// times PyTorch's default 2^16 would not: the lower start is what keeps inf out of the compared
-// gradients.
+// yardstick; a wrong gradient (zero, doubled, transposed) is off by ~1, which no tensor may be
+// where a correct one lands within 0.25.
+//
+// At initialisation, with batch statistics, the network's weight gradients are chaotic (batch
+// norm's gradient explosion at depth): on the CPU, rounding the weights and the input to 23 bits
+// (half an fp32 ulp) moves them by 2.5% (median over the tensors), 4.6% (90th percentile) and 12%
+// at most; to TF32's 11 bits by 65%, 85%, 132%; to bf16's 8 bits by 119%, 151%, 201% (measured
+// here, 2026-11-26). So in TF32, bf16 and fp16 a correct GPU gradient is as far from the fp32 CPU's
+// as a wrong one would be, for all but the tensors next to the loss: the yardstick says so per
+// tensor, and the `< 0.5` check applies only where it is under 0.25 (the count is printed; the fc
+// layer's must be, except in bf16). CudaUnits checks every unit in place, where nothing is chaotic. Every tensor is
+// also held to the fp32 CPU's size: the norms' ratio within [1/2, 2] (the rounded CPU steps above kept it within
+// [0.75, 1.44]), which a zero, missing, unscaled (x loss scale) or garbage gradient fails.
 TEST(CudaStepSetup, Fp16InitialLossScaleFitsInceptionGradients) {
   auto cpu = make_cpu_backend();
   const auto b = one_step(*cpu, "inception_v3", Layout::nhwc, 8, 299);
@@ -238,6 +246,9 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   const std::vector<double> pl{p.loss};
   output({a.loss}, {b.loss}, {b2.loss}, reduced ? &pl : nullptr, "loss");
   std::vector<double> ratios;
+  int sharp = 0;
+  bool fc_sharp = false;
+  double size_lo = INFINITY, size_hi = 0;
   double worst = 0;
   std::string worst_name;
   for (const auto& [name, ga] : a.grads) {
@@ -246,7 +257,15 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
     const double y = yardstick(want, as_vec(b2.grads.at(name)), reduced ? &pg : nullptr);
     ratios.push_back(e / y);
     EXPECT_LE(e / y, 32.0) << name << ": error " << e << ", yardstick " << y;
-    EXPECT_LT(e, 0.5) << name << ": a wrong or missing gradient";
+    if (y < 0.25) {  // a correct gradient lands within 0.25: a wrong one (off by ~1) is visible
+      EXPECT_LT(e, 0.5) << name << ": a wrong or missing gradient (yardstick " << y << ")";
+      ++sharp;
+      if (name == "fc.weight") fc_sharp = true;
+    }
+    const double size = test::norm(as_vec(ga)) / test::norm(want);
+    size_lo = std::min(size_lo, size);
+    size_hi = std::max(size_hi, size);
+    EXPECT_TRUE(size >= 0.5 && size <= 2.0) << name << ": its norm is " << size << "x the CPU's";
     if (ratios.back() > worst) {
       worst = ratios.back();
       worst_name = name;
@@ -256,10 +275,65 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   const double median = ratios[ratios.size() / 2], p90 = ratios[ratios.size() * 9 / 10];
   std::cout << "gradient error / yardstick: median " << median << ", 90th percentile " << p90 << ", largest " << worst
             << " (" << worst_name << ")\n";
+  std::cout << sharp << " of " << ratios.size() << " gradient tensors where a wrong one would be visible; norms "
+            << size_lo << "x to " << size_hi << "x the CPU's\n";
+  // bf16's 8 bits move even the fc layer's gradient by 29% on the CPU (rounded input and weights)
+  if (c.dtype != DType::bf16) {
+    EXPECT_TRUE(fc_sharp) << "fc.weight's yardstick is 0.25 or more: no tensor is checked";
+  }
   EXPECT_LE(median, 2.0);
   EXPECT_LE(p90, 4.0);
 }
 INSTANTIATE_TEST_SUITE_P(Inception, CudaStep,
+                         testing::Values(GpuCase{"inception_v3", Layout::nchw, false},
+                                         GpuCase{"inception_v3", Layout::nhwc, false},
+                                         GpuCase{"inception_v3", Layout::nhwc, true},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
+                         gpu_case_name);
+
+// Every conv-BN-ReLU unit of Inception-v3 on the GPU, checked in place against the oracle from the
+// unit's own input and the gradient arriving at its output (test::expect_units_match_oracle): no
+// chaos in between, so the error model's bound holds per element in every precision, and an op
+// that is off is named by its unit where CudaStep can only say that a tensor is. The main network
+// at 75x75 and batch 2 (no aux head), then the aux head's two units at 299x299 and batch 8, where
+// AuxLogits.conv1's batch norm normalises 8 values of a 1x1 plane.
+class CudaUnits : public testing::TestWithParam<GpuCase> {};
+TEST_P(CudaUnits, EveryUnitMatchesTheOracleInPlace) {
+  const auto& c = GetParam();
+  std::string why;
+  auto gpu = gpu_for(c, why);
+  if (!gpu) GTEST_SKIP() << why;
+  const auto m = test::error_model({"cuda", c.layout, c.dtype, c.tf32});
+  for (const bool aux : {false, true}) {
+    SCOPED_TRACE(aux ? "the aux head, 299x299, batch 8" : "the main network, 75x75, batch 2");
+    const std::int64_t batch = aux ? 8 : 2, image = aux ? 299 : 75;
+    GraphConfig cfg{batch, c.layout, c.dtype, 3};
+    cfg.initial_loss_scale = 256.0f;  // fp16: see CudaStepSetup
+    Graph g(*gpu, cfg);
+    ModelOptions o;
+    o.image_size = image;
+    o.num_classes = 10;
+    o.aux_logits = aux;
+    o.dropout = 0;
+    build_inception_v3(g, o);
+    g.plan();
+    init_parameters(g, aux ? 12 : 11);
+    const auto img = test::random_vec(static_cast<std::size_t>(batch * 3 * image * image), aux ? 6 : 5);
+    const std::vector<float> imgf(img.begin(), img.end());
+    g.set_input_nchw(imgf.data());
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i * 3 % 10);
+    g.set_labels(labels.data());
+    g.forward(gpu->default_stream(), true);
+    g.backward(gpu->default_stream());
+    if (aux)
+      test::expect_units_match_oracle(g, m, [](const LayerInfo& l) { return l.training_only; });
+    else
+      test::expect_units_match_oracle(g, m);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Inception, CudaUnits,
                          testing::Values(GpuCase{"inception_v3", Layout::nchw, false},
                                          GpuCase{"inception_v3", Layout::nhwc, false},
                                          GpuCase{"inception_v3", Layout::nhwc, true},

@@ -194,7 +194,10 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       ref::conv_forward(xs, absv(x), pbound(wn), ys, from_w, l.conv);
       Vec inherited;
       ref::conv_forward(xs, sq(ex), sq(w), ys, inherited, l.conv);
-      f.ez = plus(plus(conv_forward_bound(xs, x, {}, w, ys, f.z, l.conv, m), from_w), root(inherited));
+      f.ez = plus(
+          plus(conv_forward_bound(xs, x, {}, w, ys, f.z, l.conv, for_conv(m, l.conv_algorithm, ConvDirection::forward)),
+               from_w),
+          root(inherited));
       if (!training) {
         // y = relu(gamma (z - mean) / sqrt(var + eps) + beta), the ReLU 1-Lipschitz: the errors of
         // z, of the parameters, and the op's own
@@ -377,7 +380,11 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       Vec from_dz;
       ref::conv_backward_filter(xs, sq(ex), ys, sq(dz), from_x, l.conv);
       ref::conv_backward_filter(xs, absv(x), ys, eb.dx, from_dz, l.conv);  // x >= 0 mostly: linear
-      set_grad(wn, dw, plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv, m), root(from_x)), from_dz));
+      set_grad(wn, dw,
+               plus(plus(conv_backward_filter_bound(xs, x, ys, dz, {}, dw, l.conv,
+                                                    for_conv(m, l.conv_algorithm, ConvDirection::backward_filter)),
+                         root(from_x)),
+                    from_dz));
       set_grad(gn, dgamma, eb.dgamma);
       set_grad(bn, dbeta, eb.dbeta);
       if (l.in[0] != input_) {
@@ -386,7 +393,11 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
         Vec from_dz;
         ref::conv_backward_data(ys, absv(dz), pbound(wn), xs, from_w, l.conv);
         ref::conv_backward_data(ys, sq(eb.dx), sq(w), xs, from_dz, l.conv);
-        add(l.in[0], dx, plus(plus(conv_backward_data_bound(ys, dz, {}, w, xs, dx, l.conv, m), from_w), root(from_dz)));
+        add(l.in[0], dx,
+            plus(plus(conv_backward_data_bound(ys, dz, {}, w, xs, dx, l.conv,
+                                               for_conv(m, l.conv_algorithm, ConvDirection::backward_data)),
+                      from_w),
+                 root(from_dz)));
       }
     }
   }

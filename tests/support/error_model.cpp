@@ -34,6 +34,30 @@ ErrorModel error_model(const Config& c) {
   return m;
 }
 
+ErrorModel for_conv(const ErrorModel& m, const std::string& algorithm, ConvDirection d) {
+  if (m.transform == 1) return m;
+  int algo[3] = {-1, -1, -1};
+  if (std::sscanf(algorithm.c_str(), "cudnn fwd algo %d / bwd_data algo %d / bwd_filter algo %d", &algo[0], &algo[1],
+                  &algo[2]) != 3)
+    return m;
+  const int a = algo[static_cast<int>(d)];
+  bool transform = false;
+  switch (d) {
+    case ConvDirection::forward:  // FFT, FFT_TILING, WINOGRAD, WINOGRAD_NONFUSED
+      transform = a >= 4 && a <= 7;
+      break;
+    case ConvDirection::backward_data:  // FFT, FFT_TILING, WINOGRAD, WINOGRAD_NONFUSED
+      transform = a >= 2 && a <= 5;
+      break;
+    case ConvDirection::backward_filter:  // FFT, WINOGRAD, WINOGRAD_NONFUSED, FFT_TILING (3 is ALGO_3)
+      transform = a == 2 || (a >= 4 && a <= 6);
+      break;
+  }
+  ErrorModel r = m;
+  if (!transform) r.transform = 1;
+  return r;
+}
+
 Vec absv(const Vec& v) {
   Vec r(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::abs(v[i]);

@@ -11,7 +11,9 @@
 // stored in bf16/fp16 is rounded once more (u_out times its magnitude). cuDNN may run a
 // convolution through FFT or Winograd transforms, whose accumulated error grows with the transform
 // (Lavin & Gray 2016; Barabasz et al. 2020: Winograd F(4x4, 3x3) 10-100x direct convolution's):
-// on cuda the fp32 accumulation term is multiplied by kTransform. A 16-bit convolution on cuda may
+// on cuda the fp32 accumulation term is multiplied by kTransform, for each convolution direction
+// whose algorithm (ConvOp::algorithm(), in LayerInfo::conv_algorithm) is one of cuDNN's FFT or
+// Winograd algorithms, or whose algorithm is not known (for_conv). A 16-bit convolution on cuda may
 // instead accumulate in 16 bits (u_conv_acc); the bound takes the worse of the two, not both.
 //
 // Errors are propagated to first order through each op with the oracle itself: the oracle is
@@ -55,6 +57,13 @@ struct ErrorModel {
   double conv(std::int64_t K) const;
 };
 ErrorModel error_model(const Config& c);
+
+// The model for one direction of one convolution: the transform factor stays only where
+// `algorithm` (the cuda backend's "cudnn fwd algo F / bwd_data algo D / bwd_filter algo W") names
+// an FFT or Winograd algorithm for that direction (forward 4-7, backward-data 2-5, backward-filter 2,
+// 4-6 in cuDNN's enums), or where it cannot be read (an empty or other backend's report keeps m).
+enum class ConvDirection { forward, backward_data, backward_filter };
+ErrorModel for_conv(const ErrorModel& m, const std::string& algorithm, ConvDirection d);
 
 using Vec = ref::Vec;
 Vec absv(const Vec& v);

@@ -129,17 +129,21 @@ void expect_units_match_oracle(Graph& g, const ErrorModel& model, const std::fun
     ref::bn_backward(ys, z, y_ref, dy, gamma, saved, true, dz, dgamma, dbeta);
     // z carries the convolution's error into batch norm, dz carries batch norm's into the filter
     // gradient and the input gradient
-    const auto ez = conv_forward_bound(xs, x, {}, w, ys, z, u.conv, m);
+    const auto ez =
+        conv_forward_bound(xs, x, {}, w, ys, z, u.conv, for_conv(m, u.conv_algorithm, ConvDirection::forward));
     const auto eb = bn_bounds(ys, z, ez, gamma, beta, BatchNormParams{}.eps, true, dy, saved, m);
     EXPECT_WITHIN(y, y_ref, eb.y);
     ref::conv_backward_filter(xs, x, ys, dz, dw, u.conv);
     EXPECT_WITHIN(filter_back(be, l, read_floats(be, g.grad_of(we), we.count), ys.c, xs.c, u.conv.kh, u.conv.kw), dw,
-                  conv_backward_filter_bound(xs, x, ys, dz, eb.dx, dw, u.conv, m));
+                  conv_backward_filter_bound(xs, x, ys, dz, eb.dx, dw, u.conv,
+                                             for_conv(m, u.conv_algorithm, ConvDirection::backward_filter)));
     EXPECT_WITHIN(read_floats(be, g.grad_of(ge), ge.count), dgamma, eb.dgamma);
     EXPECT_WITHIN(read_floats(be, g.grad_of(be_), be_.count), dbeta, eb.dbeta);
     if (u.in[0] != g.layers().front().in[0]) {  // the input image has no gradient
       ref::conv_backward_data(ys, dz, w, xs, dx, u.conv);
-      add_to(u.in[0], dx, conv_backward_data_bound(ys, dz, eb.dx, w, xs, dx, u.conv, m));
+      add_to(u.in[0], dx,
+             conv_backward_data_bound(ys, dz, eb.dx, w, xs, dx, u.conv,
+                                      for_conv(m, u.conv_algorithm, ConvDirection::backward_data)));
     }
     ++checked;
   }

@@ -129,6 +129,13 @@ inline double rel_error(const std::vector<double>& a, const std::vector<double>&
   return num / std::max(den, 1e-12);
 }
 
+// The Euclidean norm.
+inline double norm(const std::vector<double>& a) {
+  double s = 0;
+  for (double v : a) s += v * v;
+  return std::sqrt(s);
+}
+
 #define EXPECT_CLOSE(got, want, tol) \
   EXPECT_LE(test::rel_error(got, want), tol) << "max |got - want| / max |want| for " #got
 
