@@ -35,9 +35,9 @@ __global__ void bn_train_k(View x, View y, const float* gamma, const float* beta
     rmean[c] = static_cast<float>((1 - momentum) * rmean[c] + momentum * mean);
     rvar[c] = static_cast<float>((1 - momentum) * rvar[c] + momentum * unbiased);
   }
-  const float a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mean * gamma[c] * invstd);
+  const float a = static_cast<float>(gamma[c] * invstd), m = static_cast<float>(mean);
   for (long long k = threadIdx.x; k < M; k += blockDim.x) {
-    const float v = a * ld(x, chan_off(x, c, k)) + b;
+    const float v = a * (ld(x, chan_off(x, c, k)) - m) + beta[c];
     st(y, chan_off(y, c, k), relu ? fmaxf(v, 0.0f) : v);
   }
 }
@@ -204,8 +204,9 @@ __global__ void bn_finalize_k(Rows x, bool cl, long long C, BnGrid g, long long 
     const double unbiased = M > 1 ? var * M / (M - 1) : var;
     rmean[c] = static_cast<float>((1 - momentum) * rmean[c] + momentum * mean);
     rvar[c] = static_cast<float>((1 - momentum) * rvar[c] + momentum * unbiased);
-    coef[c] = make_float4(static_cast<float>(gamma[c] * invstd), static_cast<float>(beta[c] - mean * gamma[c] * invstd),
-                          0.0f, 0.0f);
+    // y = gamma invstd (x - mean) + beta: the mean subtracted first (as a * x + b, a channel whose
+    // values sit far from zero relative to their spread loses |mean| / std ulps in the difference)
+    coef[c] = make_float4(static_cast<float>(gamma[c] * invstd), beta[c], static_cast<float>(mean), 0.0f);
   } else {
     const float invstd = sinvstd[c];
     const double tgx = t2 * invstd;  // sum of g * xhat

@@ -47,7 +47,7 @@ __global__ void rows_k(RowArgs a) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float4 f = a.coef[a.cl ? j + k : row % a.channels];
-        const float v = f.x * to_f(x.v[k]) + f.y;
+        const float v = f.x * (to_f(x.v[k]) - f.z) + f.y;
         y.v[k] = from_f<T>(a.relu ? fmaxf(v, 0.0f) : v);
       }
       *at<T, V>(a.b, row, j) = y;

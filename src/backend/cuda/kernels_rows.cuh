@@ -15,7 +15,7 @@ struct Rows {
   long long len, r1, so, si;  // elements
 };
 
-// kBnApply: y = coef[c].x * x + coef[c].y (then the ReLU); kBnBwdApply: with g = dy masked by y > 0
+// kBnApply: y = coef[c].x * (x - coef[c].z) + coef[c].y (then the ReLU); kBnBwdApply: with g = dy masked by y > 0
 // (or dy), dx = k1 (g - k2 - (x - mean) k3) + beta dx, coef[c] = {k1, k2, k3, mean}: the last passes
 // of batch norm's training forward and backward once the statistics are known (kernels_batch_norm.cu).
 enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer, kBnApply, kBnBwdApply };
