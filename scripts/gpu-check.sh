@@ -102,6 +102,13 @@ for lib in libcudnn.so.9 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   LIBS_FOUND+="  $lib: $real"$'\n'
   case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
 done
+# optional: CUPTI, loaded at run time for the kernel names of --trace and --layer-times
+if d=$(find_lib libcupti.so.13); then
+  LIBS_FOUND+="  libcupti.so.13: $(readlink -f "$d/libcupti.so.13")"$'\n'
+  case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
+else
+  LIBS_FOUND+="  libcupti.so.13: not found (no kernel names in traces)"$'\n'
+fi
 export LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 if ! version=$("$BIN/stepbench" --version 2>&1); then

@@ -25,6 +25,7 @@ Shape pool_output_shape(const Shape& x, const PoolParams& p) {
 void Backend::begin_capture(Stream&) {
   throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work; use --backend cuda", name()));
 }
+void Backend::start_activity() { throw UnsupportedError(activity_unavailable()); }
 std::unique_ptr<CapturedWork> Backend::end_capture(Stream&) {
   throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work", name()));
 }

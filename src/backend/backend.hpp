@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tensor/tensor.hpp"
 
@@ -197,6 +198,15 @@ struct DeviceState {
   std::string throttle_text;                // e.g. "sw_power_cap, hw_thermal"; "" when none
 };
 
+// One piece of work the device ran, from the backend's activity records (CUPTI on cuda): a kernel,
+// a copy or a set, its start and end on the device, and the tag the launching thread had pushed.
+struct DeviceActivity {
+  std::string name;                        // the kernel's name (demangled), "memcpy HtoD", "memset"
+  std::uint64_t start_ns = 0, end_ns = 0;  // on the activity clock (activity_clock_ns)
+  std::uint64_t tag = 0;                   // the innermost push_activity_tag of the launching thread; 0: none
+  std::uint32_t stream = 0;                // the stream's id on the device
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -220,6 +230,12 @@ class Backend {
   // The most scratch memory one convolution's algorithm may use (--workspace-mb): cudnnFind* only
   // considers algorithms that fit. A no-op where it means nothing. Call before making ops.
   virtual void set_workspace_limit(std::size_t bytes) { (void)bytes; }
+  // Ops made while this is on only size memory (Graph::plan_dry, the largest batch that fits) and are
+  // never run: the cuda backend then skips cudnnFind's timed search (a minute or more per graph at
+  // the batches that search probes) and counts each convolution's workspace at the limit above,
+  // the most a searched algorithm may take.
+  void set_sizing_only(bool on) { sizing_only_ = on; }
+  bool sizing_only() const { return sizing_only_; }
 
   // memory
   virtual void* allocate(std::size_t bytes) = 0;  // device memory (host memory on the CPU backend)
@@ -265,6 +281,22 @@ class Backend {
   virtual void begin_capture(Stream& s);
   virtual std::unique_ptr<CapturedWork> end_capture(Stream& s);
 
+  // Device activity records (--trace, --layer-times on cuda: CUPTI): after start_activity, every
+  // kernel, copy and set this device runs is recorded with its device times and the innermost tag
+  // the launching thread has pushed (tags are per thread; work launched with none has tag 0).
+  // take_activity, after a synchronisation, returns this device's records since the last take.
+  // activity_unavailable: "" where it works, else why not (no CUPTI library, a profiler holding it,
+  // the cpu backend); start_activity throws UnsupportedError with that reason.
+  virtual std::string activity_unavailable() const {
+    return "the " + name() + " backend has no device activity records (kernel names need --backend cuda)";
+  }
+  virtual void start_activity();
+  virtual void push_activity_tag(std::uint64_t tag) { (void)tag; }
+  virtual void pop_activity_tag() {}
+  virtual std::uint64_t activity_clock_ns() const { return 0; }  // the records' clock now
+  virtual std::vector<DeviceActivity> take_activity() { return {}; }
+  virtual void stop_activity() {}
+
   // copies (host<->device and device<->device) and simple fills, ordered on `s`
   virtual void copy(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;
   virtual void memset_zero(Stream& s, void* dst, std::size_t bytes) = 0;
@@ -303,6 +335,7 @@ class Backend {
  protected:
   bool tensor_math_ = false;
   std::size_t memory_limit_ = 0;
+  bool sizing_only_ = false;
 };
 
 // RAII owner of a backend allocation: Buffer (device memory) and HostBuffer (host memory, pinned on

@@ -314,8 +314,13 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   const bool late_signal = group.allreduce_max(stop.local() ? 1.0 : 0.0) > 0;
   const bool probe = c.layer_times || !trace.empty() || !c.project_gpus.empty();
   if (probe && !late_signal && !stop.signal() && stop.halted().empty()) {
-    const auto steps =
-        run_probed_steps(towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1);
+    // kernel names (CUPTI) for the trace and the layer times, where the backend has them
+    const bool activity = (c.layer_times || !trace.empty()) && towers.backend(0).name() != "cpu";
+    std::string activity_note;
+    const auto steps = run_probed_steps(
+        towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1, activity, &activity_note);
+    if (activity && root && activity_note != "CUPTI activity records")
+      std::cerr << "stepbench: no kernel names in the probed steps: " << activity_note << "\n";
     try {
       if (!c.project_gpus.empty()) {
         projection = projection_input(steps, towers, r.overlap);
@@ -328,6 +333,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
       if (c.layer_times) {
         layer_times = summarize_layer_times(
             steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
+        layer_times->activity = activity_note;
+        summarize_activity(*layer_times, steps, towers);
         if (json_in_place && root)
           std::cerr << "stepbench: --json " << c.json << " is not a regular file: its layer_times are not in it\n";
         else if (!c.json.empty() && root)
@@ -341,7 +348,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                                     {"backend", towers.backend(0).name()},
                                     {"device", towers.backend(0).device_name()},
                                     {"steps", steps.size()},
-                                    {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"}}));
+                                    {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"},
+                                    {"kernels", activity ? activity_note : "none on the cpu backend"}}));
     } catch (const Error& e) {  // the measured rows stay as written; the run's status says it
       std::cerr << "stepbench: " << e.what() << "\n";
       probe_failed = true;

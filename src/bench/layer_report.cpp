@@ -50,6 +50,19 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
           : "",
       lt.parts_ms, pct(lt.parts_ms, lt.step_ms), lt.remainder_ms,
       lt.clock == "device events" ? "device idle" : "host's bookkeeping", lt.idle_ms);
+  if (lt.kernels > 0) {
+    std::cout << fmt::format(
+        "  the device ({}: {} kernels, copies and sets per step) ran work {:.3f} of the {:.3f} ms from the first's "
+        "start to the last's end ({}%); idle {:.3f} ms in {} gaps",
+        lt.activity, lt.kernels, lt.busy_ms, lt.window_ms, pct(lt.busy_ms, lt.window_ms), lt.gap_ms, lt.gaps);
+    if (!lt.largest_gaps.empty()) {
+      const auto& g = lt.largest_gaps.front();
+      std::cout << fmt::format(", the largest {:.3f} ms between {} and {}", g.ms, g.after, g.before);
+    }
+    std::cout << "\n";
+  } else if (!lt.activity.empty()) {
+    std::cout << "  no kernel names: " << lt.activity << "\n";
+  }
   if (!std::isnan(timed_step_ms))
     std::cout << fmt::format("  the timed step's median was {:.3f} ms: the probes' events and clock reads cost {}%\n",
                              timed_step_ms, fmt::format("{:+.1f}", 100.0 * (lt.step_ms / timed_step_ms - 1)));
@@ -99,6 +112,22 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
     std::cout << fmt::format("  {:<38} {:>11.3f} {:>12.3f} {:>8} {:>10} {:>8}{}\n", label[i], s.f, s.b, ratio(s.b, s.f),
                              pct(s.f + s.b, lt.step_ms), tf > 0 ? fmt::format("{:.3f}", tf) : "-",
                              lt.peak_tflops > 0 ? fmt::format(" {:>9}", tf > 0 ? pct(tf, lt.peak_tflops) : "-") : "");
+  }
+  if (lt.row_kernels.empty()) return;
+  // the kernels behind the top layers' largest pieces
+  std::cout << "  kernels of the top layers' largest pieces (median ms per step, launches):\n";
+  for (std::size_t n = 0; n < std::min<std::size_t>(idx.size(), 5); ++n) {
+    std::size_t best = lt.rows.size();
+    for (std::size_t r = 0; r < lt.rows.size(); ++r)
+      if (lt.rows[r].layer == idx[n] && (best == lt.rows.size() || lt.rows[r].ms > lt.rows[best].ms)) best = r;
+    if (best == lt.rows.size()) continue;
+    const auto& r = lt.rows[best];
+    std::cout << fmt::format("    {}/{} ({}, {:.3f} ms):\n", r.label, r.part, r.pass, r.ms);
+    for (std::size_t k = 0; k < std::min<std::size_t>(lt.row_kernels[best].size(), 3); ++k) {
+      const auto& kr = lt.row_kernels[best][k];
+      std::cout << fmt::format("      {:>8.3f} {:>3}x {}\n", kr.ms, kr.count,
+                               kr.name.size() > 110 ? kr.name.substr(0, 107) + "..." : kr.name);
+    }
   }
 }
 
@@ -158,6 +187,34 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
       for (const auto& bs : steps[k].buckets.at(static_cast<std::size_t>(i)))
         span(3, fmt::format("bucket {}", bs.bucket), "sync", bs.begin_ms, bs.end_ms,
              {{"bytes", buckets.at(bs.bucket).second * sizeof(float)}, {"step", k}, {"sync", t.sync_name()}});
+    }
+    // The device's kernels, copies and sets (its activity records: CUPTI), a track per stream, and a
+    // lane more where work on one stream overlaps (Hopper's programmatic dependent launch lets a
+    // kernel start before the one before it ends).
+    std::map<std::uint32_t, std::vector<double>> lanes;  // stream -> each lane's last end
+    std::map<std::pair<std::uint32_t, std::size_t>, int> tids;
+    int next_tid = 10;
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      if (steps[k].kernels.size() <= static_cast<std::size_t>(i)) continue;
+      for (const KernelSpan& ks : steps[k].kernels[static_cast<std::size_t>(i)]) {
+        auto& l = lanes[ks.stream];
+        std::size_t lane = 0;
+        while (lane < l.size() && l[lane] > ks.t0) ++lane;
+        if (lane == l.size()) l.push_back(0);
+        l[lane] = ks.t1;
+        auto [it, fresh] = tids.try_emplace({ks.stream, lane}, next_tid);
+        if (fresh) {
+          meta_ev("thread_name", next_tid++,
+                  fmt::format("device: stream {} kernels (CUPTI){}", ks.stream,
+                              lane ? fmt::format(", overlapping {}", lane) : ""));
+        }
+        const bool tagged = ks.layer != KernelSpan::kUntagged;
+        const std::string lab = !tagged         ? "(no piece)"
+                                : ks.layer >= 0 ? layers.at(static_cast<std::size_t>(ks.layer)).label
+                                                : std::string(ks.part);
+        span(it->second, ks.name, "kernel", ks.t0, ks.t1,
+             {{"layer", lab}, {"part", ks.part}, {"pass", ks.phase}, {"step", k}, {"stream", ks.stream}});
+      }
     }
   }
   // per track in time order, parents (the longer span) before the children that start with them

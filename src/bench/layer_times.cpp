@@ -45,6 +45,15 @@ struct ProbedRun::Probe final : GraphProbe {
   std::vector<Done> done;
   const char* phase = "";
   double ref_host = 0;  // when event 0 was recorded (the stream was idle: it fired then)
+  // activity records: tag k + 1 is piece k of the step (in begin order); the activity clock at ref_host
+  bool activity = false;
+  struct Tagged {
+    int layer;
+    const char* part;
+    const char* phase;
+  };
+  std::vector<Tagged> tagged;
+  std::uint64_t ref_activity = 0;
 
   Probe(Backend& b, std::vector<std::string> l, double o) : be(b), labels(std::move(l)), origin(o) {}
   double now() const { return steady_ms() - origin; }
@@ -57,12 +66,18 @@ struct ProbedRun::Probe final : GraphProbe {
     used = 0;
     done.clear();
     open.clear();
+    tagged.clear();
     ref_host = now();
+    if (activity) ref_activity = be.activity_clock_ns();
     record(s);
   }
   void begin(Stream& s, int layer, const char* part) override {
     if (kNvtxEnabled)
       nvtx_push(layer >= 0 ? labels.at(static_cast<std::size_t>(layer)) + "/" + part : std::string(part));
+    if (activity) {
+      tagged.push_back({layer, part, phase});
+      be.push_activity_tag(tagged.size());
+    }
     open.push_back({layer, part, 0, now()});
     open.back().e0 = record(s);
   }
@@ -72,7 +87,25 @@ struct ProbedRun::Probe final : GraphProbe {
     open.pop_back();
     const std::size_t e1 = record(s);
     done.push_back({o.layer, o.part, phase, o.e0, e1, o.h0, now()});
+    if (activity) be.pop_activity_tag();
     if (kNvtxEnabled) nvtx_pop();
+  }
+  // After the step and a synchronisation: the device's records, placed on the run's clock.
+  std::vector<KernelSpan> kernels() {
+    std::vector<KernelSpan> v;
+    if (!activity) return v;
+    for (auto& a : be.take_activity()) {
+      auto ms = [&](std::uint64_t ns) {
+        return ref_host + (static_cast<double>(ns) - static_cast<double>(ref_activity)) * 1e-6;
+      };
+      KernelSpan k{std::move(a.name), ms(a.start_ns), ms(a.end_ns), KernelSpan::kUntagged, "", "", a.stream};
+      if (a.tag >= 1 && a.tag <= tagged.size()) {
+        const Tagged& t = tagged[a.tag - 1];
+        k.layer = t.layer, k.part = t.part, k.phase = t.phase;
+      }
+      v.push_back(std::move(k));
+    }
+    return v;
   }
   double dev(std::size_t e) { return ref_host + be.elapsed_ms(*ev[0], *ev[e]); }
   // After the step and a synchronisation: the pieces, the phases they make up and the step.
@@ -100,19 +133,35 @@ struct ProbedRun::Probe final : GraphProbe {
   }
 };
 
-ProbedRun::ProbedRun(Towers& t) : t_(t), origin_(steady_ms()) {
+ProbedRun::ProbedRun(Towers& t, bool activity) : t_(t), origin_(steady_ms()) {
   for (int i = 0; i < t.size(); ++i) {
     std::vector<std::string> labels;
     for (const auto& l : t.graph(i).layers()) labels.push_back(l.label);
     probes_.push_back(std::make_unique<Probe>(t.backend(i), std::move(labels), origin_));
-    t.graph(i).set_probe(probes_.back().get());
   }
+  if (activity) {
+    try {
+      for (auto& p : probes_) {
+        p->be.start_activity();
+        p->activity = true;
+      }
+      activity_ = true;
+      activity_note_ = "CUPTI activity records";
+    } catch (const UnsupportedError& e) {  // the steps go on without kernels
+      for (auto& p : probes_)
+        if (p->activity) p->be.stop_activity(), p->activity = false;
+      activity_note_ = e.what();
+    }
+  }
+  for (int i = 0; i < t.size(); ++i) t.graph(i).set_probe(probes_[static_cast<std::size_t>(i)].get());
   t.set_sync_timing(true);
 }
 
 ProbedRun::~ProbedRun() {
   for (int i = 0; i < t_.size(); ++i) t_.graph(i).set_probe(nullptr);
   t_.set_sync_timing(false);
+  for (auto& p : probes_)
+    if (p->activity) p->be.stop_activity();
 }
 
 ProbedStep ProbedRun::step() {
@@ -145,13 +194,15 @@ ProbedStep ProbedRun::step() {
     auto b = t_.bucket_spans(i, *p.ev[0]);
     for (auto& x : b) x.begin_ms += p.ref_host, x.end_ms += p.ref_host;
     st.buckets.push_back(std::move(b));
+    st.kernels.push_back(p.kernels());
   }
   return st;
 }
 
-std::vector<ProbedStep> run_probed_steps(Towers& t, int steps) {
-  ProbedRun run(t);
-  run.step();  // makes the events; not kept
+std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity, std::string* note) {
+  ProbedRun run(t, activity);
+  if (note) *note = run.activity_note();
+  run.step();  // makes the events (and CUPTI's first buffers); not kept
   std::vector<ProbedStep> v;
   v.reserve(static_cast<std::size_t>(steps));
   for (int i = 0; i < steps; ++i) v.push_back(run.step());
@@ -268,9 +319,28 @@ nlohmann::json layer_times_json(const LayerTimes& lt) {
       j["tflops"] = r.flops / (r.ms * 1e9);
       if (lt.peak_tflops > 0) j["percent_of_peak"] = 100.0 * r.flops / (r.ms * 1e9) / lt.peak_tflops;
     }
+    if (!lt.row_kernels.empty()) {
+      nlohmann::json ks = nlohmann::json::array();
+      for (const auto& k : lt.row_kernels[rows.size()])
+        ks.push_back({{"name", k.name}, {"median_ms", k.ms}, {"launches", k.count}});
+      j["kernels"] = std::move(ks);
+    }
     rows.push_back(std::move(j));
   }
+  nlohmann::json activity{{"records", lt.activity.empty() ? "not asked" : lt.activity}};
+  if (lt.kernels > 0) {
+    nlohmann::json gaps = nlohmann::json::array();
+    for (const auto& g : lt.largest_gaps)
+      gaps.push_back({{"ms", g.ms}, {"step", g.step}, {"after", g.after}, {"before", g.before}});
+    activity.update({{"kernels_per_step", lt.kernels},
+                     {"first_to_last_ms", lt.window_ms},
+                     {"busy_ms", lt.busy_ms},
+                     {"idle_ms", lt.gap_ms},
+                     {"idle_gaps", lt.gaps},
+                     {"largest_gaps", gaps}});
+  }
   return {{"tower", 0},
+          {"device_activity", activity},
           {"probed_steps", lt.steps},
           {"clock", lt.clock},
           {"step_ms", lt.step_ms},

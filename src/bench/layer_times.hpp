@@ -6,6 +6,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,31 +25,51 @@ struct ProbeSpan {
   double host0, host1;               // the host launching it
 };
 
+// One kernel, copy or set the device ran in a probed step (the backend's activity records: CUPTI on
+// cuda), in ms since the run's origin, with the piece whose launches it came from.
+struct KernelSpan {
+  std::string name;
+  double t0, t1;
+  int layer;          // the piece's ProbeSpan::layer; kUntagged when no piece launched it (NCCL's thread)
+  const char* part;   // the piece's part ("" when untagged)
+  const char* phase;  // the phase it ran in ("" when untagged)
+  std::uint32_t stream;
+  static constexpr int kUntagged = -3;
+};
+
 struct ProbedStep {
   std::vector<std::vector<ProbeSpan>> towers;            // [tower]: in the order they began
   std::vector<std::vector<Towers::BucketSpan>> buckets;  // [tower], ms since the run's origin
+  std::vector<std::vector<KernelSpan>> kernels;          // [tower], by start; empty without activity records
 };
 
 class ProbedRun {
  public:
   // Attaches a probe to every tower's graph and turns the sync timing on; both undone on destruction.
-  explicit ProbedRun(Towers& t);
+  // activity: also the device's activity records (kernel names), where the backend has them; where
+  // it cannot, activity_note() says why and the steps go on without.
+  explicit ProbedRun(Towers& t, bool activity = false);
   ~ProbedRun();
   ProbedRun(const ProbedRun&) = delete;
   ProbedRun& operator=(const ProbedRun&) = delete;
   // One training step as Towers::step runs it (overlapped sync included), probed; synchronises.
   ProbedStep step();
+  // "CUPTI activity records" when the steps carry kernels, else why not ("" when not asked).
+  const std::string& activity_note() const { return activity_note_; }
 
  private:
   struct Probe;
   Towers& t_;
   std::vector<std::unique_ptr<Probe>> probes_;
   double origin_;  // the steady clock at construction, ms
+  bool activity_ = false;
+  std::string activity_note_;
 };
 
 // After the timed repetitions: one untimed probed step (it makes the events), then `steps` probed
-// steps. Every process of an MPI run calls it together (the steps sync gradients).
-std::vector<ProbedStep> run_probed_steps(Towers& t, int steps);
+// steps. Every process of an MPI run calls it together (the steps sync gradients). activity: with
+// the device's kernels (ProbedRun); *note (if given) gets ProbedRun::activity_note.
+std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity = false, std::string* note = nullptr);
 
 // Medians over the probed steps of tower 0: per layer and piece, per phase, the step, and what the
 // pieces leave uncovered. `peak_tflops` (0: unknown) gives a percentage of peak per convolution.
@@ -68,8 +89,29 @@ struct LayerTimes {
   int towers_counted = 1;   // towers whose pieces parts_ms and idle_ms count (all on the CPU: sequential)
   double peak_tflops = 0;
   std::string clock;  // "device events" or "steady clock"
+  // From the activity records (kernels > 0): medians over the steps of tower 0's device from its
+  // first kernel's start to its last's end, the time some kernel, copy or set ran, and the rest;
+  // the largest gaps with the pieces around them; per piece (rows' index) its kernels by time.
+  struct Gap {
+    double ms = 0;
+    int step = 0;
+    std::string after, before;  // "layer/part" of the work on either side
+  };
+  struct Kernel {
+    std::string name;
+    double ms = 0;  // median over the steps of its time per step in the piece
+    int count = 0;  // launches per step
+  };
+  int kernels = 0;  // per step (median)
+  double window_ms = 0, busy_ms = 0, gap_ms = 0;
+  int gaps = 0;  // per step (median)
+  std::vector<Gap> largest_gaps;
+  std::vector<std::vector<Kernel>> row_kernels;  // [row], the largest first
+  std::string activity;                          // ProbedRun::activity_note
 };
 LayerTimes summarize_layer_times(const std::vector<ProbedStep>& steps, const Towers& t, double peak_tflops);
+// Fills lt's activity fields from the steps' kernels (no kernels: leaves them empty).
+void summarize_activity(LayerTimes& lt, const std::vector<ProbedStep>& steps, const Towers& t);
 nlohmann::json layer_times_json(const LayerTimes& lt);
 // The summary's section: the step's parts, per kind of work, and the `top` layers by time;
 // timed_step_ms (NaN: none), the step's median from the timed repetitions, for the probes' cost.

@@ -99,9 +99,10 @@ class Graph {
   // Planning's memory checks without allocating, for finding the largest batch that fits: throws
   // UsageError as plan() would when the batch does not fit, else returns the bytes needed. quick:
   // only the estimate made before any op is created (cheap); otherwise every buffer and op is sized
-  // as plan() does and the exact arena is checked, without allocating the arena (the ops are made:
-  // on CUDA cuDNN's algorithm search runs at this batch with its temporary workspace, and 16-bit NHWC
-  // convolutions allocate their padded copies). The graph is spent afterwards, fitting or not.
+  // as plan() does and the exact arena is checked, without allocating the arena (the ops are made;
+  // on a backend set to Backend::sizing_only, as largest_batch_that_fits sets it, cuda's convolutions
+  // skip cuDNN's algorithm search and count their workspace at the budget; otherwise the search runs
+  // at this batch). The graph is spent afterwards, fitting or not.
   std::size_t plan_dry(bool quick);
 
   // ---- running ----

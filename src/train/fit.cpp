@@ -18,6 +18,7 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   bo.memory_limit_bytes = o.memory_limit_bytes;
   bo.plans = o.plans;
   const auto be = make_backend(bo);
+  be->set_sizing_only(true);  // the graphs below are sized, never run: no cudnnFind searches
   BatchFit fit;
   fit.budget = be->memory_budget();
   // bytes needed, or 0 when planning refuses the batch for its memory

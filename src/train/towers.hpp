@@ -82,8 +82,9 @@ struct TowerOptions {
 
 // The largest batch per tower that planning accepts on this process's first device for these
 // options (model, image size, precision, layout, memory limit): bisection on planning's quick
-// estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false); on
-// CUDA that runs cuDNN's algorithm search at the batch, with its temporary workspace); so `batch`
+// estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false) on a
+// sizing-only backend: on CUDA each convolution's workspace is counted at the budget, --workspace-mb,
+// without cuDNN's algorithm search, which took over a minute per probed batch on an H200); so `batch`
 // fits planning's checks for one tower and batch + 1 does not (unless at_cap). Under mpirun the
 // smallest over the processes (a collective). batch 0: not even one image fits. It is one tower's
 // answer: CPU towers of one process share the host's memory, so N of them need N x bytes.

@@ -341,6 +341,63 @@ INSTANTIATE_TEST_SUITE_P(Inception, CudaUnits,
                                          GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
                          gpu_case_name);
 
+// A backend set to size only (the largest-batch search) makes convolutions without cudnnFind: the
+// workspace counted at the budget, nothing searched into the plan cache, and the report says so.
+TEST(Cuda, SizingOnlyConvolutionsSkipTheSearch) {
+  std::string why;
+  auto gpu = gpu_for(GpuCase{"tiny", Layout::nhwc, false}, why);
+  if (!gpu) GTEST_SKIP() << why;
+  gpu->set_workspace_limit(std::size_t{64} << 20);
+  gpu->set_sizing_only(true);
+  const auto x = TensorDesc::dense({256, 64, 35, 35}, DType::f32, Layout::nhwc);
+  const auto y = TensorDesc::dense({256, 96, 35, 35}, DType::f32, Layout::nhwc);
+  auto op = gpu->make_conv(x, y, ConvParams{3, 3, 1, 1, 1, 1});
+  EXPECT_EQ(op->workspace_bytes(), std::size_t{64} << 20);
+  EXPECT_NE(op->algorithm().find("not searched"), std::string::npos) << op->algorithm();
+  gpu->set_sizing_only(false);
+  auto real = gpu->make_conv(x, y, ConvParams{3, 3, 1, 1, 1, 1});
+  EXPECT_LE(real->workspace_bytes(), std::size_t{64} << 20);
+  EXPECT_EQ(real->algorithm().rfind("cudnn fwd algo", 0), 0u) << real->algorithm();
+}
+
+// CUPTI's records through the backend (the kernel names of --trace): a fill launched under a tag
+// comes back with that tag, on this device, with its device times on the activity clock; one
+// launched under none comes back untagged; a second take has nothing new.
+TEST(CudaActivity, KernelsComeBackWithTheTagTheirLaunchHad) {
+  std::string why;
+  auto gpu = gpu_for(GpuCase{"tiny", Layout::nchw, false}, why);
+  if (!gpu) GTEST_SKIP() << why;
+  const std::string unavailable = gpu->activity_unavailable();
+  if (!unavailable.empty()) GTEST_SKIP() << "no CUPTI here: " << unavailable;
+  Buffer b(*gpu, 1 << 20);
+  auto& s = gpu->default_stream();
+  gpu->start_activity();
+  const std::uint64_t t0 = gpu->activity_clock_ns();
+  gpu->push_activity_tag(42);
+  gpu->fill(s, b.as<float>(), 1.0f, 1 << 18);
+  gpu->pop_activity_tag();
+  gpu->memset_zero(s, b.get(), 1 << 20);
+  gpu->synchronize(s);
+  const auto v = gpu->take_activity();
+  const std::uint64_t t1 = gpu->activity_clock_ns();
+  ASSERT_GE(v.size(), 2u);
+  int tagged = 0, untagged = 0;
+  for (const auto& a : v) {
+    std::cout << "  " << a.name << " tag " << a.tag << " stream " << a.stream << " " << (a.end_ns - a.start_ns)
+              << " ns\n";
+    EXPECT_FALSE(a.name.empty());
+    EXPECT_LE(t0, a.start_ns);
+    EXPECT_LE(a.start_ns, a.end_ns);
+    EXPECT_LE(a.end_ns, t1);
+    tagged += a.tag == 42;
+    untagged += a.tag == 0;
+  }
+  EXPECT_EQ(tagged, 1) << "the fill";
+  EXPECT_GE(untagged, 1) << "the memset";
+  EXPECT_TRUE(gpu->take_activity().empty());
+  gpu->stop_activity();
+}
+
 // Tiny-model towers for the GPU tests (no dropout, so replicas and backends agree; many buckets).
 TowerOptions gpu_towers(BackendKind backend, int n, VariableUpdate mode, bool on_host) {
   TowerOptions o;

@@ -20,6 +20,7 @@
 
 #include "backend/cuda/common.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/cupti.hpp"
 #include "backend/cuda/nvml.hpp"
 
 namespace stepbench {
@@ -71,6 +72,7 @@ struct CudaGraphWork final : CapturedWork {
 
 class CudaBackend final : public Backend {
  public:
+  ~CudaBackend() override { stop_activity(); }
   CudaBackend(int device, bool own_kernels, std::shared_ptr<ConvPlanCache> plans)
       : dev_(device),
         stream_(device),
@@ -237,6 +239,27 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaGraphWork>(std::move(graph), dev_);
   }
 
+  std::string activity_unavailable() const override { return cupti_unavailable(); }
+  void start_activity() override {
+    SB_CHECK(!activity_on_, "start_activity twice");
+    cupti_start();
+    activity_on_ = true;
+  }
+  void push_activity_tag(std::uint64_t tag) override {
+    if (activity_on_) cupti_push(tag);
+  }
+  void pop_activity_tag() override {
+    if (activity_on_) cupti_pop();
+  }
+  std::uint64_t activity_clock_ns() const override { return cupti_now_ns(); }
+  std::vector<DeviceActivity> take_activity() override {
+    return activity_on_ ? cupti_take(dev_) : std::vector<DeviceActivity>{};
+  }
+  void stop_activity() override {
+    if (activity_on_) cupti_stop();
+    activity_on_ = false;
+  }
+
   void copy(Stream& s, void* dst, const void* src, std::size_t bytes) override {
     if (bytes) SB_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(s)));
   }
@@ -306,7 +329,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Ctx ctx() { return Ctx{dev_, cudnn_.get(), &blas_, tf32_, budget_, own_norm_pool_, &notes_, plans_.get(), machine_}; }
+  Ctx ctx() {
+    return Ctx{dev_,           cudnn_.get(), &blas_,       tf32_,    budget_,
+               own_norm_pool_, &notes_,      plans_.get(), machine_, sizing_only()};
+  }
   int dev_;
   cudaDeviceProp prop_{};
   CudaStream stream_;
@@ -321,6 +347,7 @@ class CudaBackend final : public Backend {
   mutable Nvml nvml_;                            // loaded on first use; answers nothing without a driver
   std::shared_ptr<ConvPlanCache> plans_;         // CudaBackendOptions::plans, or this backend's own
   std::string machine_;                          // Ctx::machine
+  bool activity_on_ = false;                     // start_activity without its stop_activity yet
 };
 
 }  // namespace

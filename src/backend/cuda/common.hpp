@@ -50,6 +50,7 @@ struct Ctx {  // what every op of one backend shares
   FallbackNotes* notes;  // the backend's, which outlives its ops
   ConvPlanCache* plans;  // the backend's (maybe shared with other backends), which outlives its ops
   std::string machine;   // this GPU's part of a plan's key: model, compute capability, driver, cuDNN
+  bool sizing_only;      // Backend::sizing_only: ops that are never run, made without searches or buffers
 };
 
 struct CudaStream final : Stream {

@@ -86,6 +86,10 @@ class CudnnConv final : public ConvOp {
         filter_cd_(p, c.tf32, x.dtype) {
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     SB_CUDA(cudaSetDevice(c_.device));
+    if (c_.sizing_only) {  // never run: the most workspace a searched plan may take, no padded copies
+      fwd_ws_ = data_ws_ = filter_ws_ = c_.workspace_budget;
+      return;
+    }
     if (padded()) {
       const std::size_t wbytes = static_cast<std::size_t>(cout_ * p.kh * p.kw * xp_.shape.c) * dtype_size(x.dtype);
       xpad_ = zeroed_device_buffer(c_.device, xp_.bytes());
@@ -123,6 +127,7 @@ class CudnnConv final : public ConvOp {
   }
   std::size_t workspace_bytes() const override { return std::max({fwd_ws_, data_ws_, filter_ws_}); }
   std::string algorithm() const override {
+    if (c_.sizing_only) return "not searched (sized at the workspace budget)";
     return fmt::format("cudnn fwd algo {} / bwd_data algo {} / bwd_filter algo {}{}", static_cast<int>(fwd_),
                        static_cast<int>(bwd_data_), static_cast<int>(bwd_filter_),
                        padded() ? fmt::format(" (channels padded {} -> {})", x_.shape.c, xp_.shape.c) : "");
