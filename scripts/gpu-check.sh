@@ -11,8 +11,11 @@
 #                             or BENCH_JSON
 #   gpu-check.sh layers OUT   where the time goes: Inception-v3 bf16 NHWC, --layer-times and --trace (the
 #                             trace checked as the CPU test checks it), and a one-GPU --sweep-batch
-#   gpu-check.sh input OUT    the input fixtures on the GPU: synthetic-host, a JPEG folder, its records
+#   gpu-check.sh input OUT    the input fixtures on the GPU: a JPEG folder decoded on the GPU (--decode gpu) and
+#                             on the CPU, its record file, synthetic-host
 #   gpu-check.sh all OUT      tests, bench, peer in turn
+# STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
+# STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
 # STEPBENCH_PEER_COMPILE=bf16-nhwc,... limits the torch.compile runs (each compiles for 1-3 minutes;
 # default all); STEPBENCH_CHECK_BATCH sets the batch (default 128); STEPBENCH_CHECK_CONFIGS limits the
 # bench and peer configurations ("bf16-nhwc,fp32-nchw,bf16-nhwc-own"; default all five).
@@ -26,7 +29,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,23p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,28p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -102,13 +105,15 @@ for lib in libcudnn.so.9 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   LIBS_FOUND+="  $lib: $real"$'\n'
   case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
 done
-# optional: CUPTI, loaded at run time for the kernel names of --trace and --layer-times
-if d=$(find_lib libcupti.so.13); then
-  LIBS_FOUND+="  libcupti.so.13: $(readlink -f "$d/libcupti.so.13")"$'\n'
-  case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
-else
-  LIBS_FOUND+="  libcupti.so.13: not found (no kernel names in traces)"$'\n'
-fi
+# optional, loaded at run time: CUPTI (the kernel names of --trace and --layer-times), nvJPEG (--decode gpu)
+for lib in libcupti.so.13 libnvjpeg.so.13; do
+  if d=$(find_lib "$lib"); then
+    LIBS_FOUND+="  $lib: $(readlink -f "$d/$lib")"$'\n'
+    case ":$LIB_PATH:" in *":$d:"*) ;; *) LIB_PATH=${LIB_PATH:+$LIB_PATH:}$d ;; esac
+  else
+    LIBS_FOUND+="  $lib: not found (optional)"$'\n'
+  fi
+done
 export LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 if ! version=$("$BIN/stepbench" --version 2>&1); then
@@ -137,10 +142,11 @@ stage_tests() {
   mkdir -p "$tmp"
   header tests
   echo "== GPU tests (cuDNN batch norm and pooling where cuDNN takes them)"
-  "$BIN/stepbench_tests" --gtest_filter='*cuda*:*Cuda*:Nccl.*' --gtest_brief=1 \
+  "$BIN/stepbench_tests" --gtest_filter="${STEPBENCH_CHECK_TESTS:-*cuda*:*Cuda*:Nccl.*:GpuDecode.*}" --gtest_brief=1 \
     --gtest_output="json:$OUT_DIR/tests.json" || rc=1
   echo "== the cuda op and step tests with batch norm and pooling on stepbench's kernels"
-  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" --gtest_filter='*Ops.*cuda*:*CudaStep*:*CudaTinyStep*:*CudaUnits*' --gtest_brief=1 \
+  STEPBENCH_CUDA_OWN_KERNELS=1 "$BIN/stepbench_tests" \
+    --gtest_filter="${STEPBENCH_CHECK_OWN_TESTS:-*Ops.*cuda*:*CudaStep*:*CudaTinyStep*:*CudaUnits*}" --gtest_brief=1 \
     --gtest_output="json:$tmp/tests-own-kernels.json" || rc=1
   # a run where every GPU test skipped is not a pass
   "$PY" - "$OUT_DIR/tests.json" "$tmp/tests-own-kernels.json" <<'PY' || rc=1
@@ -362,7 +368,7 @@ stage_layers() {
   echo "== inception_v3 bf16 nhwc batch $BATCH: --layer-times --trace"
   if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision bf16 \
       --format nhwc --phases forward,step --warmup 5 --repetitions 5 --layer-times --trace "$tmp/trace.json" \
-      --json "$tmp/layers.json" > "$tmp/layers.txt" 2> "$tmp/layers.err"; then
+      --plan-cache "$tmp/plans.json" --json "$tmp/layers.json" > "$tmp/layers.txt" 2> "$tmp/layers.err"; then
     rc=1
     echo "failed:"; tail -5 "$tmp/layers.err"
   fi
@@ -384,14 +390,28 @@ kern = [e for e in ev if e.get("cat") == "kernel"]
 print(f"trace: {len(kern)} kernel spans" + (f", e.g. {kern[0]['name'][:100]}" if kern else " (no CUPTI records)"))
 PY
   fi
-  echo "== one-GPU sweep: bf16 nhwc, batch 64,128,256 and the largest batch planning accepts"
+  local sweep=${STEPBENCH_CHECK_SWEEP:-64,128,256} start=$SECONDS
+  echo "== one-GPU sweep: bf16 nhwc, batch $sweep and the largest batch planning accepts"
   if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --precision bf16 --format nhwc \
-      --sweep-gpus 1 --sweep-batch 64,128,256 --warmup 3 --repetitions 3 --json "$tmp/sweep.json" \
+      --sweep-gpus 1 --sweep-batch "$sweep" --warmup 3 --repetitions 3 --plan-cache "$tmp/plans.json" \
+      --json "$tmp/sweep.json" \
       > "$tmp/sweep.txt" 2> "$tmp/sweep.err"; then
     rc=1
     echo "failed:"; tail -5 "$tmp/sweep.err"
   fi
   sed -n '/^sweep/,$p' "$tmp/sweep.txt" | head -25
+  echo "(the sweep took $((SECONDS - start)) s)"
+  if [ "${STEPBENCH_CHECK_PEER:-1}" = 1 ]; then
+    echo "== --peer pytorch from stepbench itself: bf16 nhwc batch $BATCH, forward and step"
+    if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size "$BATCH" --precision bf16 \
+        --format nhwc --phases forward,step --warmup 5 --repetitions 5 --peer pytorch --peer-python "$PY" \
+        --plan-cache "$tmp/plans.json" \
+        --json "$tmp/peer-run.json" > "$tmp/peer-run.txt" 2> "$tmp/peer-run.err"; then
+      rc=1
+      echo "failed:"; tail -5 "$tmp/peer-run.err"
+    fi
+    sed -n '/^phase /,$p' "$tmp/peer-run.txt" | head -30
+  fi
   tar -C "$OUT_DIR" -czf "$OUT_DIR/layers.tar.gz" layers-files && rm -rf "$tmp"
   echo "== layers: $([ $rc -eq 0 ] && echo done || echo FAILED)"
   return $rc
@@ -403,21 +423,23 @@ stage_input() {
   local rc=0 tmp=$OUT_DIR/input-files b=64
   mkdir -p "$tmp"
   header input
-  "$BIN/stepbench" make-dataset "$tmp/jpegs" --images 512 --classes 8 --size 500x375 > /dev/null 2>&1 || rc=1
+  "$BIN/stepbench" make-dataset "$tmp/jpegs" --images "${STEPBENCH_CHECK_IMAGES:-512}" --classes 8 --size 500x375 \
+    > /dev/null 2>&1 || rc=1
   "$BIN/stepbench" make-records "$tmp/jpegs" "$tmp/data.records" > /dev/null 2> "$tmp/records.err" || rc=1
   local threads
   threads=$(nproc)
-  for src in synthetic-host "$tmp/jpegs" "$tmp/data.records"; do
-    local name
-    name=$(basename "$src")
-    echo "== --data $name, bf16 nhwc, batch $b, $threads threads"
+  for src in "$tmp/jpegs:gpu" "$tmp/jpegs" "$tmp/data.records" synthetic-host; do
+    local name decode=()
+    name=$(basename "${src%:gpu}")
+    if [ "${src%:gpu}" != "$src" ]; then decode=(--decode gpu); name+="-gpu-decode"; fi
+    echo "== --data $name, bf16 nhwc, batch $b, $threads threads ${decode[*]}"
     if ! timeout 100 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size $b --precision bf16 --format nhwc \
-        --data "$src" --data-threads "$threads" --phases step,input_pipeline --warmup 3 --repetitions 3 \
-        --json "$tmp/input-$name.json" > "$tmp/input-$name.txt" 2> "$tmp/input-$name.err"; then
+        --data "${src%:gpu}" "${decode[@]}" --data-threads "$threads" --phases step,input_pipeline --warmup 3 \
+        --repetitions 3 --json "$tmp/input-$name.json" > "$tmp/input-$name.txt" 2> "$tmp/input-$name.err"; then
       rc=1
       echo "failed:"; tail -5 "$tmp/input-$name.err"
     fi
-    grep -E "images/s|input|verdict|bound|stage" "$tmp/input-$name.txt" | head -25
+    sed -n '/^phase /,$p' "$tmp/input-$name.txt" | head -30
   done
   rm -rf "$tmp/jpegs" "$tmp/data.records"
   tar -C "$OUT_DIR" -czf "$OUT_DIR/input.tar.gz" input-files && rm -rf "$tmp"

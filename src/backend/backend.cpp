@@ -26,6 +26,11 @@ void Backend::begin_capture(Stream&) {
   throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work; use --backend cuda", name()));
 }
 void Backend::start_activity() { throw UnsupportedError(activity_unavailable()); }
+std::unique_ptr<ImageDecodeOp> Backend::make_image_decoder(const ImageDecodeParams&) {
+  throw UnsupportedError(fmt::format(
+      "--decode gpu decodes JPEG files on a GPU (nvJPEG); the {} backend decodes on the CPU: drop --decode gpu",
+      name()));
+}
 std::unique_ptr<CapturedWork> Backend::end_capture(Stream&) {
   throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work", name()));
 }

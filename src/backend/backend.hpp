@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.hpp"
@@ -198,6 +199,43 @@ struct DeviceState {
   std::string throttle_text;                // e.g. "sw_power_cap, hw_thermal"; "" when none
 };
 
+// ---- images decoded on the device (--decode gpu) ---------------------------------------------------
+// The input pipeline's per-image transforms (src/data/augment.hpp) in the R x R image its resize
+// makes: torchvision's RandomResizedCrop box, resized to S x S, and the horizontal flip.
+struct ImageCrop {
+  int x = 0, y = 0, w = 0, h = 0;
+  bool flip = false;
+};
+struct ImageDecodeParams {
+  int batch = 1;  // images per call, at most
+  int store = 0;  // R: the shorter side resized to it, the longer centred
+  int size = 0;   // S: the crop's output
+  float mean[3] = {0, 0, 0}, stddev[3] = {1, 1, 1};
+};
+// An 8-bit RGB image in host memory, rows packed.
+struct HostRgb {
+  const unsigned char* px = nullptr;
+  int w = 0, h = 0;
+};
+// Decodes JPEG files on the device and runs the pipeline's transforms there with its arithmetic
+// (from the same decoded pixels, the same floats as src/data/augment.cpp), writing image i into
+// slot i of a batch tensor (N x 3 x S x S, f32, NCHW or NHWC, dense). Planned once: device buffers
+// grow to the largest images seen, and then stay.
+class ImageDecodeOp {
+ public:
+  virtual ~ImageDecodeOp() = default;
+  virtual std::string library() const = 0;  // what decodes, for reports ("nvJPEG 13.0.4, hybrid backend")
+  // files[i] (host memory, JPEG) into slot i of out; per file "" or why the device could not decode
+  // it (that slot is left as it was). Returns when out is written (s synchronised).
+  virtual std::vector<std::string> decode(Stream& s,
+                                          const std::vector<std::pair<const unsigned char*, std::size_t>>& files,
+                                          const std::vector<ImageCrop>& crops, const Tensor& out) = 0;
+  // The same transforms from images already decoded (host memory) into the slots given: a file the
+  // device refused, decoded on the CPU, and the check of the device's transforms against the CPU's.
+  virtual void transform(Stream& s, const std::vector<HostRgb>& images, const std::vector<ImageCrop>& crops,
+                         const std::vector<int>& slots, const Tensor& out) = 0;
+};
+
 // One piece of work the device ran, from the backend's activity records (CUPTI on cuda): a kernel,
 // a copy or a set, its start and end on the device, and the tag the launching thread had pushed.
 struct DeviceActivity {
@@ -296,6 +334,8 @@ class Backend {
   virtual std::uint64_t activity_clock_ns() const { return 0; }  // the records' clock now
   virtual std::vector<DeviceActivity> take_activity() { return {}; }
   virtual void stop_activity() {}
+  // --decode gpu: UnsupportedError (saying what to change) where the backend cannot decode images.
+  virtual std::unique_ptr<ImageDecodeOp> make_image_decoder(const ImageDecodeParams& p);
 
   // copies (host<->device and device<->device) and simple fills, ordered on `s`
   virtual void copy(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;

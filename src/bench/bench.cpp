@@ -314,14 +314,13 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   const bool late_signal = group.allreduce_max(stop.local() ? 1.0 : 0.0) > 0;
   const bool probe = c.layer_times || !trace.empty() || !c.project_gpus.empty();
   if (probe && !late_signal && !stop.signal() && stop.halted().empty()) {
-    // kernel names (CUPTI) for the trace and the layer times, where the backend has them
-    const bool activity = (c.layer_times || !trace.empty()) && towers.backend(0).name() != "cpu";
+    const bool activity = (c.layer_times || !trace.empty()) && towers.backend(0).name() != "cpu";  // CUPTI
     std::string activity_note;
-    const auto steps = run_probed_steps(
-        towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1, activity, &activity_note);
-    if (activity && root && activity_note != "CUPTI activity records")
-      std::cerr << "stepbench: no kernel names in the probed steps: " << activity_note << "\n";
     try {
+      const auto steps = run_probed_steps(
+          towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1, activity, &activity_note);
+      if (activity && root && activity_note != "CUPTI activity records")
+        std::cerr << "stepbench: no kernel names in the probed steps: " << activity_note << "\n";
       if (!c.project_gpus.empty()) {
         projection = projection_input(steps, towers, r.overlap);
         if (json_in_place && root)
@@ -350,7 +349,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                                     {"steps", steps.size()},
                                     {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"},
                                     {"kernels", activity ? activity_note : "none on the cpu backend"}}));
-    } catch (const Error& e) {  // the measured rows stay as written; the run's status says it
+    } catch (const Error& e) {      // the measured rows stay as written; the run's status says it
+      if (group.size() > 1) throw;  // the other processes would wait in the probed steps' syncs: end the run
       std::cerr << "stepbench: " << e.what() << "\n";
       probe_failed = true;
     }

@@ -34,6 +34,12 @@ constexpr auto enum_names(DataKind) {
                                             {DataKind::records, "records"}}};
 }
 
+// --decode: where an image folder's JPEG files are decoded and transformed.
+enum class DecodeOn { cpu, gpu };
+constexpr auto enum_names(DecodeOn) {
+  return std::array<EnumName<DecodeOn>, 2>{{{DecodeOn::cpu, "cpu"}, {DecodeOn::gpu, "gpu"}}};
+}
+
 // --peer: PyTorch eager, or PyTorch with torch.compile (default mode).
 enum class PeerKind { none, pytorch, pytorch_compile };
 constexpr auto enum_names(PeerKind) {
@@ -52,6 +58,7 @@ struct BenchConfig {
   int data_threads = 2;
   int prefetch = 2;
   InputCache cache = InputCache::none;  // --cache memory (image folders)
+  DecodeOn decode = DecodeOn::cpu;      // --decode gpu: nvJPEG and the transforms on each tower's GPU
   std::uint64_t cache_limit_mb = 0;     // --cache-limit-mb (0: 80% of the available memory)
   bool suggest = false;                 // --suggest: try each remedy for the input pipeline (bench/suggest.hpp)
   std::string json;                     // Google Benchmark's JSON goes here ("": none)

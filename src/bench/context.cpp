@@ -57,6 +57,7 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
     add("data_threads", std::to_string(c.data_threads));
     add("prefetch", std::to_string(c.prefetch));
     add("data_cache", c.cache == InputCache::memory ? "memory" : "none");
+    add("data_decode", std::string(to_string(c.decode)));
   }
   if (c.reduced()) add("reduced_configuration", c.reduced_note);
   // what ran the convolutions, batch norm and pooling, counted per distinct choice (after warm-up:

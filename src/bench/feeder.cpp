@@ -32,6 +32,7 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
   po_.cache = c.cache;
   po_.cache_limit_bytes = c.cache_limit_mb << 20;
   po_.pin = &t.backend(0);  // pinned batches: the staging copies are asynchronous DMA on a GPU
+  po_.encoded = c.decode == DecodeOn::gpu;
   std::size_t classes = 0;
   if (c.data == DataKind::records) {
     records_ = std::make_shared<const RecordFile>(c.data_dir);
@@ -43,11 +44,56 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
   if (classes > 1000)
     throw UsageError(fmt::format("--data {}: {} classes, but the model has 1000 outputs", c.data_dir, classes));
   pipe_ = records_ ? std::make_unique<ImagePipeline>(records_, po_) : std::make_unique<ImagePipeline>(folder_, po_);
+  if (po_.encoded) {
+    ImageDecodeParams p;
+    p.batch = static_cast<int>(s.n);
+    p.store = pipe_->store_size();
+    p.size = static_cast<int>(s.h);
+    std::copy(std::begin(po_.mean), std::end(po_.mean), std::begin(p.mean));
+    std::copy(std::begin(po_.stddev), std::end(po_.stddev), std::begin(p.stddev));
+    for (int i = 0; i < t.size(); ++i) decoders_.push_back(t.backend(i).make_image_decoder(p));
+  }
+}
+
+// --decode gpu: the batch's files decoded and transformed on the tower's GPU, straight into its
+// spare input buffer; a file nvJPEG refuses is decoded on the CPU and transformed on the GPU alike,
+// and one neither can decode is counted as skipped, its slot zeroed.
+void Feeder::feed_decoded(int tower, HostBatch& b) {
+  ImageDecodeOp& dec = *decoders_.at(static_cast<std::size_t>(tower));
+  t_.stage_on_device(
+      tower,
+      [&](Stream& s, const Tensor& out) {
+        std::vector<std::pair<const unsigned char*, std::size_t>> files;
+        for (const auto& f : b.files) files.emplace_back(f.data(), f.size());
+        const auto why = dec.decode(s, files, b.crops, out);
+        std::vector<Image8> cpu;
+        std::vector<HostRgb> rgb;
+        std::vector<ImageCrop> crops;
+        std::vector<int> slots;
+        cpu.reserve(why.size());
+        for (std::size_t i = 0; i < why.size(); ++i) {
+          if (why[i].empty()) continue;
+          std::string cpu_why;
+          cpu.emplace_back();
+          if (decode_image(b.files[i].data(), b.files[i].size(), cpu.back(), cpu_why)) {
+            rgb.push_back({cpu.back().px.data(), cpu.back().w, cpu.back().h});
+            crops.push_back(b.crops[i]);
+            slots.push_back(static_cast<int>(i));
+          } else {
+            pipe_->count_skipped(b.items[i], why[i] + "; on the CPU it " + cpu_why);
+            const std::size_t floats = static_cast<std::size_t>(out.desc.numel() / out.desc.shape.n);
+            t_.backend(tower).memset_zero(s, static_cast<float*>(out.data) + i * floats, floats * sizeof(float));
+          }
+        }
+        if (!rgb.empty()) dec.transform(s, rgb, crops, slots, out);
+      },
+      b.labels.data());
 }
 
 std::string Feeder::name() const {
   if (fixed_) return "synthetic-host";
   if (records_) return "records";
+  if (!decoders_.empty()) return "images+gpu-decode";
   return po_.cache == InputCache::memory ? "images+cache" : "images";
 }
 
@@ -58,7 +104,10 @@ void Feeder::feed() {
     } else {
       auto b = pipe_->next();
       const auto t0 = std::chrono::steady_clock::now();
-      t_.stage(i, b->images.data(), b->labels.data());  // returns when the copy is done
+      if (decoders_.empty())
+        t_.stage(i, b->images.data(), b->labels.data());  // returns when the copy is done
+      else
+        feed_decoded(i, *b);
       copy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       pipe_->recycle(std::move(b));
     }
@@ -101,6 +150,12 @@ std::string Feeder::describe() const {
   if (pipe_->cache_bytes() > 0)
     cache = fmt::format("; cached in memory: {:.1f} MiB at {}x{}, filled in {:.2f} s", pipe_->cache_bytes() / 1048576.0,
                         pipe_->store_size(), pipe_->store_size(), pipe_->cache_fill_seconds());
+  if (!decoders_.empty())
+    return fmt::format(
+        "{} ({} {}, {} classes; decoded on the GPU: {} and stepbench's resize, crop and normalise; "
+        "{} reading thread{}, prefetch {})",
+        c_.data_dir, folder_.files.size(), kinds, folder_.classes.size(), decoders_[0]->library(), c_.data_threads,
+        c_.data_threads == 1 ? "" : "s", c_.prefetch);
   return fmt::format("{} ({} {}, {} classes; {}{})", c_.data_dir, folder_.files.size(), kinds, folder_.classes.size(),
                      threads, cache);
 }

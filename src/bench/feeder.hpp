@@ -61,6 +61,10 @@ class Feeder {
   ImageFolder folder_;
   PipelineOptions po_;
   double copy_s_ = 0;
+  // --decode gpu: one decoder per tower; the host time of the device's part (decode, transforms,
+  // the labels' copy), which stage_times() reports as the copy stage (the step's side)
+  std::vector<std::unique_ptr<ImageDecodeOp>> decoders_;
+  void feed_decoded(int tower, HostBatch& b);
   InputMeasure measure_;
   std::vector<RemedyRow> remedies_;
 };

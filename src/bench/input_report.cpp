@@ -36,6 +36,24 @@ Remedy choose_remedy(const BenchConfig& c, const Feeder& f, int processes) {
       if (row.name.rfind(name, 0) == 0 && row.images_per_s > 0) return &row;
     return nullptr;
   };
+  if (c.decode == DecodeOn::gpu) {
+    // the threads only read; the GPU's part runs on the step's thread (the copy stage)
+    const double device = st[Stage::copy], per_thread = busy / threads;
+    if (device >= per_thread) {
+      r.name = "make-records";
+      r.why = fmt::format(
+          "decoding on the GPU takes {:.3f} ms per image on the step's thread, reading {:.3f}: a record file is "
+          "decoded and resized once",
+          1e3 * device / static_cast<double>(m.images), 1e3 * per_thread / static_cast<double>(m.images));
+      r.ips = NAN;  // not estimated: --suggest measures it without --decode gpu
+    } else {
+      r.name = fmt::format("--data-threads {}", 2 * m.threads);
+      r.why = "reading the files limits the pipeline";
+      r.ips = 2 * threads * static_cast<double>(m.images) / std::max(busy, 1e-12);
+    }
+    r.ips *= processes;
+    return r;
+  }
   if (c.data == DataKind::image_folder && c.cache != InputCache::memory && busy > 0 && front / busy >= 0.5) {
     // decoding dominates: cache it, or pre-resize it to a record file where it does not fit
     const ImagePipeline* p = f.pipeline();
@@ -76,8 +94,10 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
     for (Stage s : {Stage::read, Stage::decode, Stage::resize, Stage::crop, Stage::flip_normalise, Stage::assembly})
       out << fmt::format("  {:<16} {:>9.3f} ms {:>6.1f}%\n", kStageNames[static_cast<std::size_t>(s)],
                          ms_per_image(m, s), 100 * st[s] / busy);
-    out << fmt::format("  {:<16} {:>9.3f} ms  (on the step's side, host-to-device staging)\n", "copy",
-                       ms_per_image(m, Stage::copy));
+    out << fmt::format("  {:<16} {:>9.3f} ms  (on the step's side, {})\n", "copy", ms_per_image(m, Stage::copy),
+                       c.decode == DecodeOn::gpu
+                           ? "--decode gpu: nvJPEG's decode, the resize, crop and normalisation on the GPU, the labels"
+                           : "host-to-device staging");
     const double wall_threads = m.wall_s * m.threads;
     out << fmt::format(
         "  the threads' time: stages {:.1f}%, waiting for room {:.1f}%, the rest {:+.1f}%; stages / threads = "
@@ -94,7 +114,8 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
         const Remedy r = choose_remedy(c, f, processes);
         const std::string how =
             r.measured ? "measured by --suggest" : "estimated from the stage times; --suggest measures it";
-        fix = r.ips >= S
+        fix = std::isnan(r.ips) ? fmt::format("; `{}` would take the decode out of the step ({})", r.name, r.why)
+              : r.ips >= S
                   ? fmt::format("; `{}` would make the step compute-bound ({}: {:.0f} vs {:.0f} images/s; {})", r.name,
                                 how, r.ips, P, r.why)
                   : fmt::format("; `{}` would bring it to {:.0f} images/s, still below the step's {:.0f} ({}; {})",

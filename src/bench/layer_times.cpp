@@ -53,7 +53,11 @@ struct ProbedRun::Probe final : GraphProbe {
     const char* phase;
   };
   std::vector<Tagged> tagged;
-  std::uint64_t ref_activity = 0;
+  std::uint64_t ref_activity = 0;  // the activity clock at ref_host: the anchor when the marker is missing
+  // A 4-byte set launched right after event 0, under its own tag: its start on the device is event 0's
+  // moment on the activity clock, so kernels and pieces share the device's own time.
+  static constexpr std::uint64_t kMarker = ~std::uint64_t{0};
+  Buffer marker;
 
   Probe(Backend& b, std::vector<std::string> l, double o) : be(b), labels(std::move(l)), origin(o) {}
   double now() const { return steady_ms() - origin; }
@@ -70,6 +74,12 @@ struct ProbedRun::Probe final : GraphProbe {
     ref_host = now();
     if (activity) ref_activity = be.activity_clock_ns();
     record(s);
+    if (activity) {
+      if (!marker.get()) marker = Buffer(be, 256);
+      be.push_activity_tag(kMarker);
+      be.memset_zero(s, marker.get(), 4);
+      be.pop_activity_tag();
+    }
   }
   void begin(Stream& s, int layer, const char* part) override {
     if (kNvtxEnabled)
@@ -94,10 +104,16 @@ struct ProbedRun::Probe final : GraphProbe {
   std::vector<KernelSpan> kernels() {
     std::vector<KernelSpan> v;
     if (!activity) return v;
-    for (auto& a : be.take_activity()) {
-      auto ms = [&](std::uint64_t ns) {
-        return ref_host + (static_cast<double>(ns) - static_cast<double>(ref_activity)) * 1e-6;
-      };
+    auto records = be.take_activity();
+    std::uint64_t anchor = ref_activity;
+    for (const auto& a : records)
+      if (a.tag == kMarker) anchor = a.start_ns;
+    // the difference in integers first: the clock counts nanoseconds since 1970, past a double's 2^53
+    auto ms = [&](std::uint64_t ns) {
+      return ref_host + static_cast<double>(static_cast<std::int64_t>(ns - anchor)) * 1e-6;
+    };
+    for (auto& a : records) {
+      if (a.tag == kMarker) continue;
       KernelSpan k{std::move(a.name), ms(a.start_ns), ms(a.end_ns), KernelSpan::kUntagged, "", "", a.stream};
       if (a.tag >= 1 && a.tag <= tagged.size()) {
         const Tagged& t = tagged[a.tag - 1];

@@ -125,6 +125,12 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
          "memory: decode and resize every image of the --data folder once, at start, and keep it in memory; each "
          "step then only crops, flips and normalises (refused, with the bytes, when it does not fit)")
       ->type_name("none|memory");
+  app.add_option_function<std::string>(
+         "--decode", [&b](const std::string& v) { b.decode = *try_parse_enum<DecodeOn>(v); },
+         "where a --data folder's JPEG files are decoded, resized, cropped and normalised: cpu (the "
+         "--data-threads) or gpu (nvJPEG and stepbench's kernels on each GPU; the threads only read the files)")
+      ->check(CLI::IsMember(names_of<DecodeOn>()))
+      ->type_name("cpu|gpu");
   app.add_option("--cache-limit-mb", b.cache_limit_mb,
                  "the most --cache memory may use (default: 80% of the memory the kernel reports available)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
@@ -236,6 +242,16 @@ void resolve(Options& o) {
     throw UsageError(b.data == DataKind::records
                          ? "--cache memory: a record file is already decoded and resized; drop --cache"
                          : "--cache memory caches the images of a --data folder; give --data DIR or drop --cache");
+  if (b.decode == DecodeOn::gpu && b.data != DataKind::image_folder)
+    throw UsageError(b.data == DataKind::records
+                         ? "--decode gpu: a record file is already decoded and resized; drop --decode gpu"
+                         : "--decode gpu decodes the JPEG files of a --data folder; give --data DIR or drop it");
+  if (b.decode == DecodeOn::gpu && !cuda)
+    throw UsageError("--decode gpu decodes on a GPU (nvJPEG); the cpu backend decodes on the --data-threads: drop it");
+  if (b.decode == DecodeOn::gpu && b.suggest)
+    throw UsageError("--suggest measures the CPU pipeline's remedies; run it without --decode gpu");
+  if (b.decode == DecodeOn::gpu && b.cache == InputCache::memory)
+    throw UsageError("--decode gpu decodes every step on the GPU; --cache memory decodes once on the CPU: give one");
   if (o.given("--cache-limit-mb") && b.cache != InputCache::memory)
     throw UsageError("--cache-limit-mb caps --cache memory: add --cache memory or drop it");
   if (b.suggest && !b.data_files())
@@ -260,7 +276,7 @@ void resolve(Options& o) {
   }
   if (b.sweep()) {
     for (const char* f : {"--phases", "--per-layer", "--layer-times", "--trace", "--peer", "--cuda-graph", "--history",
-                          "--list", "--data", "--cache", "--cache-limit-mb", "--suggest"})
+                          "--list", "--data", "--cache", "--cache-limit-mb", "--suggest", "--decode"})
       if (o.given(f))
         throw UsageError(fmt::format(
             "{} does not go with --sweep-gpus / --sweep-batch (the sweep times the training step over its grid, on "

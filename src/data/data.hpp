@@ -63,6 +63,9 @@ struct PipelineOptions {
   // The backend whose allocate_host provides the batches (pinned on the cuda backend, so staging
   // copies are asynchronous DMA); null: plain host memory. It must outlive the pipeline.
   Backend* pin = nullptr;
+  // --decode gpu: the threads only read the files (a folder of JPEG files, no cache); each batch
+  // carries the files' bytes and their crops (HostBatch::files, crops) for the device to decode.
+  bool encoded = false;
 };
 
 // What the kernel says can be allocated without swapping (MemAvailable), in bytes; 0 if unknown.
@@ -75,8 +78,13 @@ std::uint64_t cache_limit_bytes(const PipelineOptions& o);
 class HostBatch {
  public:
   HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin = nullptr);
-  std::span<float> images;
+  std::span<float> images;  // empty for an encoded pipeline's batches
   std::span<std::int32_t> labels;
+  // An encoded pipeline's batch (PipelineOptions::encoded): each image's JPEG file, its crop in the
+  // R x R image and flip, and its item (ImagePipeline::file_name).
+  std::vector<std::vector<unsigned char>> files;
+  std::vector<ImageCrop> crops;
+  std::vector<std::size_t> items;
   bool pinned() const { return pinned_; }
 
  private:
@@ -113,6 +121,9 @@ class ImagePipeline {
   const StageTimes& cache_fill() const { return fill_; }
   double cache_fill_seconds() const { return fill_seconds_; }
   std::uint64_t cache_bytes() const { return cache_.size(); }
+  const std::string& file_name(std::size_t item) const { return files_.at(item); }
+  // An image the consumer could not decode after all (--decode gpu): counted and named as skipped.
+  void count_skipped(std::size_t item, const std::string& why);
 
  private:
   void start();

@@ -211,4 +211,19 @@ bool decode_image(const unsigned char* p, std::size_t n, Image8& out, std::strin
   return false;
 }
 
+bool jpeg_header(const unsigned char* p, std::size_t n, std::string& why) {
+  if (sniff_image(p, n) != ImageFormat::jpeg) {
+    why = "is not a JPEG";
+    return false;
+  }
+  thread_local std::unique_ptr<TjHandle> handle;
+  handle = std::make_unique<TjHandle>();  // fresh each time: a failed header can spoil a handle (decode_jpeg)
+  int W = 0, H = 0, sub = 0, cs = 0;
+  if (tjDecompressHeader3(handle->h, const_cast<unsigned char*>(p), n, &W, &H, &sub, &cs) != 0 || W <= 0 || H <= 0) {
+    why = fmt::format("is not a JPEG ({})", tjGetErrorStr2(handle->h));
+    return false;
+  }
+  return plausible_size(W, H, n, why);
+}
+
 }  // namespace stepbench

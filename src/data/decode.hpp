@@ -28,4 +28,8 @@ bool read_file(const std::string& path, std::vector<unsigned char>& out, std::st
 // claims more pixels than its bytes can hold (a damaged header must not make a gigabyte allocation).
 bool decode_image(const unsigned char* p, std::size_t n, Image8& out, std::string& why);
 
+// Whether p holds a JPEG whose header libjpeg-turbo reads, of a plausible size for its bytes (the
+// check --decode gpu makes before a file goes to the device); false with the reason.
+bool jpeg_header(const unsigned char* p, std::size_t n, std::string& why);
+
 }  // namespace stepbench

@@ -48,6 +48,13 @@ HostBatch::HostBatch(std::size_t image_floats, std::size_t batch, Backend* pin) 
 
 ImagePipeline::ImagePipeline(ImageFolder folder, PipelineOptions o) : o_(o) {
   validate();
+  if (o_.encoded && folder.png > 0)
+    throw UsageError(fmt::format(
+        "--decode gpu decodes JPEG files (nvJPEG); the folder holds {} PNG file{}: drop --decode gpu, or make a "
+        "record file of it (stepbench make-records) and use --data with that",
+        folder.png, folder.png == 1 ? "" : "s"));
+  if (o_.encoded && o_.cache == InputCache::memory)
+    throw UsageError("--decode gpu decodes every step on the GPU; --cache memory decodes once on the CPU: give one");
   R_ = o_.store_size > 0 ? o_.store_size : default_store_size(o_.image_size);
   files_ = std::move(folder.files);
   labels_ = std::move(folder.labels);
@@ -72,6 +79,8 @@ ImagePipeline::ImagePipeline(std::shared_ptr<const RecordFile> records, Pipeline
   validate();
   if (o_.cache == InputCache::memory)
     throw UsageError("--cache memory with a record file: the records are already decoded and resized; drop --cache");
+  if (o_.encoded)
+    throw UsageError("--decode gpu with a record file: the records are already decoded and resized; drop --decode");
   R_ = records_->store_size();
   classes_ = records_->classes().size();
   labels_.resize(records_->size());
@@ -135,11 +144,16 @@ void ImagePipeline::start() {
       probe_stride_ = p;
       break;
     }
-  const std::size_t image_floats = static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
+  const std::size_t image_floats = o_.encoded ? 0 : static_cast<std::size_t>(3 * o_.image_size * o_.image_size);
   // Batches in flight: every thread filling one, plus `prefetch` ready ones.
   for (int i = 0; i < o_.threads + o_.prefetch; ++i) {
     free_.push_back(std::make_unique<HostBatch>(image_floats * static_cast<std::size_t>(o_.batch),
                                                 static_cast<std::size_t>(o_.batch), o_.pin));
+    if (o_.encoded) {
+      free_.back()->files.resize(static_cast<std::size_t>(o_.batch));
+      free_.back()->crops.resize(static_cast<std::size_t>(o_.batch));
+      free_.back()->items.resize(static_cast<std::size_t>(o_.batch));
+    }
   }
   counters_.reserve(static_cast<std::size_t>(o_.threads));
   for (int i = 0; i < o_.threads; ++i) counters_.push_back(std::make_unique<StageCounters>());
@@ -227,10 +241,27 @@ void ImagePipeline::worker(int id) {
         const unsigned char* img = nullptr;
         ctr.lap(Stage::assembly);
         bool ok = false;
-        try {  // an allocation that fails for one image skips that image
-          ok = load(item, buf, &img, ctr, why);
+        try {                // an allocation that fails for one image skips that image
+          if (o_.encoded) {  // the file's bytes for the device, its header checked here
+            auto& f = b->files[static_cast<std::size_t>(i)];
+            ok = read_file(files_[item], f, why) && jpeg_header(f.data(), f.size(), why);
+            ctr.lap(Stage::read);
+          } else {
+            ok = load(item, buf, &img, ctr, why);
+          }
         } catch (const std::exception& e) {
           why = fmt::format("could not be decoded ({})", e.what());
+        }
+        if (ok && o_.encoded) {
+          const CropBox box = random_crop_box(R_, o_, crop_seed(o_.seed, k));
+          b->crops[static_cast<std::size_t>(i)] = ImageCrop{box.x, box.y, box.w, box.h, box.flip};
+          b->items[static_cast<std::size_t>(i)] = item;
+          b->labels[static_cast<std::size_t>(i)] = labels_[item];
+          ctr.lap(Stage::assembly);
+          decoded_.fetch_add(1);
+          ctr.count_image();
+          failed_in_a_row_.store(0);
+          break;
         }
         if (ok) {
           const CropBox box = random_crop_box(R_, o_, crop_seed(o_.seed, k));
@@ -287,6 +318,12 @@ void ImagePipeline::recycle(std::unique_ptr<HostBatch> b) {
     free_.push_back(std::move(b));
   }
   space_cv_.notify_all();
+}
+
+void ImagePipeline::count_skipped(std::size_t item, const std::string& why) {
+  skipped_.fetch_add(1);
+  std::lock_guard<std::mutex> l(mu_);
+  if (skipped_examples_.size() < 5) skipped_examples_.push_back(fmt::format("{} {}", files_.at(item), why));
 }
 
 std::vector<std::string> ImagePipeline::skipped_examples() const {

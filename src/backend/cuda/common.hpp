@@ -118,6 +118,8 @@ class FallbackNotes {
 };
 
 // ---- the ops ---------------------------------------------------------------------------------------
+// --decode gpu (image_decode.cpp): nvJPEG and the pipeline's transforms on `device`.
+std::unique_ptr<ImageDecodeOp> make_cuda_image_decoder(int device, const ImageDecodeParams& p);
 std::unique_ptr<ConvOp> make_cuda_conv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p);
 std::unique_ptr<LinearOp> make_cuda_linear(const Ctx& c, const TensorDesc& x, const TensorDesc& y);
 std::unique_ptr<BatchNormOp> make_cuda_batch_norm(const Ctx& c, const TensorDesc& x, const TensorDesc& y,

@@ -67,18 +67,22 @@ struct Api {
   decltype(&cuptiGetResultString) result_string = nullptr;
 };
 
+// Two locks: `ctl` around loading, starting and stopping (CUPTI calls that may deliver buffers or wait
+// for CUPTI's own thread), `rec` around the records alone, which buffer_completed takes: no CUPTI
+// call is made while `rec` is held.
 struct State {
-  std::mutex mu;  // everything below
+  std::mutex ctl;
   bool tried = false;
   std::string why;  // why CUPTI is not available ("" once loaded)
   Api api;
   int users = 0;
   bool callbacks = false;
+  std::mutex rec;
   std::vector<Record> records;
   std::unordered_map<std::uint32_t, std::uint64_t> tags;  // API call's correlation id -> tag
 };
 State& state() {
-  static State s;
+  static State& s = *new State;  // never destroyed: CUPTI may hand a buffer back during the process's exit
   return s;
 }
 
@@ -136,19 +140,21 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::si
 void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t, std::size_t valid) {
   State& s = state();
   {
-    const std::lock_guard<std::mutex> lock(s.mu);
+    const std::lock_guard<std::mutex> lock(s.rec);
     CUpti_Activity* r = nullptr;
     while (s.api.next_record != nullptr && s.api.next_record(buffer, valid, &r) == CUPTI_SUCCESS) {
       switch (r->kind) {
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
         case CUPTI_ACTIVITY_KIND_KERNEL: {
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+          if (k->start == 0 || k->end < k->start) break;  // no times collected
           s.records.push_back(
               {{demangle(k->name), k->start, k->end, 0, k->streamId}, static_cast<int>(k->deviceId), k->correlationId});
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
           const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+          if (m->start == 0 || m->end < m->start) break;
           const char* kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
                              : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
                              : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "DtoD"
@@ -160,6 +166,7 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
           const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
+          if (m->start == 0 || m->end < m->start) break;
           s.records.push_back({{fmt::format("memset ({} bytes)", m->bytes), m->start, m->end, 0, m->streamId},
                                static_cast<int>(m->deviceId),
                                m->correlationId});
@@ -182,14 +189,14 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
 
 std::string cupti_unavailable() {
   State& s = state();
-  const std::lock_guard<std::mutex> lock(s.mu);
+  const std::lock_guard<std::mutex> lock(s.ctl);
   load(s);
   return s.why;
 }
 
 void cupti_start() {
   State& s = state();
-  const std::lock_guard<std::mutex> lock(s.mu);
+  const std::lock_guard<std::mutex> lock(s.ctl);
   load(s);
   if (!s.why.empty()) throw UnsupportedError(s.why);
   if (s.users++ > 0) return;
@@ -212,9 +219,11 @@ void cupti_start() {
 
 void cupti_stop() {
   State& s = state();
-  const std::lock_guard<std::mutex> lock(s.mu);
+  const std::lock_guard<std::mutex> lock(s.ctl);
   if (s.users == 0 || --s.users > 0) return;
+  s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // what is still buffered is dropped, not kept for the next start
   for (CUpti_ActivityKind k : kKinds) s.api.disable(k);
+  const std::lock_guard<std::mutex> r(s.rec);
   s.records.clear();
   s.tags.clear();
 }
@@ -240,13 +249,13 @@ std::uint64_t cupti_now_ns() {
 std::vector<DeviceActivity> cupti_take(int device) {
   State& s = state();
   {
-    const std::lock_guard<std::mutex> lock(s.mu);
+    const std::lock_guard<std::mutex> lock(s.ctl);
     if (s.users == 0) return {};
+    // a forced flush calls buffer_completed on this thread, which takes `rec`
+    const CUptiResult r = s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (r != CUPTI_SUCCESS) throw Error(fmt::format("CUPTI: flushing the activity records failed: {}", err(s.api, r)));
   }
-  // outside the lock: a forced flush calls buffer_completed on this thread
-  const CUptiResult r = s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  if (r != CUPTI_SUCCESS) throw Error(fmt::format("CUPTI: flushing the activity records failed: {}", err(s.api, r)));
-  const std::lock_guard<std::mutex> lock(s.mu);
+  const std::lock_guard<std::mutex> lock(s.rec);
   std::vector<DeviceActivity> mine;
   std::vector<Record> rest;
   for (auto& rec : s.records) {

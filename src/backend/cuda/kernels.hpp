@@ -92,4 +92,23 @@ cudaError_t launch_cast(Flat src, Flat dst, std::size_t n, cudaStream_t s);
 cudaError_t launch_check_finite(const float* x, std::size_t n, float* scaler, cudaStream_t s);
 cudaError_t launch_update_loss_scale(float* scaler, int growth_interval, cudaStream_t s);
 
+// The input pipeline's transforms (--decode gpu; kernels_image.cu, src/data/augment.cpp's
+// arithmetic): decoded RGB images (device memory, rows `pitch` bytes apart) resized to R x R (the
+// shorter side, antialiased, centred), then each crop box resized to S x S, flipped, normalised into
+// slot `slot` of a float batch tensor.
+struct ImageIn {
+  const unsigned char* px;
+  int w, h;
+  std::size_t pitch;
+};
+struct CropIn {
+  int x, y, w, h, flip, slot;
+};
+struct NormIn {
+  float scale[3], shift[3];  // v * scale + shift: 1 / (255 std), -mean / std
+};
+cudaError_t launch_resize_store(const ImageIn* in, int n, int R, unsigned char* out, cudaStream_t s);
+cudaError_t launch_crop_normalise(const unsigned char* stored, int R, const CropIn* crops, int n, int S, NormIn nrm,
+                                  View out, cudaStream_t s);
+
 }  // namespace stepbench::cuda
