@@ -617,7 +617,11 @@ class Data(unittest.TestCase):
                     (["--data", rec, "--cache", "memory"], ["already decoded"]),
                     (["--suggest"], ["--data DIR"]),
                     (["--data", ds, "--cache", "disk"], ["none or memory"]),
-                    (["--data", ds, "--cache-limit-mb", "5"], ["add --cache memory"])]:
+                    (["--data", ds, "--cache-limit-mb", "5"], ["add --cache memory"]),
+                    (["--data", ds, "--decode", "gpu"], ["--decode gpu", "cpu backend", "drop it"]),
+                    (["--decode", "gpu"], ["--data DIR"]),
+                    (["--data", rec, "--decode", "gpu"], ["already decoded", "drop --decode gpu"]),
+                    (["--data", ds, "--decode", "tpu"], ["--decode", "cpu", "gpu"])]:
                 rc, _, err = run("--backend", "cpu", "--model", "tiny", *args, "--list")
                 self.assertEqual(rc, 2, f"{args}: {err}")
                 for w in words:
