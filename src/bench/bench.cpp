@@ -317,8 +317,8 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     const bool activity = (c.layer_times || !trace.empty()) && towers.backend(0).name() != "cpu";  // CUPTI
     std::string activity_note;
     try {
-      const auto steps = run_probed_steps(
-          towers, c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1, activity, &activity_note);
+      const int n = c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1;
+      const auto steps = run_probed_steps(towers, n, activity, &activity_note, &feeder);
       if (activity && root && activity_note != "CUPTI activity records")
         std::cerr << "stepbench: no kernel names in the probed steps: " << activity_note << "\n";
       if (!c.project_gpus.empty()) {

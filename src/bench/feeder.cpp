@@ -115,6 +115,16 @@ void Feeder::feed() {
   t_.flip();
 }
 
+void Feeder::trace(bool on) {
+  if (!active()) return;
+  t_.set_staging_timing(on);
+  if (pipe_) pipe_->trace_stages(on);
+}
+
+std::vector<std::vector<StageSpan>> Feeder::take_stage_spans() {
+  return pipe_ ? pipe_->take_stage_spans() : std::vector<std::vector<StageSpan>>{};
+}
+
 StageTimes Feeder::stage_times() const {
   StageTimes s = pipe_ ? pipe_->stage_times() : StageTimes{};
   s[Stage::copy] = copy_s_;

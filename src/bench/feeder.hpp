@@ -37,6 +37,9 @@ class Feeder {
   // Stage the next batch for every tower and make the next step read it.
   void feed();
   std::string describe() const;
+  // --trace: the staging's device times and the pipeline's stages per thread, from now on (or no more)
+  void trace(bool on);
+  std::vector<std::vector<StageSpan>> take_stage_spans();  // [thread], since the last take
   std::string skipped() const;  // "" when nothing was skipped
 
   // The pipeline's stage times so far, with the staging copies' host time (zeros for synthetic-host).

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <set>
 
 #include "tensor/error.hpp"
 
@@ -150,6 +151,10 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
     meta_ev("thread_name", 1, host_track ? "device: compute stream" : "compute (steady clock)");
     if (host_track) meta_ev("thread_name", 2, "host: launches");
     if (t.sync_bytes() > 0) meta_ev("thread_name", 3, "communication: gradient buckets");
+    const bool staged = std::any_of(steps.begin(), steps.end(), [&](const ProbedStep& s) {
+      return s.staging.size() > static_cast<std::size_t>(i) && s.staging[static_cast<std::size_t>(i)];
+    });
+    if (staged) meta_ev("thread_name", 4, "copy stream: the input batch staged");
     auto span = [&](int tid, const std::string& name, const char* cat, double b, double e, nlohmann::json args) {
       ev.push_back({{"ph", "X"},
                     {"name", name},
@@ -187,6 +192,10 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
       for (const auto& bs : steps[k].buckets.at(static_cast<std::size_t>(i)))
         span(3, fmt::format("bucket {}", bs.bucket), "sync", bs.begin_ms, bs.end_ms,
              {{"bytes", buckets.at(bs.bucket).second * sizeof(float)}, {"step", k}, {"sync", t.sync_name()}});
+      if (steps[k].staging.size() > static_cast<std::size_t>(i) && steps[k].staging[static_cast<std::size_t>(i)]) {
+        const auto [b, e] = *steps[k].staging[static_cast<std::size_t>(i)];
+        span(4, "stage batch", "input", b, e, {{"step", k}});
+      }
     }
     // The device's kernels, copies and sets (its activity records: CUPTI), a track per stream, and a
     // lane more where work on one stream overlaps (Hopper's programmatic dependent launch lets a
@@ -216,6 +225,41 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
              {{"layer", lab}, {"part", ks.part}, {"pass", ks.phase}, {"step", k}, {"stream", ks.stream}});
       }
     }
+  }
+  // The input pipeline's threads (one process of this rank's, after its towers): each stage of each
+  // image, the batches' bookkeeping and the waits for room, as they happened during the probed steps.
+  const int input_pid = t.global_size() + t.rank();
+  bool input = false;
+  for (std::size_t k = 0; k < steps.size(); ++k)
+    for (const InputSpan& s : steps[k].input) {
+      if (!input) {
+        ev.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", input_pid},
+                      {"args", {{"name", fmt::format("input pipeline (rank {})", t.rank())}}}});
+        ev.push_back(
+            {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", input_pid}, {"args", {{"sort_index", input_pid}}}});
+        input = true;
+      }
+      ev.push_back({{"ph", "X"},
+                    {"name", s.stage},
+                    {"cat", "input"},
+                    {"pid", input_pid},
+                    {"tid", s.thread + 1},
+                    {"ts", s.t0 * 1e3},
+                    {"dur", std::max(0.0, s.t1 - s.t0) * 1e3},
+                    {"args", {{"step", k}}}});
+    }
+  if (input) {
+    std::set<int> threads;
+    for (const auto& st : steps)
+      for (const auto& s : st.input) threads.insert(s.thread);
+    for (int th : threads)
+      ev.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", input_pid},
+                    {"tid", th + 1},
+                    {"args", {{"name", fmt::format("thread {}", th)}}}});
   }
   // per track in time order, parents (the longer span) before the children that start with them
   std::stable_sort(ev.begin(), ev.end(), [](const nlohmann::json& a, const nlohmann::json& b) {

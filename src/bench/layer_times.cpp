@@ -149,7 +149,8 @@ struct ProbedRun::Probe final : GraphProbe {
   }
 };
 
-ProbedRun::ProbedRun(Towers& t, bool activity) : t_(t), origin_(steady_ms()) {
+ProbedRun::ProbedRun(Towers& t, bool activity, Feeder* feeder)
+    : t_(t), origin_(steady_ms()), feeder_(feeder && feeder->active() ? feeder : nullptr) {
   for (int i = 0; i < t.size(); ++i) {
     std::vector<std::string> labels;
     for (const auto& l : t.graph(i).layers()) labels.push_back(l.label);
@@ -171,11 +172,13 @@ ProbedRun::ProbedRun(Towers& t, bool activity) : t_(t), origin_(steady_ms()) {
   }
   for (int i = 0; i < t.size(); ++i) t.graph(i).set_probe(probes_[static_cast<std::size_t>(i)].get());
   t.set_sync_timing(true);
+  if (feeder_) feeder_->trace(true);
 }
 
 ProbedRun::~ProbedRun() {
   for (int i = 0; i < t_.size(); ++i) t_.graph(i).set_probe(nullptr);
   t_.set_sync_timing(false);
+  if (feeder_) feeder_->trace(false);
   for (auto& p : probes_)
     if (p->activity) p->be.stop_activity();
 }
@@ -187,6 +190,7 @@ ProbedStep ProbedRun::step() {
     for (int i = 0; i < n; ++i) f(*probes_[static_cast<std::size_t>(i)], t_.stream(i));
   };
   each([](Probe& p, Stream& s) { p.start(s); });
+  if (feeder_) feeder_->feed();  // the batch this step reads, staged as the timed step:data steps stage it
   auto phase = [&](const char* name) { each([name](Probe& p, Stream&) { p.phase = name; }); };
   NvtxRange nv("step (probed)");
   phase("forward");
@@ -211,12 +215,24 @@ ProbedStep ProbedRun::step() {
     for (auto& x : b) x.begin_ms += p.ref_host, x.end_ms += p.ref_host;
     st.buckets.push_back(std::move(b));
     st.kernels.push_back(p.kernels());
+    auto staged = t_.staging_span(i, *p.ev[0]);
+    if (staged) staged->first += p.ref_host, staged->second += p.ref_host;
+    st.staging.push_back(staged);
+  }
+  if (feeder_) {
+    const auto threads = feeder_->take_stage_spans();
+    for (std::size_t k = 0; k < threads.size(); ++k)
+      for (const StageSpan& s : threads[k])
+        st.input.push_back(
+            {static_cast<int>(k),
+             s.stage == StageSpan::kIdle ? "wait for room" : kStageNames[static_cast<std::size_t>(s.stage)].data(),
+             static_cast<double>(s.t0) * 1e-6 - origin_, static_cast<double>(s.t1) * 1e-6 - origin_});
   }
   return st;
 }
 
-std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity, std::string* note) {
-  ProbedRun run(t, activity);
+std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity, std::string* note, Feeder* feeder) {
+  ProbedRun run(t, activity, feeder);
   if (note) *note = run.activity_note();
   run.step();  // makes the events (and CUPTI's first buffers); not kept
   std::vector<ProbedStep> v;

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/feeder.hpp"
 #include "train/towers.hpp"
 
 namespace stepbench {
@@ -37,10 +39,22 @@ struct KernelSpan {
   static constexpr int kUntagged = -3;
 };
 
+// One stage of the input pipeline's work on one of its threads (or its wait for room), in ms since
+// the run's origin.
+struct InputSpan {
+  int thread;
+  const char* stage;  // kStageNames', or "wait for room"
+  double t0, t1;
+};
+
 struct ProbedStep {
   std::vector<std::vector<ProbeSpan>> towers;            // [tower]: in the order they began
   std::vector<std::vector<Towers::BucketSpan>> buckets;  // [tower], ms since the run's origin
   std::vector<std::vector<KernelSpan>> kernels;          // [tower], by start; empty without activity records
+  // with a data source (a Feeder): each tower's staging of this step's batch on its copy stream, and
+  // what the pipeline's threads did since the last step's end
+  std::vector<std::optional<std::pair<double, double>>> staging;  // [tower]
+  std::vector<InputSpan> input;
 };
 
 class ProbedRun {
@@ -48,7 +62,9 @@ class ProbedRun {
   // Attaches a probe to every tower's graph and turns the sync timing on; both undone on destruction.
   // activity: also the device's activity records (kernel names), where the backend has them; where
   // it cannot, activity_note() says why and the steps go on without.
-  explicit ProbedRun(Towers& t, bool activity = false);
+  // feeder (may be null): with a data source, each probed step is fed a batch first, as the timed
+  // step:data=... steps are, and the staging and the pipeline's threads are traced.
+  explicit ProbedRun(Towers& t, bool activity = false, Feeder* feeder = nullptr);
   ~ProbedRun();
   ProbedRun(const ProbedRun&) = delete;
   ProbedRun& operator=(const ProbedRun&) = delete;
@@ -62,6 +78,7 @@ class ProbedRun {
   Towers& t_;
   std::vector<std::unique_ptr<Probe>> probes_;
   double origin_;  // the steady clock at construction, ms
+  Feeder* feeder_ = nullptr;  // active, or null
   bool activity_ = false;
   std::string activity_note_;
 };
@@ -69,7 +86,8 @@ class ProbedRun {
 // After the timed repetitions: one untimed probed step (it makes the events), then `steps` probed
 // steps. Every process of an MPI run calls it together (the steps sync gradients). activity: with
 // the device's kernels (ProbedRun); *note (if given) gets ProbedRun::activity_note.
-std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity = false, std::string* note = nullptr);
+std::vector<ProbedStep> run_probed_steps(Towers& t, int steps, bool activity = false, std::string* note = nullptr,
+                                         Feeder* feeder = nullptr);
 
 // Medians over the probed steps of tower 0: per layer and piece, per phase, the step, and what the
 // pieces leave uncovered. `peak_tflops` (0: unknown) gives a percentage of peak per convolution.

@@ -122,6 +122,10 @@ class ImagePipeline {
   double cache_fill_seconds() const { return fill_seconds_; }
   std::uint64_t cache_bytes() const { return cache_.size(); }
   const std::string& file_name(std::size_t item) const { return files_.at(item); }
+  // --trace: every worker's stages as spans from now on (or no more); take_stage_spans hands over
+  // each worker's since the last take, [thread][span].
+  void trace_stages(bool on);
+  std::vector<std::vector<StageSpan>> take_stage_spans();
   // An image the consumer could not decode after all (--decode gpu): counted and named as skipped.
   void count_skipped(std::size_t item, const std::string& why);
 

@@ -331,6 +331,16 @@ std::vector<std::string> ImagePipeline::skipped_examples() const {
   return skipped_examples_;
 }
 
+void ImagePipeline::trace_stages(bool on) {
+  for (auto& c : counters_) c->trace(on);
+}
+
+std::vector<std::vector<StageSpan>> ImagePipeline::take_stage_spans() {
+  std::vector<std::vector<StageSpan>> v;
+  for (auto& c : counters_) v.push_back(c->take_spans());
+  return v;
+}
+
 StageTimes ImagePipeline::stage_times() const {
   StageTimes t;
   for (const auto& c : counters_) c->add_to(t);

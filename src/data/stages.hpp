@@ -3,12 +3,14 @@
 // time per batch outside its images (taking a buffer, the labels, handing the batch over); `copy` is the host-to-device
 // staging on the step's side; `idle` is the workers' time waiting for room (the step is slower than they are).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 namespace stepbench {
 
@@ -49,6 +51,14 @@ struct StageTimes {
   }
 };
 
+// One stage of one worker thread (or its wait for room), on the steady clock (ns since its epoch):
+// what a thread did, kept while tracing is on (--trace's input pipeline tracks).
+struct StageSpan {
+  static constexpr int kIdle = -1;
+  int stage;  // a Stage, or kIdle
+  std::uint64_t t0, t1;
+};
+
 // One thread's clock. Every moment since its construction belongs to exactly one of: a stage
 // (lap(s) charges the time since the last lap, or since the last wait, to s), a wait for room
 // (begin_idle/end_idle), or the stage in progress, which a snapshot counts as `open`. So between
@@ -61,12 +71,14 @@ class StageCounters {
     const auto t = now();
     std::lock_guard<std::mutex> l(mu_);
     ns_[static_cast<std::size_t>(s)] += t - last_;
+    if (tracing_) spans_.push_back({static_cast<int>(s), std::max(last_, since_), t});
     last_ = t;
   }
   void begin_idle() {  // what led up to the wait is the batch's bookkeeping
     const auto t = now();
     std::lock_guard<std::mutex> l(mu_);
     ns_[static_cast<std::size_t>(Stage::assembly)] += t - last_;
+    if (tracing_) spans_.push_back({static_cast<int>(Stage::assembly), std::max(last_, since_), t});
     last_ = t;
     waiting_ = true;
   }
@@ -74,8 +86,23 @@ class StageCounters {
     const auto t = now();
     std::lock_guard<std::mutex> l(mu_);
     idle_ns_ += t - last_;
+    if (tracing_) spans_.push_back({StageSpan::kIdle, std::max(last_, since_), t});
     last_ = t;
     waiting_ = false;
+  }
+  // Keep every stage's span from now on (or stop), and hand over those kept so far.
+  void trace(bool on) {
+    const auto t = now();
+    std::lock_guard<std::mutex> l(mu_);
+    tracing_ = on;
+    since_ = t;  // a span in progress is kept from here
+    spans_.clear();
+  }
+  std::vector<StageSpan> take_spans() {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<StageSpan> v;
+    v.swap(spans_);
+    return v;
   }
   void count_image() {
     std::lock_guard<std::mutex> l(mu_);
@@ -106,6 +133,9 @@ class StageCounters {
   std::array<std::uint64_t, kStages> ns_{};
   std::uint64_t idle_ns_ = 0, last_ = 0, images_ = 0, batches_ = 0;
   bool waiting_ = false;
+  bool tracing_ = false;
+  std::uint64_t since_ = 0;
+  std::vector<StageSpan> spans_;
 };
 
 }  // namespace stepbench

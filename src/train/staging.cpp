@@ -30,10 +30,12 @@ void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
   Backend& be = backend(tower);
   const int spare = st.cur == 0 ? 1 : 0;
   if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
+  if (st.begin) be.record(*st.begin, *st.copy);
   be.copy(*st.copy, st.images[spare].get(), images, input_floats() * sizeof(float));
   if (opt_.dtype() != DType::f32)
     be.cast(*st.copy, st.images[spare].get(), DType::f32, st.narrow[spare].get(), opt_.dtype(), input_floats());
   be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
+  if (st.end) be.record(*st.end, *st.copy), st.timed = true;
   be.record(*st.copied[spare], *st.copy);
   be.synchronize(*st.copy);  // the host batch may be reused once this returns
 }
@@ -45,13 +47,33 @@ void Towers::stage_on_device(int tower, const std::function<void(Stream&, const 
   Backend& be = backend(tower);
   const int spare = st.cur == 0 ? 1 : 0;
   if (st.consumed_recorded[spare]) be.wait(*st.copy, *st.consumed[spare]);
+  if (st.begin) be.record(*st.begin, *st.copy);
   const TensorDesc in = graph(tower).input_tensor().desc;
   fill(*st.copy, Tensor{st.images[spare].get(), TensorDesc::dense(in.shape, DType::f32, in.layout)});
   if (opt_.dtype() != DType::f32)
     be.cast(*st.copy, st.images[spare].get(), DType::f32, st.narrow[spare].get(), opt_.dtype(), input_floats());
   be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
+  if (st.end) be.record(*st.end, *st.copy), st.timed = true;
   be.record(*st.copied[spare], *st.copy);
   be.synchronize(*st.copy);
+}
+
+void Towers::set_staging_timing(bool on) {
+  for (int i = 0; i < static_cast<int>(staging_.size()); ++i) {
+    auto& st = *staging_[static_cast<std::size_t>(i)];
+    st.begin = on ? backend(i).create_event() : nullptr;
+    st.end = on ? backend(i).create_event() : nullptr;
+    st.timed = false;
+  }
+}
+
+std::optional<std::pair<double, double>> Towers::staging_span(int tower, Event& ref) {
+  if (static_cast<std::size_t>(tower) >= staging_.size()) return std::nullopt;
+  auto& st = *staging_[static_cast<std::size_t>(tower)];
+  if (!st.timed) return std::nullopt;
+  st.timed = false;
+  Backend& be = backend(tower);
+  return std::make_pair(be.elapsed_ms(ref, *st.begin), be.elapsed_ms(ref, *st.end));
 }
 
 void Towers::flip() {

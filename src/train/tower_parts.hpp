@@ -42,6 +42,9 @@ struct Towers::Staging {
   std::unique_ptr<Event> copied[2], consumed[2];
   bool consumed_recorded[2] = {false, false};
   int cur = -1;  // the buffer steps read; -1: the graph's own
+  // set_staging_timing: timing events around the last stage()'s work on the copy stream
+  std::unique_ptr<Event> begin, end;
+  bool timed = false;
 };
 
 }  // namespace stepbench

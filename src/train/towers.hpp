@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,11 @@ class Towers {
   // there (and may wait for it), after which the buffer is cast and the labels copied as in stage().
   void stage_on_device(int tower, const std::function<void(Stream&, const Tensor&)>& fill, const std::int32_t* labels);
   void flip();
+  // Timing of the staging (--trace): with it on, stage() and stage_on_device() record events around
+  // their work on the copy stream; staging_span(i, ref) gives tower i's last one as device times in
+  // ms since `ref` (an event of its compute stream), once, or nothing.
+  void set_staging_timing(bool on);
+  std::optional<std::pair<double, double>> staging_span(int tower, Event& ref);
   std::size_t input_bytes() const;   // the graph's input, in its precision
   std::size_t input_floats() const;  // its elements: what stage() reads
 

@@ -24,8 +24,9 @@ def run(*args, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
-def check_trace(test, path, towers, layers=None, convs=None):
-    """Well-formed, nested per track, monotonic per track, every layer once per pass and step."""
+def check_trace(test, path, towers, layers=None, convs=None, input_threads=0):
+    """Well-formed, nested per track, monotonic per track, every layer once per pass and step; with
+    input_threads, a process more for the input pipeline with a track per thread."""
     with open(path) as f:
         j = json.load(f)
     ev = j["traceEvents"]
@@ -37,7 +38,7 @@ def check_trace(test, path, towers, layers=None, convs=None):
             test.assertIsInstance(e.get(k), t, e)
         test.assertGreaterEqual(e["ts"], 0, e)
         test.assertGreaterEqual(e["dur"], 0, e)
-    test.assertEqual({e["pid"] for e in spans}, set(range(towers)))
+    test.assertEqual({e["pid"] for e in spans}, set(range(towers + (1 if input_threads else 0))))
     names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in meta if e["name"] in ("process_name", "thread_name")}
     for pid in range(towers):
         test.assertIn((pid, None), names)
@@ -46,6 +47,12 @@ def check_trace(test, path, towers, layers=None, convs=None):
     for e in spans:
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
     eps = 1e-6  # µs: printing rounds the last digit
+    if input_threads:
+        inp = [e for e in spans if e["pid"] == towers]
+        test.assertEqual({e["tid"] for e in inp}, set(range(1, input_threads + 1)))
+        test.assertTrue({e["name"] for e in inp} <= {"read", "decode", "resize", "crop", "flip_normalise", "assembly",
+                                                      "wait for room"}, {e["name"] for e in inp})
+        test.assertEqual(names[(towers, None)], "input pipeline (rank 0)")
     for key, v in tracks.items():
         ts = [e["ts"] for e in v]
         test.assertEqual(ts, sorted(ts), f"track {key}: timestamps go back")
@@ -164,6 +171,30 @@ class LayerTimes(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             check_trace(self, path, 1, convs=94)  # torchvision's 94 BasicConv2d without the aux head
             self.assertIn("Mixed_7c", out)
+
+    def test_a_trace_with_an_input_pipeline(self):
+        """--data: each probed step is fed a batch, staged on the copy stream's track, and the
+        pipeline's threads show what they did, stage by stage."""
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "jpegs")
+            rc, out, err = run("make-dataset", data, "--images", "24", "--classes", "2", "--size", "80x60")
+            self.assertEqual(rc, 0, err)
+            for towers in (1, 2):
+                path = os.path.join(d, f"trace{towers}.json")
+                rc, out, err = run(*TINY, "--gpus", str(towers), "--data", data, "--data-threads", "2", "--phases",
+                                   "step", "--repetitions", "1", "--layer-times", "--trace", path, *FAST)
+                self.assertEqual(rc, 0, f"{out}\n{err}")
+                j = check_trace(self, path, towers, layers=TINY_LAYERS, input_threads=2)
+                steps = j["otherData"]["steps"]
+                ev = [e for e in j["traceEvents"] if e["ph"] == "X"]
+                for pid in range(towers):
+                    staged = [e for e in ev if e["pid"] == pid and e["tid"] == 4]
+                    self.assertEqual(len(staged), steps, f"tower {pid}: one staged batch per probed step")
+                    first = min(e["ts"] for e in ev if e["pid"] == pid and e["tid"] == 1 and e["cat"] == "piece")
+                    self.assertLessEqual(staged[0]["ts"], first, "the batch is staged before the step reads it")
+                names = {e["name"] for e in ev if e["pid"] == towers}
+                self.assertIn("decode", names)
+                self.assertIn("read", names)
 
     def test_a_trace_that_cannot_be_written_is_a_usage_error(self):
         rc, out, err = run(*TINY, "--phases", "step", "--trace", "/nonexistent-dir/trace.json", *FAST)
