@@ -197,32 +197,59 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
         span(4, "stage batch", "input", b, e, {{"step", k}});
       }
     }
-    // The device's kernels, copies and sets (its activity records: CUPTI), a track per stream, and a
-    // lane more where work on one stream overlaps (Hopper's programmatic dependent launch lets a
-    // kernel start before the one before it ends).
+    // The device's kernels, copies and sets (its activity records: CUPTI), a track per stream: each
+    // piece's kernels under a span of the piece (the cover of its kernels on that stream). A piece
+    // that overlaps the one before on the stream (Hopper's programmatic dependent launch lets a kernel
+    // start before the one before it ends) goes on a lane more; where a piece's own kernels overlap,
+    // they are spread over lanes and the piece's span stands alone.
     std::map<std::uint32_t, std::vector<double>> lanes;  // stream -> each lane's last end
     std::map<std::pair<std::uint32_t, std::size_t>, int> tids;
     int next_tid = 10;
+    auto place = [&](std::uint32_t stream, double t0, double t1) {  // the lane's track
+      auto& l = lanes[stream];
+      std::size_t lane = 0;
+      while (lane < l.size() && l[lane] > t0) ++lane;
+      if (lane == l.size()) l.push_back(-1e300);
+      l[lane] = t1;
+      auto [it, fresh] = tids.try_emplace({stream, lane}, next_tid);
+      if (fresh)
+        meta_ev("thread_name", next_tid++,
+                fmt::format("device: stream {} kernels (CUPTI){}", stream,
+                            lane ? fmt::format(", overlapping {}", lane) : ""));
+      return it->second;
+    };
+    auto label_of = [&](const KernelSpan& ks) {
+      return ks.layer == KernelSpan::kUntagged ? std::string("(no piece)")
+             : ks.layer >= 0                   ? layers.at(static_cast<std::size_t>(ks.layer)).label
+                                               : std::string(ks.part);
+    };
     for (std::size_t k = 0; k < steps.size(); ++k) {
       if (steps[k].kernels.size() <= static_cast<std::size_t>(i)) continue;
-      for (const KernelSpan& ks : steps[k].kernels[static_cast<std::size_t>(i)]) {
-        auto& l = lanes[ks.stream];
-        std::size_t lane = 0;
-        while (lane < l.size() && l[lane] > ks.t0) ++lane;
-        if (lane == l.size()) l.push_back(0);
-        l[lane] = ks.t1;
-        auto [it, fresh] = tids.try_emplace({ks.stream, lane}, next_tid);
-        if (fresh) {
-          meta_ev("thread_name", next_tid++,
-                  fmt::format("device: stream {} kernels (CUPTI){}", ks.stream,
-                              lane ? fmt::format(", overlapping {}", lane) : ""));
+      std::map<std::uint32_t, std::vector<const KernelSpan*>> by_stream;  // in start order
+      for (const KernelSpan& ks : steps[k].kernels[static_cast<std::size_t>(i)]) by_stream[ks.stream].push_back(&ks);
+      for (const auto& [stream, v] : by_stream) {
+        for (std::size_t a = 0; a < v.size();) {
+          std::size_t b = a + 1;  // [a, b): one piece's consecutive kernels (an untagged one alone)
+          while (b < v.size() && v[a]->layer != KernelSpan::kUntagged && v[b]->layer == v[a]->layer &&
+                 std::string(v[b]->part) == v[a]->part && std::string(v[b]->phase) == v[a]->phase)
+            ++b;
+          double t0 = v[a]->t0, t1 = v[a]->t1;
+          bool overlap = false;
+          for (std::size_t m = a + 1; m < b; ++m) {
+            overlap = overlap || v[m]->t0 < t1;
+            t1 = std::max(t1, v[m]->t1);
+          }
+          const std::string lab = label_of(*v[a]);
+          const bool piece = v[a]->layer != KernelSpan::kUntagged;
+          const int tid = place(stream, t0, t1);
+          if (piece)
+            span(tid, lab + "/" + v[a]->part, "piece", t0, t1,
+                 {{"layer", lab}, {"part", v[a]->part}, {"pass", v[a]->phase}, {"step", k}, {"kernels", b - a}});
+          for (std::size_t m = a; m < b; ++m)
+            span(overlap ? place(stream, v[m]->t0, v[m]->t1) : tid, v[m]->name, "kernel", v[m]->t0, v[m]->t1,
+                 {{"layer", lab}, {"part", v[m]->part}, {"pass", v[m]->phase}, {"step", k}, {"stream", stream}});
+          a = b;
         }
-        const bool tagged = ks.layer != KernelSpan::kUntagged;
-        const std::string lab = !tagged         ? "(no piece)"
-                                : ks.layer >= 0 ? layers.at(static_cast<std::size_t>(ks.layer)).label
-                                                : std::string(ks.part);
-        span(it->second, ks.name, "kernel", ks.t0, ks.t1,
-             {{"layer", lab}, {"part", ks.part}, {"pass", ks.phase}, {"step", k}, {"stream", ks.stream}});
       }
     }
   }

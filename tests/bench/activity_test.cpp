@@ -5,6 +5,7 @@
 // CUPTI side itself runs in CudaActivity.* where a GPU is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -103,32 +104,55 @@ TEST(Activity, TraceTracksPerStreamWithALaneForOverlaps) {
   Towers t(tiny());
   t.set_synthetic_batch(1);
   auto steps = run_probed_steps(t, 2);
-  for (auto& st : steps) lay(st, t);
+  std::size_t records = 0;
+  for (auto& st : steps) records += static_cast<std::size_t>(lay(st, t).count);
   const auto j = trace_json(steps, t, {{"kernels", "test"}});
+  struct Span {
+    double b, e;
+    std::string name, cat;
+  };
   std::map<int, std::string> names;
-  std::map<int, std::vector<std::pair<double, double>>> spans;
-  std::set<std::string> layers;
+  std::map<int, std::vector<Span>> tracks;  // the kernel tracks (tid >= 10)
   for (const auto& e : j["traceEvents"]) {
     if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"].get<int>()] = e["args"]["name"];
-    if (e["ph"] == "X" && e["cat"] == "kernel") {
-      spans[e["tid"].get<int>()].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
-      layers.insert(e["args"]["layer"].get<std::string>());
+    if (e["ph"] == "X" && e["tid"].get<int>() >= 10) {
+      const double b = e["ts"].get<double>();
+      tracks[e["tid"].get<int>()].push_back({b, b + e["dur"].get<double>(), e["name"], e["cat"]});
     }
   }
-  // stream 7 in two lanes (the overlapping kernel has its own), stream 9 in one
-  ASSERT_EQ(spans.size(), 3u);
+  std::size_t kernels = 0;
+  std::set<std::string> pieces;
   int seven = 0, nine = 0;
-  for (const auto& [tid, v] : spans) {
+  for (const auto& [tid, v] : tracks) {
     ASSERT_TRUE(names.count(tid)) << tid;
     seven += names[tid].find("stream 7 ") != std::string::npos;
     nine += names[tid].find("stream 9 ") != std::string::npos;
-    for (std::size_t i = 1; i < v.size(); ++i)
-      EXPECT_LE(v[i - 1].second, v[i].first + 1e-6) << names[tid] << ": work overlaps on one track";
+    std::vector<const Span*> stack;  // every track nests: a span ends inside the one it starts in
+    for (const Span& s : v) {
+      while (!stack.empty() && stack.back()->e <= s.b + 1e-6) stack.pop_back();
+      if (!stack.empty()) {
+        EXPECT_LE(s.e, stack.back()->e + 1e-6) << names[tid] << ": " << s.name;
+        EXPECT_EQ(stack.back()->cat, "piece") << s.name << " inside " << stack.back()->name;
+      }
+      stack.push_back(&s);
+      kernels += s.cat == "kernel";
+      if (s.cat == "piece") pieces.insert(s.name);
+    }
   }
-  EXPECT_EQ(seven, 2);
+  EXPECT_EQ(kernels, records) << "every kernel once";
+  // the first piece's two kernels overlap: its span alone, they on two more lanes of stream 7; the
+  // other pieces' kernels under their spans on the first lane; stream 9's untagged kernel alone
+  EXPECT_EQ(seven, 3);
   EXPECT_EQ(nine, 1);
-  EXPECT_TRUE(layers.count("(no piece)"));
-  EXPECT_GE(layers.size(), 3u);  // the three pieces' layers (or the graph's own work) and "(no piece)"
+  EXPECT_EQ(pieces.size(), 3u) << "the three pieces that launched kernels";
+  for (const auto& [tid, v] : tracks)
+    for (const Span& s : v)
+      if (s.name == "kernel_1") {
+        const bool under = std::any_of(v.begin(), v.end(), [&](const Span& p) {
+          return p.cat == "piece" && p.b <= s.b + 1e-6 && s.e <= p.e + 1e-6;
+        });
+        EXPECT_TRUE(under) << "kernel_1 under its piece's span on " << names[tid];
+      }
 }
 
 }  // namespace
