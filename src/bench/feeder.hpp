@@ -40,7 +40,7 @@ class Feeder {
   // --trace: the staging's device times and the pipeline's stages per thread, from now on (or no more)
   void trace(bool on);
   std::vector<std::vector<StageSpan>> take_stage_spans();  // [thread], since the last take
-  std::string skipped() const;  // "" when nothing was skipped
+  std::string skipped() const;                             // "" when nothing was skipped
 
   // The pipeline's stage times so far, with the staging copies' host time (zeros for synthetic-host).
   StageTimes stage_times() const;

@@ -77,7 +77,7 @@ class ProbedRun {
   struct Probe;
   Towers& t_;
   std::vector<std::unique_ptr<Probe>> probes_;
-  double origin_;  // the steady clock at construction, ms
+  double origin_;             // the steady clock at construction, ms
   Feeder* feeder_ = nullptr;  // active, or null
   bool activity_ = false;
   std::string activity_note_;
