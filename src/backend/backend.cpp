@@ -31,6 +31,10 @@ std::unique_ptr<ImageDecodeOp> Backend::make_image_decoder(const ImageDecodePara
       "--decode gpu decodes JPEG files on a GPU (nvJPEG); the {} backend decodes on the CPU: drop --decode gpu",
       name()));
 }
+std::unique_ptr<ConvOp> Backend::make_conv_stored(const TensorDesc&, const TensorDesc&, const ConvParams&,
+                                                  const FilterStorage& w) {
+  throw Error(fmt::format("the {} backend keeps no filter in a storage of its own (asked for {})", name(), w.name()));
+}
 std::unique_ptr<CapturedWork> Backend::end_capture(Stream&) {
   throw UnsupportedError(fmt::format("--cuda-graph: the {} backend cannot capture work", name()));
 }

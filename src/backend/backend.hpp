@@ -92,6 +92,21 @@ struct OptimizerConfig {
 // `reserve` is per-layer memory kept from forward to backward (reserve_bytes()).
 // `beta` on a gradient output: 0 overwrites it, 1 adds to it (fan-out accumulation).
 
+// A convolution filter kept in a backend's own format (oneDNN's blocked weights on the cpu backend),
+// where the backend's convolution of one shape runs on it without a reorder per call. The arenas
+// (parameters, gradients, optimizer state) hold floats() floats in it, padding included (zeros,
+// which the update keeps zero); the graph converts at its edges: initialisation, weight files, a
+// test reading a filter.
+class FilterStorage {
+ public:
+  virtual ~FilterStorage() = default;
+  virtual std::size_t floats() const = 0;
+  virtual std::string name() const = 0;  // oneDNN's naming of the format, "ABcd16b16a"
+  // From / to PyTorch's O, I, KH, KW order (host memory).
+  virtual void to_storage(const float* oihw, float* dst) const = 0;
+  virtual void from_storage(const float* src, float* oihw) const = 0;
+};
+
 class ConvOp {
  public:
   virtual ~ConvOp() = default;
@@ -344,6 +359,16 @@ class Backend {
 
   // ops
   virtual std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) = 0;
+  // The filter storage this backend's convolution of these shapes is fastest on, where that is not
+  // filter_format(x.layout); null where it is (the default). make_conv_stored makes the convolution
+  // that takes its filter, and writes its filter gradient, in that storage.
+  virtual std::shared_ptr<const FilterStorage> conv_filter_storage(const TensorDesc& x, const TensorDesc& y,
+                                                                   const ConvParams& p) {
+    (void)x, (void)y, (void)p;
+    return nullptr;
+  }
+  virtual std::unique_ptr<ConvOp> make_conv_stored(const TensorDesc& x, const TensorDesc& y, const ConvParams& p,
+                                                   const FilterStorage& w);
   virtual std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc& y,
                                                        const BatchNormParams& p) = 0;
   virtual std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) = 0;

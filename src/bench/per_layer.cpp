@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "bench/gpu_state.hpp"
 
@@ -38,10 +39,14 @@ struct PerLayerBench::Rig {
   Rig(Backend& be, const ConvShape& s, Layout l, DType t, const SlowConvFault& fault) {
     xd = TensorDesc::dense(s.x, t, l);
     yd = TensorDesc::dense(conv_output_shape(s.x, s.cout, s.p), t, l);
-    op = with_fault(be.make_conv(xd, yd, s.p), s.x, s.cout, s.p, fault);
+    // the filter kept as the graph keeps it (the backend's own storage where it has one)
+    const auto storage = be.conv_filter_storage(xd, yd, s.p);
+    op = with_fault(storage ? be.make_conv_stored(xd, yd, s.p, *storage) : be.make_conv(xd, yd, s.p), s.x, s.cout, s.p,
+                    fault);
     x = Buffer(be, xd.bytes());
     y = Buffer(be, yd.bytes());
-    const std::size_t wn = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
+    const std::size_t logical = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
+    const std::size_t wn = storage ? storage->floats() : logical;
     w = Buffer(be, wn * sizeof(float));
     dw = Buffer(be, wn * sizeof(float));
     ws = Buffer(be, std::max<std::size_t>(op->workspace_bytes(), 1));
@@ -53,7 +58,13 @@ struct PerLayerBench::Rig {
       be.memset_zero(st, x.get(), xd.bytes());
       be.memset_zero(st, y.get(), yd.bytes());
     }
-    be.fill(st, w.as<float>(), 0.01f, wn);
+    if (storage) {  // its padding zero
+      std::vector<float> plain(logical, 0.01f), stored(wn);
+      storage->to_storage(plain.data(), stored.data());
+      be.copy(st, w.get(), stored.data(), wn * sizeof(float));
+    } else {
+      be.fill(st, w.as<float>(), 0.01f, wn);
+    }
     be.synchronize(st);
   }
 };

@@ -195,7 +195,7 @@ float* Graph::grad_of(const ParamEntry& e) const {
 std::int64_t Graph::num_parameters() const {
   std::int64_t n = 0;
   for (const auto& e : impl_->params)
-    if (e.trainable) n += static_cast<std::int64_t>(e.count);
+    if (e.trainable) n += static_cast<std::int64_t>(e.numel());
   return n;
 }
 std::int64_t Graph::forward_macs_per_image(bool training) const {
@@ -237,6 +237,14 @@ std::size_t filter_index(const ParamEntry& e, std::int64_t o, std::int64_t i, st
 }
 template <bool ToStorage>
 void permute_filter(const float* src, float* dst, const ParamEntry& e) {
+  if (e.storage) {
+    SB_CHECK(e.is_filter, fmt::format("'{}' has a filter storage but is not a filter", e.name));
+    if (ToStorage)
+      e.storage->to_storage(src, dst);
+    else
+      e.storage->from_storage(src, dst);
+    return;
+  }
   if (!e.is_filter || e.format == FilterFormat::oihw) {
     std::copy(src, src + e.count, dst);
     return;

@@ -26,13 +26,20 @@ struct ParamEntry {
   std::string name;                 // torchvision's state_dict name
   std::vector<std::int64_t> shape;  // PyTorch's logical shape (O, I, KH, KW for filters)
   std::size_t offset = 0;           // in floats, into its arena
-  std::size_t count = 0;
-  bool trainable = true;   // false: BN running statistics (the state arena)
-  bool is_filter = false;  // stored in `format` rather than O,I,KH,KW
+  std::size_t count = 0;            // floats in its arena: numel(), or the storage's (padding included)
+  bool trainable = true;            // false: BN running statistics (the state arena)
+  bool is_filter = false;           // stored in `format` (or `storage`) rather than O,I,KH,KW
   FilterFormat format = FilterFormat::oihw;
   ParamInit init = ParamInit::zeros;
   float init_std = 0.1f;  // trunc_normal; linear_bias uses 1/sqrt(fan_in)
   std::int64_t fan_in = 0;
+  // A filter in its backend's own storage (Backend::conv_filter_storage; `format` is then unused).
+  std::shared_ptr<const FilterStorage> storage = nullptr;
+  std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    return n;
+  }
 };
 
 // What a layer is, for listings and for checking a layer in place.
@@ -194,7 +201,8 @@ class Graph {
   std::unique_ptr<Impl> impl_;
 };
 
-// Permute a filter between PyTorch's O,I,KH,KW order and the arena's storage format.
+// Convert a filter between PyTorch's O,I,KH,KW order (e.numel() floats) and its storage in the
+// arena (e.count floats): the plain `format`, or the backend's own `storage`.
 void filter_to_storage(const float* oihw, float* dst, const ParamEntry& e);
 void filter_from_storage(const float* src, float* oihw, const ParamEntry& e);
 

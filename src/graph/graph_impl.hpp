@@ -88,8 +88,7 @@ struct Graph::Impl {
   }
   std::size_t add_param(ParamEntry e) {
     if (param_index.count(e.name)) throw Error(fmt::format("parameter '{}' registered twice", e.name));
-    e.count = 1;
-    for (auto d : e.shape) e.count *= static_cast<std::size_t>(d);
+    e.count = e.storage ? e.storage->floats() : e.numel();
     param_index[e.name] = params.size();
     params.push_back(std::move(e));
     return params.size() - 1;

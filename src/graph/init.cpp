@@ -28,7 +28,7 @@ void init_parameters(Graph& g, std::uint64_t seed) {
   std::vector<float> params(g.param_arena_floats(), 0.0f), state(g.state_arena_floats(), 0.0f), logical;
   Rng rng{seed};
   for (const auto& e : g.params()) {
-    logical.assign(e.count, 0.0f);
+    logical.assign(e.numel(), 0.0f);
     switch (e.init) {
       case ParamInit::trunc_normal:  // torch.nn.init.trunc_normal_(std=s, a=-2, b=2): bounds are absolute
         for (auto& v : logical) {
@@ -38,7 +38,7 @@ void init_parameters(Graph& g, std::uint64_t seed) {
           v = static_cast<float>(x);
         }
         break;
-      case ParamInit::ones: logical.assign(e.count, 1.0f); break;
+      case ParamInit::ones: logical.assign(e.numel(), 1.0f); break;
       case ParamInit::zeros: break;
       case ParamInit::linear_bias: {
         const double bound = 1.0 / std::sqrt(static_cast<double>(e.fan_in));

@@ -118,7 +118,7 @@ std::vector<float> download(const Graph& g, const float* p, std::size_t n) {
   return h;
 }
 HostArray to_host(const ParamEntry& e, const std::vector<float>& stored) {
-  std::vector<float> logical(e.count);
+  std::vector<float> logical(e.numel());
   filter_from_storage(stored.data(), logical.data(), e);
   return HostArray::f32(e.shape, logical.data());
 }

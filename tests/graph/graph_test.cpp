@@ -9,6 +9,7 @@
 #include "models/models.hpp"
 #include "support/chain_oracle.hpp"
 #include "support/test_util.hpp"
+#include "train/trainer.hpp"
 
 namespace stepbench {
 namespace {
@@ -184,11 +185,13 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
 TEST_P(GraphTest, ArenasAreContiguousInReverseExecutionOrder) {
   SB_BACKEND_OR_SKIP(be, GetParam());
   SmallNet net(*be, GetParam().layout, GetParam().dtype);
-  std::size_t expected_params = 0;
+  std::size_t expected_params = 0, stored = 0;
   const ParamEntry* prev = nullptr;
   for (const auto& e : net.g->params()) {
     if (!e.trainable) continue;
-    expected_params += e.count;
+    expected_params += e.numel();
+    stored += e.count;  // more where a backend's own filter storage pads
+    EXPECT_GE(e.count, e.numel()) << e.name;
     if (prev) {
       EXPECT_LT(e.offset, prev->offset) << e.name << " should sit before " << prev->name;
     }
@@ -197,9 +200,59 @@ TEST_P(GraphTest, ArenasAreContiguousInReverseExecutionOrder) {
   }
   EXPECT_EQ(net.g->num_parameters(), static_cast<std::int64_t>(expected_params));
   EXPECT_EQ(net.g->param("fc.bias").offset, 0u);  // the last layer's parameters come first
-  EXPECT_GE(net.g->param_arena_floats(), expected_params);
-  EXPECT_LT(net.g->param_arena_floats(), expected_params + 16 * net.g->params().size());
+  EXPECT_GE(net.g->param_arena_floats(), stored);
+  EXPECT_LT(net.g->param_arena_floats(), stored + 16 * net.g->params().size());
   EXPECT_THROW(net.g->param("nope"), Error);
+}
+
+// Filters in the backend's own storage (oneDNN's blocked weights on the cpu backend): on the cpu,
+// exactly the convolutions whose forward is a direct kernel keep their filter there (and say so);
+// the storage converts both ways exactly, places every element once, and its padding stays zero in
+// the weights and the gradients after training steps (the update runs over the whole arena).
+TEST_P(GraphTest, FiltersInTheBackendsOwnStorage) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  SmallNet net(*be, GetParam().layout, GetParam().dtype);
+  Trainer tr(*net.g, OptimizerConfig{OptimizerKind::rmsprop, 0.1f, 0.9f, 0.01f});
+  auto& s = be->default_stream();
+  for (int i = 0; i < 3; ++i) tr.step(s);
+  be->synchronize(s);
+  const auto read = [&](const float* p, std::size_t n) {
+    std::vector<float> h(n);
+    be->copy(s, h.data(), p, n * sizeof(float));
+    be->synchronize(s);
+    return h;
+  };
+  for (const auto& l : net.g->layers()) {
+    if (l.kind != "conv_bn_relu") continue;
+    SCOPED_TRACE(l.name + ": " + l.conv_algorithm);
+    const auto& e = net.g->param(l.name + ".conv.weight");
+    EXPECT_EQ(l.conv_algorithm.find("(filter kept in oneDNN's format)") != std::string::npos, e.storage != nullptr);
+    if (be->kind() == DeviceKind::cpu) {
+      const std::string fwd = l.conv_algorithm.substr(0, l.conv_algorithm.find(" / "));
+      EXPECT_EQ(fwd.find("gemm") == std::string::npos, e.storage != nullptr);
+    }
+    if (!e.storage) continue;
+    EXPECT_EQ(e.count, e.storage->floats());
+    const auto r = test::random_vec(e.numel(), 3);
+    const std::vector<float> v(r.begin(), r.end()), ones(e.numel(), 1.0f);
+    std::vector<float> stored(e.count, NAN), back(e.numel(), NAN), mask(e.count, NAN);
+    e.storage->to_storage(v.data(), stored.data());
+    e.storage->from_storage(stored.data(), back.data());
+    EXPECT_EQ(back, v);
+    e.storage->to_storage(ones.data(), mask.data());
+    const auto w = read(net.g->data_of(e), e.count), g = read(net.g->grad_of(e), e.count);
+    std::size_t placed = 0, bad = 0;
+    for (std::size_t i = 0; i < e.count; ++i) {
+      if (mask[i] == 1.0f) {
+        ++placed;
+        continue;
+      }
+      bad += mask[i] != 0.0f || stored[i] != 0.0f || w[i] != 0.0f || g[i] != 0.0f;
+    }
+    EXPECT_EQ(placed, e.numel());
+    EXPECT_EQ(bad, 0u) << "padding not zero (of " << e.count - placed << " padding floats in " << e.storage->name()
+                       << ")";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, GraphTest, testing::ValuesIn(test::all_configs()), test::config_name);

@@ -17,7 +17,7 @@ namespace {
 
 // A parameter (or its gradient) in PyTorch's order from its storage in an arena.
 Vec oihw(Backend& be, const float* p, const ParamEntry& e) {
-  std::vector<float> stored(e.count), out(e.count);
+  std::vector<float> stored(e.count), out(e.numel());
   be.copy(be.default_stream(), stored.data(), p, e.count * sizeof(float));
   be.synchronize(be.default_stream());
   filter_from_storage(stored.data(), out.data(), e);

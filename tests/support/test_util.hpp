@@ -250,5 +250,8 @@ std::vector<double> filter_for(const Backend& be, Layout l, const std::vector<do
                                std::int64_t I, std::int64_t KH, std::int64_t KW);
 std::vector<double> filter_back(const Backend& be, Layout l, const std::vector<double>& stored, std::int64_t O,
                                 std::int64_t I, std::int64_t KH, std::int64_t KW);
+// A graph's filter (or its gradient) at p, in O,I,KH,KW order from its storage (the entry's format
+// or the backend's own storage).
+std::vector<double> read_filter(Backend& be, const float* p, const ParamEntry& e);
 
 }  // namespace stepbench::test

@@ -126,6 +126,14 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) override {
     return cpu::make_dnnl_conv(eng_, strm_, x, y, p, filter_format(x.layout));
   }
+  std::shared_ptr<const FilterStorage> conv_filter_storage(const TensorDesc& x, const TensorDesc& y,
+                                                           const ConvParams& p) override {
+    return cpu::dnnl_filter_storage(eng_, x, y, p, filter_format(x.layout));
+  }
+  std::unique_ptr<ConvOp> make_conv_stored(const TensorDesc& x, const TensorDesc& y, const ConvParams& p,
+                                           const FilterStorage& w) override {
+    return cpu::make_dnnl_conv_stored(eng_, strm_, x, y, p, filter_format(x.layout), w);
+  }
   std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc&,
                                                const BatchNormParams& p) override {
     return cpu::make_batch_norm(x, p);

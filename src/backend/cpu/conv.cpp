@@ -16,71 +16,146 @@ namespace {
 #ifndef STEPBENCH_PLANT_FAULT
 #define STEPBENCH_PLANT_FAULT 0
 #endif
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// oneDNN's choice for one convolution's forward: on the arena's plain tensors (gemm), on its own
+// (blocked) weights (a direct kernel), or on blocked weights and activations (NCHW's direct kernels).
+struct Choice {
+  memory::desc xd, yd, wd;  // the plain tensors; wd in the arena's plain filter format
+  dnnl::convolution_forward::primitive_desc fwd;
+  bool blocked = false, act_blocked = false;
+};
+
+Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y, const ConvParams& p, FilterFormat ff) {
+  Choice c;
+  c.xd = memory::desc(dims4(x.shape), dt::f32, act_tag(x.layout));
+  c.yd = memory::desc(dims4(y.shape), dt::f32, act_tag(y.layout));
+  c.wd = memory::desc({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, filter_tag(ff));
+  const memory::desc &xd = c.xd, &yd = c.yd, &wd = c.wd;
+  const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
+#if STEPBENCH_PLANT_FAULT == 3
+  // the same bytes read with the kernel's two spatial axes swapped
+  const auto& bs = wd.data.format_desc.blocking.strides;
+  memory::dims ws(bs, bs + 4);
+  if (p.kh == p.kw) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
+  const memory::desc wfd({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, ws);
+#else
+  const memory::desc& wfd = wd;
+#endif
+#if STEPBENCH_PLANT_FAULT == 4
+  const memory::dims pad_l{p.pad_h + (p.pad_h > 0), p.pad_w + (p.pad_w > 0)},
+      pad_r{p.pad_h - (p.pad_h > 0), p.pad_w - (p.pad_w > 0)};
+#else
+  const memory::dims& pad_l = pad;
+  const memory::dims& pad_r = pad;
+#endif
+  const dnnl::primitive_attr attr = user_scratchpad();
+  const auto alg = dnnl::algorithm::convolution_direct;
+  // Where oneDNN has a direct kernel for its own (blocked) formats, it gets its operands in them:
+  // the filter as the arena keeps it (Backend::conv_filter_storage) or reordered through the
+  // workspace from the arena's plain filter and, in NCHW, the plain activations reordered in and
+  // out (what PyTorch's NCHW convolutions do too). Where gemm takes the shape, the plain tensors
+  // as they are (no reorders). NHWC activations stay plain: oneDNN's NHWC kernels (brgconv) read
+  // them directly.
+  const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
+  auto forward_pd = [&](const memory::desc& src, const memory::desc& w, const memory::desc& dst) {
+    return dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, w, dst, strides, pad_l, pad_r),
+        attr, eng);
+  };
+  // gemm ("x64:gemm:jit", "gemm:..."; not "ip:any+brgemm:...", a direct kernel) takes the plain
+  // tensors; so does anything that asks for the arena's formats itself. Planted fault 3 (the
+  // forward reading the filter transposed) needs the plain path; the others hold on all paths.
+  auto is_gemm = [](const std::string& impl) {
+    return impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
+  };
+  if (STEPBENCH_PLANT_FAULT != 3 && x.layout == Layout::nchw) {
+    const memory::desc xany(dims4(x.shape), dt::f32, tag::any), yany(dims4(y.shape), dt::f32, tag::any);
+    auto pd = forward_pd(xany, wany, yany);
+    if (!is_gemm(pd.impl_info_str()) && (pd.src_desc() != xd || pd.dst_desc() != yd)) {
+      c.fwd = pd;
+      c.blocked = c.act_blocked = true;
+    }
+  }
+  if (STEPBENCH_PLANT_FAULT != 3 && !c.act_blocked) {
+    auto pd = forward_pd(xd, wany, yd);
+    if (!is_gemm(pd.impl_info_str()) && pd.weights_desc() != wd) {
+      c.fwd = pd;
+      c.blocked = true;
+    }
+  }
+  if (!c.blocked) c.fwd = forward_pd(xd, wfd, yd);
+  return c;
+}
+
+// oneDNN's naming of a format: the dimensions outermost first (capital where blocked), then the
+// blocks ("ABcd16b16a": O and I blocked by 16, I's block inside O's).
+std::string format_name(const memory::desc& d) {
+  const auto& md = d.data;
+  const auto& b = md.format_desc.blocking;
+  std::vector<int> order(static_cast<std::size_t>(md.ndims));
+  for (int i = 0; i < md.ndims; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return b.strides[a] > b.strides[c]; });
+  std::string s;
+  for (int i : order) {
+    bool split = false;
+    for (int k = 0; k < b.inner_nblks; ++k) split = split || b.inner_idxs[k] == i;
+    s += static_cast<char>((split ? 'A' : 'a') + i);
+  }
+  for (int k = 0; k < b.inner_nblks; ++k)
+    s += fmt::format("{}{}", b.inner_blks[k], static_cast<char>('a' + b.inner_idxs[k]));
+  return s;
+}
+
+// A filter kept in the format oneDNN's forward chose: converted by reorders from and to O,I,KH,KW.
+class DnnlFilterStorage final : public FilterStorage {
+ public:
+  DnnlFilterStorage(const dnnl::engine& eng, const memory::desc& stored, const memory::dims& oihw)
+      : eng_(eng), stored_(stored), plain_(oihw, dt::f32, tag::oihw) {}
+  std::size_t floats() const override { return stored_.get_size() / sizeof(float); }
+  std::string name() const override { return format_name(stored_); }
+  void to_storage(const float* oihw, float* dst) const override { convert(oihw, plain_, dst, stored_); }
+  void from_storage(const float* src, float* oihw) const override { convert(src, stored_, oihw, plain_); }
+  const memory::desc& desc() const { return stored_; }
+
+ private:
+  void convert(const float* src, const memory::desc& from, float* dst, const memory::desc& to) const {
+    dnnl::engine eng = eng_;
+    dnnl::stream strm(eng);
+    memory a(from, eng, const_cast<float*>(src)), b(to, eng, dst);
+    dnnl::reorder(a, b).execute(strm, a, b);  // zeroes the padding of a blocked destination
+    strm.wait();
+  }
+  dnnl::engine eng_;
+  memory::desc stored_, plain_;
+};
+
 class DnnlConv final : public ConvOp {
  public:
+  // stored: the filter's format in the arena where the arena keeps it in oneDNN's own
+  // (DnnlFilterStorage), else null (the plain `ff`).
   DnnlConv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y, const ConvParams& p,
-           FilterFormat ff)
+           FilterFormat ff, const memory::desc* stored)
       : strm_(strm), ydesc_(y), xdesc_(x) {
     require_dense_f32(x, "convolution");
     require_dense_f32(y, "convolution");
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
-    const memory::desc xd(dims4(x.shape), dt::f32, act_tag(x.layout));
-    const memory::desc yd(dims4(y.shape), dt::f32, act_tag(y.layout));
-    const memory::desc wd({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, filter_tag(ff));
-    const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
-#if STEPBENCH_PLANT_FAULT == 3
-    // the same bytes read with the kernel's two spatial axes swapped
-    const auto& bs = wd.data.format_desc.blocking.strides;
-    memory::dims ws(bs, bs + 4);
-    if (p.kh == p.kw) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
-    const memory::desc wfd({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, ws);
-#else
-    const memory::desc& wfd = wd;
-#endif
-#if STEPBENCH_PLANT_FAULT == 4
-    const memory::dims pad_l{p.pad_h + (p.pad_h > 0), p.pad_w + (p.pad_w > 0)},
-        pad_r{p.pad_h - (p.pad_h > 0), p.pad_w - (p.pad_w > 0)};
-#else
-    const memory::dims& pad_l = pad;
-    const memory::dims& pad_r = pad;
-#endif
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    Choice c = choose(eng, x, y, p, ff);
+    SB_CHECK(!stored || c.blocked, "convolution: a filter in oneDNN's own format where oneDNN chose the plain one");
+    fwd_pd_ = c.fwd;
+    const bool blocked = c.blocked, act_blocked = c.act_blocked;
+    act_blocked_ = act_blocked;
+    const memory::desc &xd = c.xd, &yd = c.yd;
+    const memory::desc wd = stored ? *stored : c.wd;
+    stored_ = stored != nullptr;
+    const dnnl::primitive_attr attr = user_scratchpad();
     const auto alg = dnnl::algorithm::convolution_direct;
-    // Where oneDNN has a direct kernel for its own (blocked) formats, it gets its operands in them:
-    // reordered through the workspace from the arena's plain filter and, in NCHW, from the plain
-    // activations (what PyTorch's NCHW convolutions do too), and the outputs reordered back. Where
-    // gemm takes the shape, the plain tensors as they are (no reorders). NHWC activations stay
-    // plain: oneDNN's NHWC kernels (brgconv) read them directly.
+    const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
     const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
-    auto forward_pd = [&](const memory::desc& src, const memory::desc& w, const memory::desc& dst) {
-      return dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, w, dst, strides, pad_l, pad_r),
-          attr, eng);
-    };
-    // gemm ("x64:gemm:jit", "gemm:..."; not "ip:any+brgemm:...", a direct kernel) takes the plain
-    // tensors; so does anything that asks for the arena's formats itself. Planted fault 3 (the
-    // forward reading the filter transposed) needs the plain path; the others hold on all paths.
-    auto is_gemm = [](const std::string& impl) {
-      return impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
-    };
-    bool blocked = false, act_blocked = false;
-    if (STEPBENCH_PLANT_FAULT != 3 && x.layout == Layout::nchw) {
-      const memory::desc xany(dims4(x.shape), dt::f32, tag::any), yany(dims4(y.shape), dt::f32, tag::any);
-      auto pd = forward_pd(xany, wany, yany);
-      if (!is_gemm(pd.impl_info_str()) && (pd.src_desc() != xd || pd.dst_desc() != yd)) {
-        fwd_pd_ = pd;
-        blocked = act_blocked = act_blocked_ = true;
-      }
-    }
-    if (STEPBENCH_PLANT_FAULT != 3 && !act_blocked) {
-      auto pd = forward_pd(xd, wany, yd);
-      if (!is_gemm(pd.impl_info_str()) && pd.weights_desc() != wd) {
-        fwd_pd_ = pd;
-        blocked = true;
-      }
-    }
-    if (!blocked) fwd_pd_ = forward_pd(xd, wfd, yd);
     const memory::desc any_x = act_blocked ? memory::desc(dims4(x.shape), dt::f32, tag::any) : xd;
     const memory::desc any_y = act_blocked ? memory::desc(dims4(y.shape), dt::f32, tag::any) : yd;
     const memory::desc& wk = blocked ? wany : wd;
@@ -138,8 +213,10 @@ class DnnlConv final : public ConvOp {
   }
   std::size_t workspace_bytes() const override { return workspace_; }
   std::string algorithm() const override {
-    return fmt::format("fwd {} / bwd_data {} / bwd_filter {}{}", fwd_pd_.impl_info_str(), bwd_data_pd_.impl_info_str(),
-                       bwd_filter_pd_.impl_info_str(), act_blocked_ ? " (activations reordered to blocked)" : "");
+    return fmt::format("fwd {} / bwd_data {} / bwd_filter {}{}{}", fwd_pd_.impl_info_str(),
+                       bwd_data_pd_.impl_info_str(), bwd_filter_pd_.impl_info_str(),
+                       act_blocked_ ? " (activations reordered to blocked)" : "",
+                       stored_ ? " (filter kept in oneDNN's format)" : "");
   }
   void forward(Stream&, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
     point(mscratch_, ws);
@@ -214,14 +291,32 @@ class DnnlConv final : public ConvOp {
   memory mx_, my_, mw_, mscratch_;
   Staged fwd_w_, fwd_x_, fwd_y_, bwd_data_w_, bwd_data_dy_, bwd_data_dx_, bwd_filter_dw_, bwd_filter_x_, bwd_filter_dy_;
   std::size_t scratch_ = 0, workspace_ = 0;
-  bool act_blocked_ = false;
+  bool act_blocked_ = false, stored_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y,
                                        const ConvParams& p, FilterFormat ff) {
-  return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff);
+  return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff, nullptr);
+}
+
+std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
+                                                         const TensorDesc& y, const ConvParams& p, FilterFormat ff) {
+  if (x.dtype != DType::f32 || y.dtype != DType::f32 || !x.is_dense() || !y.is_dense() ||
+      conv_output_shape(x.shape, y.shape.c, p) != y.shape)
+    return nullptr;  // make_conv says why
+  const Choice c = choose(eng, x, y, p, ff);
+  if (!c.blocked) return nullptr;
+  return std::make_shared<DnnlFilterStorage>(eng, c.fwd.weights_desc(), memory::dims{y.shape.c, x.shape.c, p.kh, p.kw});
+}
+
+std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                              const TensorDesc& y, const ConvParams& p, FilterFormat ff,
+                                              const FilterStorage& w) {
+  const auto* s = dynamic_cast<const DnnlFilterStorage*>(&w);
+  SB_CHECK(s, fmt::format("convolution: a filter storage ({}) that is not oneDNN's", w.name()));
+  return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff, &s->desc());
 }
 
 }  // namespace stepbench::cpu

@@ -20,6 +20,13 @@ using tag = memory::format_tag;
 
 std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y,
                                        const ConvParams& p, FilterFormat ff);  // conv.cpp
+// The filter format oneDNN's forward runs fastest on where it is not `ff` (a direct kernel on
+// blocked weights), else null; and the convolution that keeps its filter in it.
+std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
+                                                         const TensorDesc& y, const ConvParams& p, FilterFormat ff);
+std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                              const TensorDesc& y, const ConvParams& p, FilterFormat ff,
+                                              const FilterStorage& w);
 std::unique_ptr<LinearOp> make_dnnl_linear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
                                            const TensorDesc& y);  // linear.cpp
 

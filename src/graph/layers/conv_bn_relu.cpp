@@ -14,7 +14,10 @@ namespace stepbench {
 void ConvBnReluLayer::plan(Graph::Impl& g) {
   const Value& x = g.values[in[0]];
   zdesc = g.desc(g.values[out].shape);
-  conv = with_fault(g.be.make_conv(g.desc(x.shape), zdesc, p), x.shape, cout, p, g.slow_conv);
+  const auto& storage = g.params[w].storage;
+  conv = with_fault(
+      storage ? g.be.make_conv_stored(g.desc(x.shape), zdesc, p, *storage) : g.be.make_conv(g.desc(x.shape), zdesc, p),
+      x.shape, cout, p, g.slow_conv);
   bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{});
   g.reserve(z, zdesc.bytes());
   g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));
@@ -81,6 +84,9 @@ ValueId Graph::conv_bn_relu(const std::string& name, ValueId x, std::int64_t cou
   ParamEntry w{name + ".conv.weight", {cout, xs.c, p.kh, p.kw}};
   w.is_filter = true;
   w.format = g.be.filter_format(g.cfg.layout);
+  // the backend's own format where its convolution runs faster on it (oneDNN's blocked weights):
+  // kept there by the arenas, so the convolution reorders no filter per call
+  w.storage = g.be.conv_filter_storage(g.desc(xs), g.desc(ys), p);
   w.init = ParamInit::trunc_normal;
   w.init_std = init_std;
   l->w = g.add_param(w);
