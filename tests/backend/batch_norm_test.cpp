@@ -16,8 +16,9 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
   // y and dy are slices (channels 2..c+2 of c+4), as when a branch ends in a concat, or dense, as
   // when the next conv reads them (on the cuda backend, NHWC dense is where cuDNN fuses the ReLU).
   // Shapes: a small one; one wide enough for the vector bodies of the cpu kernels (channels and rows
-  // past 16 floats, with remainders); the 1x1 pixels of Inception-v3's auxiliary head (768 channels).
-  for (const Shape& s : {Shape{3, 5, 4, 6}, Shape{2, 37, 3, 35}, Shape{8, 768, 1, 1}})
+  // past 16 floats, with remainders); the 1x1 pixels of Inception-v3's auxiliary head (768 channels);
+  // one large enough that the cpu backend runs oneDNN's batch norm on it (NHWC, dense output).
+  for (const Shape& s : {Shape{3, 5, 4, 6}, Shape{2, 37, 3, 35}, Shape{8, 768, 1, 1}, Shape{2, 24, 64, 65}})
     for (bool relu : {true, false})
       for (bool sliced : {true, false}) {
         SCOPED_TRACE(fmt::format("{}x{}x{}x{}, {}, {} output", s.n, s.c, s.h, s.w, relu ? "fused relu" : "no relu",
@@ -41,6 +42,11 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
         DevVec G(*be, gamma), B(*be, beta), RM(*be, std::vector<double>(s.c, 0.5)),
             RV(*be, std::vector<double>(s.c, 2.0)), SM(*be, s.c), SI(*be, s.c), DG(*be, s.c), DB(*be, s.c);
         auto op = be->make_batch_norm(X.t().desc, Y.t().desc, bp);
+        if (be->kind() == DeviceKind::cpu) {
+          EXPECT_EQ(op->implementation().rfind("oneDNN", 0) == 0,
+                    layout == Layout::nhwc && !sliced && s.h * s.w >= 4096)
+              << op->implementation();
+        }
         Buffer ws(*be, op->workspace_bytes()), reserve(*be, op->reserve_bytes());
         auto& st = be->default_stream();
         op->forward_training(st, X, Y, G, B, RM, RV, SM, SI, ws.get(), reserve.get());

@@ -1,4 +1,6 @@
 // Max and average pooling (Inception's kinds, global average included), forward and backward.
+#include <fmt/format.h>
+
 #include "backend/ops_common.hpp"
 
 namespace stepbench {
@@ -27,34 +29,42 @@ TEST_P(Ops, Pooling) {
   SB_BACKEND_OR_SKIP(be, GetParam());
   const auto& [_, layout, dtype, tf32_] = GetParam();
   const auto m = test::error_model(GetParam());
-  for (const auto& pc : kPoolCases) {
-    SCOPED_TRACE(pc.name);
-    const Shape ys = pool_output_shape(pc.x, pc.p);
-    // max pooling: distinct values, so no window has two maxima; average: the values the backend
-    // holds after the upload
-    const auto x = pc.p.kind == PoolKind::max ? test::distinct_vec(static_cast<std::size_t>(pc.x.numel()), 8)
-                                              : test::round_to(dtype, random_vec(pc.x.numel(), 8));
-    const auto dy = test::round_to(dtype, random_vec(ys.numel(), 9));
-    ref::Vec y_ref, dx_ref;
-    ref::pool_forward(pc.x, x, ys, y_ref, pc.p);
-    ref::pool_backward(pc.x, x, ys, dy, dx_ref, pc.p);
-    const auto ey = test::pool_forward_bound(pc.x, x, ys, y_ref, pc.p, m);
-    const auto edx = test::pool_backward_bound(pc.x, x, ys, dy, dx_ref, pc.p, m);
-    DevTensor X(*be, pc.x, layout, dtype), Y(*be, ys, layout, dtype, 3, 1), DY(*be, ys, layout, dtype, 3, 1),
-        DX(*be, pc.x, layout, dtype);
-    X.upload(x);
-    DY.upload(dy);
-    auto op = be->make_pool(X.t().desc, Y.t().desc, pc.p);
-    Buffer reserve(*be, op->reserve_bytes());
-    auto& s = be->default_stream();
-    op->forward(s, X, Y, reserve.get());
-    EXPECT_WITHIN(Y.download(), y_ref, ey);
-    op->backward(s, X, Y, DY, DX, 0.0f, reserve.get());
-    EXPECT_WITHIN(DX.download(), dx_ref, edx);
-    op->backward(s, X, Y, DY, DX, 1.0f, reserve.get());
-    EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
-                  test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
-  }
+  // y and dy a channel slice (as a branch ending in a concat), or dense (as a pool feeding a conv)
+  for (const auto& pc : kPoolCases)
+    for (bool sliced : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, {} output", pc.name, sliced ? "sliced" : "dense"));
+      const Shape ys = pool_output_shape(pc.x, pc.p);
+      // max pooling: distinct values, so no window has two maxima; average: the values the backend
+      // holds after the upload
+      const auto x = pc.p.kind == PoolKind::max ? test::distinct_vec(static_cast<std::size_t>(pc.x.numel()), 8)
+                                                : test::round_to(dtype, random_vec(pc.x.numel(), 8));
+      const auto dy = test::round_to(dtype, random_vec(ys.numel(), 9));
+      ref::Vec y_ref, dx_ref;
+      ref::pool_forward(pc.x, x, ys, y_ref, pc.p);
+      ref::pool_backward(pc.x, x, ys, dy, dx_ref, pc.p);
+      const auto ey = test::pool_forward_bound(pc.x, x, ys, y_ref, pc.p, m);
+      const auto edx = test::pool_backward_bound(pc.x, x, ys, dy, dx_ref, pc.p, m);
+      const int before = sliced ? 3 : 0, after = sliced ? 1 : 0;
+      DevTensor X(*be, pc.x, layout, dtype), Y(*be, ys, layout, dtype, before, after),
+          DY(*be, ys, layout, dtype, before, after), DX(*be, pc.x, layout, dtype);
+      X.upload(x);
+      DY.upload(dy);
+      auto op = be->make_pool(X.t().desc, Y.t().desc, pc.p);
+      if (be->kind() == DeviceKind::cpu) {  // oneDNN's average pooling on dense NHWC (max pooling: see pool_dnnl.cpp)
+        EXPECT_EQ(op->implementation().rfind("oneDNN", 0) == 0,
+                  layout == Layout::nhwc && !sliced && pc.p.kind != PoolKind::max)
+            << op->implementation();
+      }
+      Buffer reserve(*be, op->reserve_bytes());
+      auto& s = be->default_stream();
+      op->forward(s, X, Y, reserve.get());
+      EXPECT_WITHIN(Y.download(), y_ref, ey);
+      op->backward(s, X, Y, DY, DX, 0.0f, reserve.get());
+      EXPECT_WITHIN(DX.download(), dx_ref, edx);
+      op->backward(s, X, Y, DY, DX, 1.0f, reserve.get());
+      EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
+                    test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
+    }
 }
 
 // What the Pooling test's max cases rest on, checked without a GPU: their inputs are the same values

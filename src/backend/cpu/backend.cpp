@@ -134,11 +134,14 @@ class CpuBackend final : public Backend {
                                            const FilterStorage& w) override {
     return cpu::make_dnnl_conv_stored(eng_, strm_, x, y, p, filter_format(x.layout), w);
   }
-  std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc&,
+  std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc& y,
                                                const BatchNormParams& p) override {
+    if (cpu::dnnl_batch_norm_wins(x, y))
+      return cpu::make_dnnl_batch_norm(eng_, strm_, x, p, cpu::make_batch_norm(x, p));
     return cpu::make_batch_norm(x, p);
   }
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) override {
+    if (cpu::dnnl_pool_wins(x, y, p)) return cpu::make_dnnl_pool(eng_, strm_, x, y, p, cpu::make_pool(x, y, p));
     return cpu::make_pool(x, y, p);
   }
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return cpu::make_relu(x); }

@@ -27,6 +27,18 @@ std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng
 std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
                                               const TensorDesc& y, const ConvParams& p, FilterFormat ff,
                                               const FilterStorage& w);
+// Batch norm on oneDNN (batch_norm_dnnl.cpp) where it beats the hand-written kernel: NHWC, fp32,
+// dense input and output, at least kDnnlBatchNormMinPixels pixels per image; `fallback` (the
+// hand-written op) runs what oneDNN's kernels do not take (strided views, the inference forward).
+inline constexpr std::int64_t kDnnlBatchNormMinPixels = 64 * 64;
+bool dnnl_batch_norm_wins(const TensorDesc& x, const TensorDesc& y);
+std::unique_ptr<BatchNormOp> make_dnnl_batch_norm(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                                  const BatchNormParams& p, std::unique_ptr<BatchNormOp> fallback);
+// Average pooling on oneDNN (pool_dnnl.cpp): NHWC, fp32, dense input and output; `fallback` (the
+// hand-written op) runs the strided views and the backward that adds to dx.
+bool dnnl_pool_wins(const TensorDesc& x, const TensorDesc& y, const PoolParams& p);
+std::unique_ptr<PoolOp> make_dnnl_pool(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y,
+                                       const PoolParams& p, std::unique_ptr<PoolOp> fallback);
 std::unique_ptr<LinearOp> make_dnnl_linear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
                                            const TensorDesc& y);  // linear.cpp
 
