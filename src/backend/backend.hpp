@@ -286,7 +286,7 @@ class Backend {
   // Ops made while this is on only size memory (Graph::plan_dry, the largest batch that fits) and are
   // never run: the cuda backend then skips cudnnFind's timed search (a minute or more per graph at
   // the batches that search probes) and counts each convolution's workspace at the limit above,
-  // the most a searched algorithm may take.
+  // the most a searched algorithm may take; the cpu backend keeps every filter plain (no search).
   void set_sizing_only(bool on) { sizing_only_ = on; }
   bool sizing_only() const { return sizing_only_; }
 

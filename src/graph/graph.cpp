@@ -192,6 +192,21 @@ float* Graph::grad_of(const ParamEntry& e) const {
   SB_CHECK(e.trainable, fmt::format("'{}' has no gradient", e.name));
   return grad_arena() + e.offset;
 }
+std::uint64_t Graph::arena_fingerprint() const {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&](const void* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  for (const auto& e : impl_->params) {
+    const std::string storage = e.storage ? e.storage->name() : "";
+    const std::uint64_t numbers[] = {e.offset, e.count, e.trainable, static_cast<std::uint64_t>(e.format)};
+    mix(e.name.data(), e.name.size() + 1);
+    mix(numbers, sizeof numbers);
+    mix(storage.data(), storage.size() + 1);
+  }
+  return h;
+}
+
 std::int64_t Graph::num_parameters() const {
   std::int64_t n = 0;
   for (const auto& e : impl_->params)

@@ -174,6 +174,9 @@ class Graph {
   // Mixed precision (bf16, f16): the arenas stay fp32 (master weights, gradients, optimizer state);
   // convolutions and fully connected layers compute on a 16-bit copy of the arena refreshed at every
   // forward, and their weight gradients come back through a 16-bit arena, cast into the fp32 one.
+  // A hash of the arenas' layout: every parameter's name, offset, size and filter format. Towers
+  // that sum gradients element by element must agree on it.
+  std::uint64_t arena_fingerprint() const;
   float* param_arena() const;  // trainable parameters
   float* grad_arena() const;   // their gradients, same layout
   float* state_arena() const;  // BN running statistics

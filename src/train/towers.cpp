@@ -14,6 +14,22 @@
 
 namespace stepbench {
 
+// Gradients are summed element by element, so every tower, here and in every process, must lay its
+// arenas out alike. A backend's own filter storage may not: oneDNN picks its blocked weight format
+// per instruction set, thread count and batch.
+void Towers::check_arena_layouts() const {
+  const std::uint64_t layout = towers_[0]->g->arena_fingerprint();
+  for (const auto& t : towers_)
+    SB_CHECK(t->g->arena_fingerprint() == layout, "the towers of one process laid their parameters out differently");
+  if (processes_ == 1) return;
+  const auto v = static_cast<double>(layout >> 12);  // 52 bits: exact in a double
+  if (group().allreduce_max(v) != -group().allreduce_max(-v))
+    throw UsageError(
+        "the processes laid their parameters out differently (the cpu backend keeps convolution filters in the "
+        "format oneDNN picks for the CPU's instruction set, the thread count and the batch): run every process "
+        "with the same --batch-size and OMP_NUM_THREADS on CPUs of one kind");
+}
+
 Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (o.towers < 1) throw UsageError(fmt::format("--gpus {} must be at least 1", o.towers));
   int local_rank = 0, local_size = 1;
@@ -61,6 +77,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     params_.push_back(t->g->param_arena());
     towers_.push_back(std::move(t));
   }
+  check_arena_layouts();
   // Buckets over the gradient arena, each at most bucket_bytes, split at parameter boundaries when
   // a parameter fits (a parameter larger than a bucket gets a bucket of its own).
   const std::size_t per = std::max<std::size_t>(opt_.bucket_bytes / sizeof(float), 1);

@@ -196,6 +196,7 @@ class Towers {
   double stall_s_ = 0;                           // fault injection for the timeout test (STEPBENCH_FAULT_SYNC_STALL)
   void mark_ready(int tower);                    // every bucket's ready event not yet recorded, at the stream's end
   void launch(std::size_t k);                    // bucket k's sync: enqueued (NCCL) or handed to the comm thread
+  void check_arena_layouts() const;              // UsageError where processes lay their arenas out differently
   void sync_on_host(std::size_t k);              // bucket k on this thread: the comm thread, or after backward
   void record_ready(Replica& t, std::size_t k);  // its ready event (and timed_ready with sync timing)
   void record_sync(std::size_t k, bool end);     // sync_begin or sync_end of bucket k on every tower

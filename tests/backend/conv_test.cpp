@@ -1,5 +1,7 @@
 // Convolution forward, backward data (overwriting and accumulating) and backward filter against the
 // oracle, over the kernel shapes Inception uses.
+#include <fmt/format.h>
+
 #include "backend/ops_common.hpp"
 
 namespace stepbench {
@@ -29,45 +31,78 @@ TEST_P(Ops, Convolution) {
   SB_BACKEND_OR_SKIP(be, GetParam());
   const auto& [_, layout, dtype, tf32_] = GetParam();
   const auto m = test::error_model(GetParam());
-  for (const auto& cc : kConvCases) {
-    SCOPED_TRACE(cc.name);
-    const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
-    // the values the backend holds after the upload
-    const auto x = test::round_to(dtype, random_vec(cc.x.numel(), 1));
-    const auto w = test::round_to(dtype, random_vec(cc.cout * cc.x.c * cc.p.kh * cc.p.kw, 2));
-    const auto dy = test::round_to(dtype, random_vec(ys.numel(), 3));
-    ref::Vec y_ref, dx_ref, dw_ref;
-    ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
-    ref::conv_backward_data(ys, dy, w, cc.x, dx_ref, cc.p);
-    ref::conv_backward_filter(cc.x, x, ys, dy, dw_ref, cc.p);
+  int stored_cases = 0;
+  // each case on the backend's plain filter format, and again on its own filter storage where it
+  // has one for the shapes (oneDNN's blocked weights: make_conv_stored)
+  for (const auto& cc : kConvCases)
+    for (bool stored : {false, true}) {
+      SCOPED_TRACE(fmt::format("{}{}", cc.name, stored ? ", filter in the backend's own storage" : ""));
+      const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
+      // the values the backend holds after the upload
+      const auto x = test::round_to(dtype, random_vec(cc.x.numel(), 1));
+      const auto w = test::round_to(dtype, random_vec(cc.cout * cc.x.c * cc.p.kh * cc.p.kw, 2));
+      const auto dy = test::round_to(dtype, random_vec(ys.numel(), 3));
+      ref::Vec y_ref, dx_ref, dw_ref;
+      ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
+      ref::conv_backward_data(ys, dy, w, cc.x, dx_ref, cc.p);
+      ref::conv_backward_filter(cc.x, x, ys, dy, dw_ref, cc.p);
 
-    DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
-        DX(*be, cc.x, layout, dtype);
-    DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dtype), DW(*be, w.size(), dtype);
-    X.upload(x);
-    DY.upload(dy);
-    auto op = be->make_conv(X.t().desc, Y.t().desc, cc.p);
-    SCOPED_TRACE(op->algorithm());
-    // the transform factor only for a direction cuDNN runs through FFT or Winograd
-    using test::ConvDirection;
-    const auto ey =
-        test::conv_forward_bound(cc.x, x, {}, w, ys, y_ref, cc.p, for_conv(m, op->algorithm(), ConvDirection::forward));
-    const auto edx = test::conv_backward_data_bound(ys, dy, {}, w, cc.x, dx_ref, cc.p,
-                                                    for_conv(m, op->algorithm(), ConvDirection::backward_data));
-    const auto edw = test::conv_backward_filter_bound(cc.x, x, ys, dy, {}, dw_ref, cc.p,
-                                                      for_conv(m, op->algorithm(), ConvDirection::backward_filter));
-    Buffer ws(*be, op->workspace_bytes());
-    auto& s = be->default_stream();
-    op->forward(s, X, W, Y, ws.get());
-    EXPECT_WITHIN(Y.download(), y_ref, ey);
-    op->backward_data(s, DY, W, DX, 0.0f, ws.get());
-    EXPECT_WITHIN(DX.download(), dx_ref, edx);
-    // beta = 1 accumulates: a second pass doubles the gradient (two such errors, and one more rounding)
-    op->backward_data(s, DY, W, DX, 1.0f, ws.get());
-    EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
-                  test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
-    op->backward_filter(s, X, DY, DW, ws.get());
-    EXPECT_WITHIN(test::filter_back(*be, layout, DW.get_host(), cc.cout, cc.x.c, cc.p.kh, cc.p.kw), dw_ref, edw);
+      DevTensor X(*be, cc.x, layout, dtype), Y(*be, ys, layout, dtype), DY(*be, ys, layout, dtype),
+          DX(*be, cc.x, layout, dtype);
+      const auto storage = stored ? be->conv_filter_storage(X.t().desc, Y.t().desc, cc.p) : nullptr;
+      if (stored && !storage) continue;
+      stored_cases += stored;
+      auto to_storage = [&](const ref::Vec& oihw) {
+        if (!storage) return test::filter_for(*be, layout, oihw, cc.cout, cc.x.c, cc.p.kh, cc.p.kw);
+        const std::vector<float> f(oihw.begin(), oihw.end());
+        std::vector<float> st(storage->floats());
+        storage->to_storage(f.data(), st.data());
+        return std::vector<double>(st.begin(), st.end());
+      };
+      auto from_storage = [&](const std::vector<double>& st) {
+        if (!storage) return test::filter_back(*be, layout, st, cc.cout, cc.x.c, cc.p.kh, cc.p.kw);
+        const std::vector<float> f(st.begin(), st.end());
+        std::vector<float> oihw(w.size());
+        storage->from_storage(f.data(), oihw.data());
+        return std::vector<double>(oihw.begin(), oihw.end());
+      };
+      DevVec W(*be, to_storage(w), dtype), DW(*be, storage ? storage->floats() : w.size(), dtype);
+      X.upload(x);
+      DY.upload(dy);
+      auto op = storage ? be->make_conv_stored(X.t().desc, Y.t().desc, cc.p, *storage)
+                        : be->make_conv(X.t().desc, Y.t().desc, cc.p);
+      SCOPED_TRACE(op->algorithm());
+      // the transform factor only for a direction cuDNN runs through FFT or Winograd
+      using test::ConvDirection;
+      const auto ey = test::conv_forward_bound(cc.x, x, {}, w, ys, y_ref, cc.p,
+                                               for_conv(m, op->algorithm(), ConvDirection::forward));
+      const auto edx = test::conv_backward_data_bound(ys, dy, {}, w, cc.x, dx_ref, cc.p,
+                                                      for_conv(m, op->algorithm(), ConvDirection::backward_data));
+      const auto edw = test::conv_backward_filter_bound(cc.x, x, ys, dy, {}, dw_ref, cc.p,
+                                                        for_conv(m, op->algorithm(), ConvDirection::backward_filter));
+      Buffer ws(*be, op->workspace_bytes());
+      auto& s = be->default_stream();
+      op->forward(s, X, W, Y, ws.get());
+      EXPECT_WITHIN(Y.download(), y_ref, ey);
+      op->backward_data(s, DY, W, DX, 0.0f, ws.get());
+      EXPECT_WITHIN(DX.download(), dx_ref, edx);
+      // beta = 1 accumulates: a second pass doubles the gradient (two such errors, and one more rounding)
+      op->backward_data(s, DY, W, DX, 1.0f, ws.get());
+      EXPECT_WITHIN(DX.download(), test::axpby(2, dx_ref, 0, {}),
+                    test::plus_rounding(test::axpby(2, edx, 0, {}), dx_ref, 2 * m.u_out));
+      op->backward_filter(s, X, DY, DW, ws.get());
+      const auto dw = DW.get_host();
+      EXPECT_WITHIN(from_storage(dw), dw_ref, edw);
+      if (storage) {  // the gradient's padding (where the storage's ones map nothing) is zero
+        const auto placed = to_storage(ref::Vec(w.size(), 1.0));
+        for (std::size_t i = 0; i < placed.size(); ++i)
+          if (placed[i] == 0.0) {
+            EXPECT_EQ(dw[i], 0.0) << "padding float " << i << " of " << storage->name();
+          }
+      }
+    }
+  if (be->kind() == DeviceKind::cpu && be->versions().at("cpu_isa").rfind("avx512", 0) == 0) {
+    EXPECT_GT(stored_cases, 0) << "oneDNN's direct kernels run on its own weight format on AVX-512";
   }
 }
 

@@ -216,6 +216,11 @@ TEST_P(GraphTest, FiltersInTheBackendsOwnStorage) {
   auto& s = be->default_stream();
   for (int i = 0; i < 3; ++i) tr.step(s);
   be->synchronize(s);
+  // the arenas' layout, which towers that sum gradients must share: the same for the same graph, not
+  // for the other layout (its filters are stored otherwise)
+  EXPECT_EQ(net.g->arena_fingerprint(), SmallNet(*be, GetParam().layout, GetParam().dtype).g->arena_fingerprint());
+  const Layout other = GetParam().layout == Layout::nchw ? Layout::nhwc : Layout::nchw;
+  EXPECT_NE(net.g->arena_fingerprint(), SmallNet(*be, other, GetParam().dtype).g->arena_fingerprint());
   const auto read = [&](const float* p, std::size_t n) {
     std::vector<float> h(n);
     be->copy(s, h.data(), p, n * sizeof(float));

@@ -8,7 +8,9 @@
 //   interleaved runs each, hand-written against oneDNN: 3.22 / 2.94 ms at 149x149x32, 3.22 / 2.85 at
 //   147x147x32, 8.88 / 5.82 at 147x147x64, 2.71 / 1.87 at 73x73x80, but 5.12 / 6.30 at 71x71x192.
 // So: NHWC, dense output, at least 64x64 pixels: the forward on oneDNN, the backward too where the
-// channels are at most 128. Everything else, the inference forward and any call on a strided view (a
+// channels are at most 128; only oneDNN's AVX-512 jit kernels (the ones measured; with 16 channels
+// or a multiple). A step whose statistics come out non-finite runs the hand-written forward (see
+// forward_training). Everything else, the inference forward and any call on a strided view (a
 // concat's channel slice, which oneDNN's jit kernels do not take), runs the hand-written kernel.
 #include <cmath>
 #include <memory>
@@ -29,10 +31,14 @@ class DnnlBatchNorm final : public BatchNormOp {
       : strm_(strm), p_(p), c_(x.shape.c), fallback_(std::move(fallback)), dnnl_bwd_(x.shape.c <= 128) {
     const memory::desc d(dims4(x.shape), dt::f32, tag::nhwc), v({x.shape.c}, dt::f32, tag::a);
     const auto f = flags::use_scale | flags::use_shift | (p.relu ? flags::fuse_norm_relu : flags::none);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // in the graph's workspace, as every op's
     fwd_pd_ = dnnl::batch_normalization_forward::primitive_desc(
-        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, d, p.eps, f), eng);
+        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, d, p.eps, f), attr, eng);
     bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(
-        dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, d, d, p.eps, f), eng, fwd_pd_);
+        dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, d, d, p.eps, f), attr, eng, fwd_pd_);
+    scratch_ = std::max(fwd_pd_.scratchpad_desc().get_size(), bwd_pd_.scratchpad_desc().get_size());
+    scratch_mem_ = scratchpad_memory(eng, scratch_);
     fwd_ = dnnl::batch_normalization_forward(fwd_pd_);
     bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
     auto mem = [&](const memory::desc& md) { return memory(md, eng, DNNL_MEMORY_NONE); };
@@ -46,7 +52,13 @@ class DnnlBatchNorm final : public BatchNormOp {
   std::size_t reserve_bytes() const override {
     return std::max(fallback_->reserve_bytes(), ws_bytes_ + static_cast<std::size_t>(c_) * sizeof(float));
   }
-  std::size_t workspace_bytes() const override { return fallback_->workspace_bytes(); }
+  std::size_t workspace_bytes() const override { return std::max(fallback_->workspace_bytes(), scratch_); }
+  // measured: oneDNN's AVX-512 jit kernels (elsewhere, e.g. bnorm_tbb_jit:avx2 or ncsp, unmeasured)
+  bool measured_faster() const {
+    const std::string impl = fwd_pd_.impl_info_str();
+    return impl.rfind("bnorm_jit:avx512", 0) == 0 && std::string(bwd_pd_.impl_info_str()) == impl;
+  }
+  std::unique_ptr<BatchNormOp> release_fallback() { return std::move(fallback_); }
   std::string implementation() const override {
     return fmt::format("oneDNN {}{}, backward {}; strided views: {}", fwd_pd_.impl_info_str(),
                        p_.relu ? " (relu fused)" : "", dnnl_bwd_ ? "oneDNN" : fallback_->implementation(),
@@ -62,14 +74,25 @@ class DnnlBatchNorm final : public BatchNormOp {
     }
     float* var = variance(reserve);
     point(x_, x.data), point(y_, y.data), point(gamma_, gamma), point(beta_, beta), point(mean_, save_mean);
-    point(var_, var), point(ws_, reserve);
+    point(var_, var), point(ws_, reserve), point(scratch_mem_, ws);
     fwd_.execute(strm_, {{DNNL_ARG_SRC, x_},
                          {DNNL_ARG_DST, y_},
                          {DNNL_ARG_SCALE, gamma_},
                          {DNNL_ARG_SHIFT, beta_},
                          {DNNL_ARG_MEAN, mean_},
                          {DNNL_ARG_VARIANCE, var_},
-                         {DNNL_ARG_WORKSPACE, ws_}});
+                         {DNNL_ARG_WORKSPACE, ws_},
+                         {DNNL_ARG_SCRATCHPAD, scratch_mem_}});
+    // A NaN or infinity in a channel makes its statistics non-finite, and oneDNN's fused ReLU then
+    // writes 0 where PyTorch (and the hand-written kernel) keep NaN: that step runs the hand-written
+    // forward instead, so a diverged network shows NaN where PyTorch's would
+    for (std::int64_t c = 0; c < c_; ++c)
+      if (!std::isfinite(save_mean[c]) || !std::isfinite(var[c])) {
+        dnnl_fwd_ = false;
+        fallback_->forward_training(s, x, y, gamma, beta, running_mean, running_var, save_mean, save_invstd, ws,
+                                    reserve);
+        return;
+      }
     // what the hand-written kernel saves, and PyTorch's running statistics (unbiased variance)
     const double M = static_cast<double>(x.shape().n * x.shape().h * x.shape().w);
     for (std::int64_t c = 0; c < c_; ++c) {
@@ -96,7 +119,7 @@ class DnnlBatchNorm final : public BatchNormOp {
     point(x_, x.data), point(dy_, dy.data), point(dx_, dx.data), point(gamma_, gamma), point(beta_, beta);
     point(mean_, save_mean);
     point(var_, variance(const_cast<void*>(reserve))), point(ws_, reserve), point(dgamma_, dgamma);
-    point(dbeta_, dbeta);
+    point(dbeta_, dbeta), point(scratch_mem_, ws);
     bwd_.execute(strm_, {{DNNL_ARG_SRC, x_},
                          {DNNL_ARG_DIFF_DST, dy_},
                          {DNNL_ARG_SCALE, gamma_},
@@ -106,7 +129,8 @@ class DnnlBatchNorm final : public BatchNormOp {
                          {DNNL_ARG_WORKSPACE, ws_},
                          {DNNL_ARG_DIFF_SRC, dx_},
                          {DNNL_ARG_DIFF_SCALE, dgamma_},
-                         {DNNL_ARG_DIFF_SHIFT, dbeta_}});
+                         {DNNL_ARG_DIFF_SHIFT, dbeta_},
+                         {DNNL_ARG_SCRATCHPAD, scratch_mem_}});
   }
 
  private:
@@ -118,8 +142,8 @@ class DnnlBatchNorm final : public BatchNormOp {
   dnnl::batch_normalization_forward::primitive_desc fwd_pd_;
   dnnl::batch_normalization_backward::primitive_desc bwd_pd_;
   dnnl::primitive fwd_, bwd_;
-  memory x_, y_, dy_, dx_, gamma_, beta_, mean_, var_, dgamma_, dbeta_, ws_;
-  std::size_t ws_bytes_ = 0;
+  memory x_, y_, dy_, dx_, gamma_, beta_, mean_, var_, dgamma_, dbeta_, ws_, scratch_mem_;
+  std::size_t ws_bytes_ = 0, scratch_ = 0;
   bool dnnl_bwd_;          // the backward on oneDNN too (at most 128 channels)
   bool dnnl_fwd_ = false;  // the last training forward ran oneDNN (its mask and variance are in reserve)
 };
@@ -133,7 +157,9 @@ bool dnnl_batch_norm_wins(const TensorDesc& x, const TensorDesc& y) {
 
 std::unique_ptr<BatchNormOp> make_dnnl_batch_norm(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
                                                   const BatchNormParams& p, std::unique_ptr<BatchNormOp> fallback) {
-  return std::make_unique<DnnlBatchNorm>(eng, strm, x, p, std::move(fallback));
+  auto op = std::make_unique<DnnlBatchNorm>(eng, strm, x, p, std::move(fallback));
+  if (!op->measured_faster()) return op->release_fallback();
+  return op;
 }
 
 }  // namespace stepbench::cpu

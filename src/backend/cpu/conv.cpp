@@ -112,15 +112,21 @@ std::string format_name(const memory::desc& d) {
 }
 
 // A filter kept in the format oneDNN's forward chose: converted by reorders from and to O,I,KH,KW.
+// It keeps that choice, which the convolution of its shapes reuses (one search per shape).
 class DnnlFilterStorage final : public FilterStorage {
  public:
-  DnnlFilterStorage(const dnnl::engine& eng, const memory::desc& stored, const memory::dims& oihw)
-      : eng_(eng), stored_(stored), plain_(oihw, dt::f32, tag::oihw) {}
+  DnnlFilterStorage(const dnnl::engine& eng, Choice c, const memory::dims& oihw, std::string key)
+      : eng_(eng),
+        choice_(std::move(c)),
+        stored_(choice_.fwd.weights_desc()),
+        plain_(oihw, dt::f32, tag::oihw),
+        key_(std::move(key)) {}
   std::size_t floats() const override { return stored_.get_size() / sizeof(float); }
   std::string name() const override { return format_name(stored_); }
   void to_storage(const float* oihw, float* dst) const override { convert(oihw, plain_, dst, stored_); }
   void from_storage(const float* src, float* oihw) const override { convert(src, stored_, oihw, plain_); }
-  const memory::desc& desc() const { return stored_; }
+  const Choice& choice() const { return choice_; }
+  const std::string& key() const { return key_; }  // the shapes it was chosen for
 
  private:
   void convert(const float* src, const memory::desc& from, float* dst, const memory::desc& to) const {
@@ -131,26 +137,30 @@ class DnnlFilterStorage final : public FilterStorage {
     strm.wait();
   }
   dnnl::engine eng_;
+  Choice choice_;
   memory::desc stored_, plain_;
+  std::string key_;
 };
 
 class DnnlConv final : public ConvOp {
  public:
-  // stored: the filter's format in the arena where the arena keeps it in oneDNN's own
-  // (DnnlFilterStorage), else null (the plain `ff`).
+  // stored: where the arena keeps the filter in oneDNN's own format, the choice that format came
+  // from (DnnlFilterStorage), else null (the plain `ff`, and a choice of its own).
   DnnlConv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y, const ConvParams& p,
-           FilterFormat ff, const memory::desc* stored)
+           FilterFormat ff, const Choice* stored)
       : strm_(strm), ydesc_(y), xdesc_(x) {
     require_dense_f32(x, "convolution");
     require_dense_f32(y, "convolution");
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
-    Choice c = choose(eng, x, y, p, ff);
+    const Choice c = stored ? *stored : choose(eng, x, y, p, ff);
     SB_CHECK(!stored || c.blocked, "convolution: a filter in oneDNN's own format where oneDNN chose the plain one");
     fwd_pd_ = c.fwd;
     const bool blocked = c.blocked, act_blocked = c.act_blocked;
     act_blocked_ = act_blocked;
     const memory::desc &xd = c.xd, &yd = c.yd;
-    const memory::desc wd = stored ? *stored : c.wd;
+    // the stored filter as the forward takes it: no reorder (re-pointing the memory object at it
+    // zeroes its padding, which is zero already)
+    const memory::desc wd = stored ? c.fwd.weights_desc() : c.wd;
     stored_ = stored != nullptr;
     const dnnl::primitive_attr attr = user_scratchpad();
     const auto alg = dnnl::algorithm::convolution_direct;
@@ -301,14 +311,21 @@ std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, co
   return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff, nullptr);
 }
 
+std::string dnnl_conv_key(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) {
+  return fmt::format("{} {}x{}x{}x{} -> {}x{}x{} k{}x{} s{}x{} p{}x{}", to_string(x.layout), x.shape.n, x.shape.c,
+                     x.shape.h, x.shape.w, y.shape.c, y.shape.h, y.shape.w, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h,
+                     p.pad_w);
+}
+
 std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
                                                          const TensorDesc& y, const ConvParams& p, FilterFormat ff) {
   if (x.dtype != DType::f32 || y.dtype != DType::f32 || !x.is_dense() || !y.is_dense() ||
       conv_output_shape(x.shape, y.shape.c, p) != y.shape)
     return nullptr;  // make_conv says why
-  const Choice c = choose(eng, x, y, p, ff);
+  Choice c = choose(eng, x, y, p, ff);
   if (!c.blocked) return nullptr;
-  return std::make_shared<DnnlFilterStorage>(eng, c.fwd.weights_desc(), memory::dims{y.shape.c, x.shape.c, p.kh, p.kw});
+  return std::make_shared<DnnlFilterStorage>(eng, std::move(c), memory::dims{y.shape.c, x.shape.c, p.kh, p.kw},
+                                             dnnl_conv_key(x, y, p));
 }
 
 std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
@@ -316,7 +333,9 @@ std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& s
                                               const FilterStorage& w) {
   const auto* s = dynamic_cast<const DnnlFilterStorage*>(&w);
   SB_CHECK(s, fmt::format("convolution: a filter storage ({}) that is not oneDNN's", w.name()));
-  return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff, &s->desc());
+  SB_CHECK(s->key() == dnnl_conv_key(x, y, p),
+           fmt::format("convolution {}: a filter storage chosen for {}", dnnl_conv_key(x, y, p), s->key()));
+  return std::make_unique<DnnlConv>(eng, strm, x, y, p, ff, &s->choice());
 }
 
 }  // namespace stepbench::cpu

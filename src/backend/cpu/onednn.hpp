@@ -22,6 +22,7 @@ std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, co
                                        const ConvParams& p, FilterFormat ff);  // conv.cpp
 // The filter format oneDNN's forward runs fastest on where it is not `ff` (a direct kernel on
 // blocked weights), else null; and the convolution that keeps its filter in it.
+std::string dnnl_conv_key(const TensorDesc& x, const TensorDesc& y, const ConvParams& p);  // the shapes, as text
 std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
                                                          const TensorDesc& y, const ConvParams& p, FilterFormat ff);
 std::unique_ptr<ConvOp> make_dnnl_conv_stored(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
