@@ -23,6 +23,9 @@ const PoolCase kPoolCases[] = {
     {"max_3x3_s2_wide", {1, 17, 3, 29}, {PoolKind::max, 3, 3, 2, 2, 0, 0}},  // distinct_vec: <= 1536 values
     {"avg_3x3_s1_p1_wide", {2, 37, 6, 35}, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}},
     {"avg_3x3_s1_p1_exclude_pad_wide", {1, 19, 5, 37}, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1}},
+    // floor mode dropping a remainder (the last window stops short of the padding on the right)
+    {"avg_3x3_s2_p1_floor", {2, 4, 8, 9}, {PoolKind::avg_include_pad, 3, 3, 2, 2, 1, 1}},
+    {"avg_3x3_s2_p1_floor_exclude_pad", {2, 4, 8, 9}, {PoolKind::avg_exclude_pad, 3, 3, 2, 2, 1, 1}},
 };
 
 TEST_P(Ops, Pooling) {
