@@ -12,7 +12,7 @@
 #   gpu-check.sh layers OUT   where the time goes: Inception-v3 bf16 NHWC, --layer-times and --trace (the
 #                             trace checked as the CPU test checks it), and a one-GPU --sweep-batch
 #   gpu-check.sh input OUT    the input fixtures on the GPU: a JPEG folder decoded on the GPU (--decode gpu) and
-#                             on the CPU, its record file, synthetic-host
+#                             on the CPU, each with --suggest, its record file, synthetic-host
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
@@ -418,7 +418,8 @@ PY
 }
 
 # The input fixtures on the GPU: a staged host batch, a JPEG folder (the pipeline, the step fed by
-# it, the verdict) and the same folder as records.
+# it, the verdict, --suggest's rows: --decode gpu against the CPU's remedies) and the same folder as
+# records.
 stage_input() {
   local rc=0 tmp=$OUT_DIR/input-files b=64
   mkdir -p "$tmp"
@@ -432,6 +433,7 @@ stage_input() {
     local name decode=()
     name=$(basename "${src%:gpu}")
     if [ "${src%:gpu}" != "$src" ]; then decode=(--decode gpu); name+="-gpu-decode"; fi
+    if [ "$src" != "$tmp/data.records" ] && [ "$src" != synthetic-host ]; then decode+=(--suggest); fi  # the remedies
     echo "== --data $name, bf16 nhwc, batch $b, $threads threads ${decode[*]}"
     if ! timeout 100 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size $b --precision bf16 --format nhwc \
         --data "${src%:gpu}" "${decode[@]}" --data-threads "$threads" --phases step,input_pipeline --warmup 3 \
@@ -439,7 +441,7 @@ stage_input() {
       rc=1
       echo "failed:"; tail -5 "$tmp/input-$name.err"
     fi
-    sed -n '/^phase /,$p' "$tmp/input-$name.txt" | head -30
+    sed -n '/^phase /,$p' "$tmp/input-$name.txt" | head -45
   done
   rm -rf "$tmp/jpegs" "$tmp/data.records"
   tar -C "$OUT_DIR" -czf "$OUT_DIR/input.tar.gz" input-files && rm -rf "$tmp"

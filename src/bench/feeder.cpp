@@ -55,37 +55,40 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
   }
 }
 
-// --decode gpu: the batch's files decoded and transformed on the tower's GPU, straight into its
-// spare input buffer; a file nvJPEG refuses is decoded on the CPU and transformed on the GPU alike,
-// and one neither can decode is counted as skipped, its slot zeroed.
+void decode_on_device(ImageDecodeOp& dec, Backend& be, Stream& s, const HostBatch& b, const Tensor& out,
+                      ImagePipeline& p) {
+  std::vector<std::pair<const unsigned char*, std::size_t>> files;
+  for (const auto& f : b.files) files.emplace_back(f.data(), f.size());
+  const auto why = dec.decode(s, files, b.crops, out);
+  std::vector<Image8> cpu;
+  std::vector<HostRgb> rgb;
+  std::vector<ImageCrop> crops;
+  std::vector<int> slots;
+  cpu.reserve(why.size());
+  for (std::size_t i = 0; i < why.size(); ++i) {
+    if (why[i].empty()) continue;
+    std::string cpu_why;
+    cpu.emplace_back();
+    if (decode_image(b.files[i].data(), b.files[i].size(), cpu.back(), cpu_why)) {
+      rgb.push_back({cpu.back().px.data(), cpu.back().w, cpu.back().h});
+      crops.push_back(b.crops[i]);
+      slots.push_back(static_cast<int>(i));
+    } else {
+      p.count_skipped(b.items[i], why[i] + "; on the CPU it " + cpu_why);
+      const std::size_t floats = static_cast<std::size_t>(out.desc.numel() / out.desc.shape.n);
+      be.memset_zero(s, static_cast<float*>(out.data) + i * floats, floats * sizeof(float));
+    }
+  }
+  if (!rgb.empty()) dec.transform(s, rgb, crops, slots, out);
+  be.synchronize(s);
+}
+
+// --decode gpu: the batch decoded on the tower's GPU, straight into its spare input buffer.
 void Feeder::feed_decoded(int tower, HostBatch& b) {
-  ImageDecodeOp& dec = *decoders_.at(static_cast<std::size_t>(tower));
   t_.stage_on_device(
       tower,
       [&](Stream& s, const Tensor& out) {
-        std::vector<std::pair<const unsigned char*, std::size_t>> files;
-        for (const auto& f : b.files) files.emplace_back(f.data(), f.size());
-        const auto why = dec.decode(s, files, b.crops, out);
-        std::vector<Image8> cpu;
-        std::vector<HostRgb> rgb;
-        std::vector<ImageCrop> crops;
-        std::vector<int> slots;
-        cpu.reserve(why.size());
-        for (std::size_t i = 0; i < why.size(); ++i) {
-          if (why[i].empty()) continue;
-          std::string cpu_why;
-          cpu.emplace_back();
-          if (decode_image(b.files[i].data(), b.files[i].size(), cpu.back(), cpu_why)) {
-            rgb.push_back({cpu.back().px.data(), cpu.back().w, cpu.back().h});
-            crops.push_back(b.crops[i]);
-            slots.push_back(static_cast<int>(i));
-          } else {
-            pipe_->count_skipped(b.items[i], why[i] + "; on the CPU it " + cpu_why);
-            const std::size_t floats = static_cast<std::size_t>(out.desc.numel() / out.desc.shape.n);
-            t_.backend(tower).memset_zero(s, static_cast<float*>(out.data) + i * floats, floats * sizeof(float));
-          }
-        }
-        if (!rgb.empty()) dec.transform(s, rgb, crops, slots, out);
+        decode_on_device(*decoders_.at(static_cast<std::size_t>(tower)), t_.backend(tower), s, b, out, *pipe_);
       },
       b.labels.data());
 }

@@ -28,6 +28,12 @@ struct RemedyRow {
   std::string note;  // e.g. the cache's fill time; "" when none
 };
 
+// --decode gpu: a batch's files (an encoded pipeline's) decoded and transformed by `dec` into out,
+// on s; a file the device refuses is decoded on the CPU and transformed on the device alike, and one
+// neither can decode is counted as skipped in p, its slot zeroed. Returns when out is written.
+void decode_on_device(ImageDecodeOp& dec, Backend& be, Stream& s, const HostBatch& b, const Tensor& out,
+                      ImagePipeline& p);
+
 class Feeder {
  public:
   Feeder(const BenchConfig& c, Towers& t);

@@ -16,19 +16,53 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Images per second that `p` delivers to a consumer that takes batches as fast as they come: two
-// warm batches, then at least 4 batches and 0.3 s.
-double drain_rate(ImagePipeline& p, std::int64_t batch) {
-  for (int i = 0; i < 2; ++i) p.recycle(p.next());
+// Images per second of batches of `batch` taken by `one` (one batch taken and handed back), as fast
+// as they come: two warm batches, then at least 4 batches and 0.3 s.
+double drain(const std::function<void()>& one, std::int64_t batch) {
+  for (int i = 0; i < 2; ++i) one();
   const auto t0 = Clock::now();
   std::int64_t n = 0;
   double s = 0;
   while (n < 4 || s < 0.3) {
-    p.recycle(p.next());
+    one();
     ++n;
     s = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   return static_cast<double>(n * batch) / s;
+}
+double drain_rate(ImagePipeline& p, std::int64_t batch) {
+  return drain([&p] { p.recycle(p.next()); }, batch);
+}
+
+// The same with --decode gpu: the pipeline's threads read the files, the device decodes and
+// transforms each batch into one batch tensor (the step's thread's part in the run).
+double drain_decoded(const ImageFolder& s, const PipelineOptions& po, Backend& be, const ImageDecoderMaker& make,
+                     std::string& note) {
+  PipelineOptions pe = po;
+  pe.encoded = true;
+  pe.cache = InputCache::none;
+  ImagePipeline p(s, pe);
+  ImageDecodeParams dp;
+  dp.batch = static_cast<int>(pe.batch);
+  dp.store = p.store_size();
+  dp.size = static_cast<int>(pe.image_size);
+  std::copy(std::begin(pe.mean), std::end(pe.mean), std::begin(dp.mean));
+  std::copy(std::begin(pe.stddev), std::end(pe.stddev), std::begin(dp.stddev));
+  auto dec = make(dp);
+  const Shape shape{pe.batch, 3, pe.image_size, pe.image_size};
+  Buffer buf(be, static_cast<std::size_t>(shape.numel()) * sizeof(float));
+  const Tensor out{buf.get(), TensorDesc::dense(shape, DType::f32, pe.layout)};
+  auto stream = be.create_stream();
+  const double ips = drain(
+      [&] {
+        auto b = p.next();
+        decode_on_device(*dec, be, *stream, *b, out, p);
+        p.recycle(std::move(b));
+      },
+      pe.batch);
+  note = dec->library() + (note.empty() ? "" : "; " + note);
+  if (p.skipped() > 0) note += fmt::format("; {} files neither nvJPEG nor the CPU could decode", p.skipped());
+  return ips;
 }
 
 // Every k-th file of the folder, enough for the prefetch and a few batches: remedies are timed on
@@ -37,6 +71,8 @@ ImageFolder sample(const ImageFolder& f, std::size_t want) {
   if (f.files.size() <= want) return f;
   ImageFolder s;
   s.classes = f.classes;
+  s.jpeg = f.jpeg;  // the whole folder's kinds: --decode gpu refuses a folder holding PNG files
+  s.png = f.png;
   const double step = static_cast<double>(f.files.size()) / static_cast<double>(want);
   for (std::size_t i = 0; i < want; ++i) {
     const auto k = static_cast<std::size_t>(static_cast<double>(i) * step);
@@ -48,7 +84,9 @@ ImageFolder sample(const ImageFolder& f, std::size_t want) {
 
 }  // namespace
 
-std::vector<RemedyRow> run_suggest(const BenchConfig& c, const Feeder& f) {
+std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder& folder,
+                                   const std::shared_ptr<const RecordFile>& records, Backend& device,
+                                   const ImageDecoderMaker& make_decoder) {
   std::vector<RemedyRow> rows;
   // one row; a remedy that cannot run here (e.g. every sampled file is damaged) says why instead
   auto row = [&](const std::string& name, const std::function<double(std::string&)>& measure) {
@@ -60,38 +98,57 @@ std::vector<RemedyRow> run_suggest(const BenchConfig& c, const Feeder& f) {
       rows.push_back({name, 0, fmt::format("not measured: {}", e.what())});
     }
   };
-  PipelineOptions po = f.pipeline_options();
+  PipelineOptions po = run;
   po.pin = nullptr;  // plain memory: nothing is copied to a device here
   const std::int64_t B = po.batch;
   const int T = po.threads;
   const std::string cores = fmt::format("{} cores here", std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   PipelineOptions twice = po;
   twice.threads = 2 * T;
-  if (auto rec = f.records()) {
-    row("as run (record file)", [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(rec, po), B); });
+  if (records) {
+    row("as run (record file)",
+        [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(records, po), B); });
     row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
       note = cores;
-      return drain_rate(*std::make_unique<ImagePipeline>(rec, twice), B);
+      return drain_rate(*std::make_unique<ImagePipeline>(records, twice), B);
     });
     return rows;
   }
   const std::size_t want = static_cast<std::size_t>(B) * static_cast<std::size_t>(2 * T + po.prefetch + 8) + 8;
-  const ImageFolder s = sample(f.folder(), want);
-  const std::size_t N = f.folder().files.size();
-  PipelineOptions plain = po;
+  const ImageFolder s = sample(folder, want);
+  const std::size_t N = folder.files.size();
+  const std::string sampled = fmt::format("{} files sampled of {}", s.files.size(), N);
+  const std::string alone = "the GPU decoding alone (in the run it shares the GPU with the step)";
+  PipelineOptions plain = po;  // the CPU's decode, no cache
   plain.cache = InputCache::none;
-  const bool cached_run = po.cache == InputCache::memory;
-  if (cached_run)  // as run: the cache over the sample
-    row("as run (--cache memory)",
-        [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(s, po), B); });
-  row(cached_run ? "without the cache" : "as run", [&](std::string& note) {
-    note = fmt::format("{} files sampled of {}", s.files.size(), N);
-    return drain_rate(*std::make_unique<ImagePipeline>(s, plain), B);
-  });
-  row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
-    note = cores + (cached_run ? ", with the cache" : "");
-    return drain_rate(*std::make_unique<ImagePipeline>(s, twice), B);
-  });
+  plain.encoded = false;
+  const bool cached_run = po.cache == InputCache::memory, gpu_run = po.encoded;
+  if (gpu_run) {  // as run, and with twice the threads that read the files, on the device
+    row("as run (--decode gpu)", [&](std::string& note) {
+      note = sampled + "; " + alone;
+      return drain_decoded(s, po, device, make_decoder, note);
+    });
+    row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
+      note = cores + " reading";
+      return drain_decoded(s, twice, device, make_decoder, note);
+    });
+    row("--decode cpu", [&](std::string& note) {
+      note = fmt::format("libjpeg-turbo on {} thread{}", T, T == 1 ? "" : "s");
+      return drain_rate(*std::make_unique<ImagePipeline>(s, plain), B);
+    });
+  } else {
+    if (cached_run)  // as run: the cache over the sample
+      row("as run (--cache memory)",
+          [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(s, po), B); });
+    row(cached_run ? "without the cache" : "as run", [&](std::string& note) {
+      note = sampled;
+      return drain_rate(*std::make_unique<ImagePipeline>(s, plain), B);
+    });
+    row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
+      note = cores + (cached_run ? ", with the cache" : "");
+      return drain_rate(*std::make_unique<ImagePipeline>(s, twice), B);
+    });
+  }
   if (!cached_run)
     row("--cache memory", [&](std::string& note) {  // over the sample; the whole folder's bytes say whether it fits
       PipelineOptions pc = plain;
@@ -129,6 +186,14 @@ std::vector<RemedyRow> run_suggest(const BenchConfig& c, const Feeder& f) {
                        ws * static_cast<double>(N) / static_cast<double>(std::max<std::size_t>(s.files.size(), 1)));
     return drain_rate(*std::make_unique<ImagePipeline>(rec, plain), B);
   });
+  if (!gpu_run)
+    row("--decode gpu", [&](std::string& note) {
+      if (folder.png > 0)
+        throw UsageError(fmt::format("nvJPEG decodes JPEG files; the folder holds {} PNG file{}", folder.png,
+                                     folder.png == 1 ? "" : "s"));
+      note = alone;
+      return drain_decoded(s, po, device, make_decoder, note);
+    });
   return rows;
 }
 

@@ -136,8 +136,8 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
   app.add_flag("--suggest", b.suggest,
                "with --data: after the benchmarks, run the input pipeline a few batches as it is and with each "
-               "remedy (--cache memory, a record file, twice the --data-threads) and print the images/s of each "
-               "beside the step's");
+               "remedy (--cache memory, a record file, twice the --data-threads, --decode gpu on the cuda backend) "
+               "and print the images/s of each beside the step's");
   app.add_option("--data-threads", b.data_threads, "decoding threads of the input pipeline")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -248,8 +248,6 @@ void resolve(Options& o) {
                          : "--decode gpu decodes the JPEG files of a --data folder; give --data DIR or drop it");
   if (b.decode == DecodeOn::gpu && !cuda)
     throw UsageError("--decode gpu decodes on a GPU (nvJPEG); the cpu backend decodes on the --data-threads: drop it");
-  if (b.decode == DecodeOn::gpu && b.suggest)
-    throw UsageError("--suggest measures the CPU pipeline's remedies; run it without --decode gpu");
   if (b.decode == DecodeOn::gpu && b.cache == InputCache::memory)
     throw UsageError("--decode gpu decodes every step on the GPU; --cache memory decodes once on the CPU: give one");
   if (o.given("--cache-limit-mb") && b.cache != InputCache::memory)

@@ -592,8 +592,13 @@ class Data(unittest.TestCase):
             busy = sum(st["ms_per_image"][k] for k in st["share"]) * st["images"] / 1e3
             self.assertAlmostEqual((busy + st["open_s"] + st["idle_s"]) / (st["threads"] * st["wall_s"]), 1.0,
                                    delta=0.05)
-            self.assertEqual(len(st["suggest"]), 4)
-            self.assertTrue(all(r["images_per_s"] > 0 for r in st["suggest"]), st["suggest"])
+            self.assertEqual([r["remedy"] for r in st["suggest"]],
+                             ["as run", "--data-threads 4", "--cache memory", "make-records, --data OUT.records",
+                              "--decode gpu"])
+            self.assertTrue(all(r["images_per_s"] > 0 for r in st["suggest"][:4]), st["suggest"])
+            # --decode gpu: nvJPEG decodes JPEG on a GPU; PNG files on the cpu backend, said why
+            self.assertEqual(st["suggest"][4]["images_per_s"], 0)
+            self.assertIn("not measured", st["suggest"][4]["note"])
             self.assertEqual(j["context"]["data_kind"], "images")
             # the same folder as a record file, and cached
             rec = os.path.join(d, "png.records")

@@ -101,7 +101,7 @@ TEST(GpuDecode, RefusedWithoutAGpuBackend) {
     cpu->make_image_decoder(ImageDecodeParams{});
     FAIL() << "the cpu backend made an image decoder";
   } catch (const UnsupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("drop --decode gpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use --backend cuda"), std::string::npos) << e.what();
   }
 }
 
