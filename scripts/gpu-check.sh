@@ -430,14 +430,16 @@ stage_input() {
   local threads
   threads=$(nproc)
   for src in "$tmp/jpegs:gpu" "$tmp/jpegs" "$tmp/data.records" synthetic-host; do
-    local name decode=()
+    local name extra=() limit=100
     name=$(basename "${src%:gpu}")
-    if [ "${src%:gpu}" != "$src" ]; then decode=(--decode gpu); name+="-gpu-decode"; fi
-    if [ "$src" != "$tmp/data.records" ] && [ "$src" != synthetic-host ]; then decode+=(--suggest); fi  # the remedies
-    echo "== --data $name, bf16 nhwc, batch $b, $threads threads ${decode[*]}"
-    if ! timeout 100 "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size $b --precision bf16 --format nhwc \
-        --data "${src%:gpu}" "${decode[@]}" --data-threads "$threads" --phases step,input_pipeline --warmup 3 \
-        --repetitions 3 --json "$tmp/input-$name.json" > "$tmp/input-$name.txt" 2> "$tmp/input-$name.err"; then
+    if [ "${src%:gpu}" != "$src" ]; then extra=(--decode gpu); name+="-gpu-decode"; fi
+    if [ "$src" != "$tmp/data.records" ] && [ "$src" != synthetic-host ]; then  # each remedy measured too
+      extra+=(--suggest); limit=180
+    fi
+    echo "== --data $name, bf16 nhwc, batch $b, $threads threads ${extra[*]}"
+    if ! timeout $limit "$BIN/stepbench" --backend cuda --model inception_v3 --batch-size $b --precision bf16 \
+        --format nhwc --data "${src%:gpu}" "${extra[@]}" --data-threads "$threads" --phases step,input_pipeline \
+        --warmup 3 --repetitions 3 --json "$tmp/input-$name.json" > "$tmp/input-$name.txt" 2> "$tmp/input-$name.err"; then
       rc=1
       echo "failed:"; tail -5 "$tmp/input-$name.err"
     fi

@@ -28,8 +28,8 @@ void Backend::begin_capture(Stream&) {
 void Backend::start_activity() { throw UnsupportedError(activity_unavailable()); }
 std::unique_ptr<ImageDecodeOp> Backend::make_image_decoder(const ImageDecodeParams&) {
   throw UnsupportedError(fmt::format(
-      "--decode gpu decodes JPEG files on a GPU (nvJPEG), which the {} backend has not: use --backend cuda where a "
-      "GPU is visible",
+      "--decode gpu decodes JPEG files on a GPU (nvJPEG); the {} backend has no GPU decoder: use --backend cuda where "
+      "a GPU is visible",
       name()));
 }
 std::unique_ptr<ConvOp> Backend::make_conv_stored(const TensorDesc&, const TensorDesc&, const ConvParams&,

@@ -245,8 +245,8 @@ class ImageDecodeOp {
   virtual std::vector<std::string> decode(Stream& s,
                                           const std::vector<std::pair<const unsigned char*, std::size_t>>& files,
                                           const std::vector<ImageCrop>& crops, const Tensor& out) = 0;
-  // The same transforms from images already decoded (host memory) into the slots given: a file the
-  // device refused, decoded on the CPU, and the check of the device's transforms against the CPU's.
+  // The same transforms from images already decoded (host memory, read before it returns) into the
+  // slots given: a file the device refused, decoded on the CPU; the check against the CPU's transforms.
   virtual void transform(Stream& s, const std::vector<HostRgb>& images, const std::vector<ImageCrop>& crops,
                          const std::vector<int>& slots, const Tensor& out) = 0;
 };

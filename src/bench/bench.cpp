@@ -385,7 +385,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   }
   if (!c.history.empty()) append_history(c, towers, reporter);
   if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans
-  if (c.suggest && root && feeder.pipeline()) feeder.set_remedies(run_suggest(feeder, towers.backend(0)));
+  if (c.suggest && feeder.pipeline()) feeder.set_remedies(run_suggest(feeder, towers.backend(0)));
   if (feeder.pipeline() && (feeder.measure().images > 0 || c.suggest) && !c.json.empty()) {
     if (json_in_place)
       std::cerr << "stepbench: --json " << c.json << " is not a regular file: its input_stages are not in it\n";

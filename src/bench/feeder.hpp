@@ -23,9 +23,11 @@ struct InputMeasure {
 
 // One row of --suggest: the pipeline as run or with a remedy, run alone for a few batches.
 struct RemedyRow {
-  std::string name;  // "as run", "--cache memory", "make-records", "--data-threads 4"
+  std::string name;  // "as run", "--cache memory", "make-records, --data OUT.records", "--data-threads 4"
   double images_per_s = 0;
-  std::string note;  // e.g. the cache's fill time; "" when none
+  std::string note;        // e.g. the cache's fill time; "" when none
+  bool applies = true;     // false: measured, but the run would refuse it (a cache that does not fit)
+  bool on_device = false;  // timed on the GPU without the step, which shares it in the run
 };
 
 // --decode gpu: a batch's files (an encoded pipeline's) decoded and transformed by `dec` into out,

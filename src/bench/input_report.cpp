@@ -54,12 +54,17 @@ Remedy choose_remedy(const RemedyInputs& in) {
   r.ips *= in.processes;
   // --suggest's rows (one process's pipeline each; the first is the pipeline as run): the remedy
   // above where it was measured to keep up with the step; else the first remedy measured to, in
-  // the rows' order; else the fastest measured remedy where it beats the one above
+  // the rows' order; else the fastest measured remedy where it beats the one above. A row the run
+  // would refuse (a cache that does not fit) is no candidate.
   const RemedyRow *own = nullptr, *first_ok = nullptr, *fastest = nullptr;
-  const auto name_of = [](const RemedyRow& row) { return row.name.substr(0, row.name.find(',')); };
+  const auto name_of = [](const RemedyRow& row) {  // "make-records, --data OUT.records (drop --cache)": make-records
+    std::string n = row.name.substr(0, row.name.find_first_of(",("));
+    return n.substr(0, n.find_last_not_of(' ') + 1);
+  };
   for (std::size_t i = 1; i < in.rows.size(); ++i) {
     const RemedyRow& row = in.rows[i];
-    if (row.images_per_s <= 0 || row.name.rfind("as run", 0) == 0 || row.name.rfind("without", 0) == 0) continue;
+    if (row.images_per_s <= 0 || !row.applies || row.name.rfind("as run", 0) == 0 || row.name.rfind("without", 0) == 0)
+      continue;
     if (name_of(row) == r.name) own = &row;
     if (!first_ok && row.images_per_s * in.processes >= in.step_ips) first_ok = &row;
     if (!fastest || row.images_per_s > fastest->images_per_s) fastest = &row;
@@ -69,22 +74,23 @@ Remedy choose_remedy(const RemedyInputs& in) {
                           : own && own->images_per_s >= fastest->images_per_s    ? own
                                                                                  : fastest;
   if (!pick) return r;
+  r.measured = true;
   if (in.rows.front().images_per_s > 0 && pick->images_per_s <= in.rows.front().images_per_s) {
     r.name.clear();  // nothing measured beats the pipeline as run
     r.ips = NAN;
-    r.measured = true;
     return r;
   }
   if (pick != own) {
-    r.why =
-        own ? fmt::format("{} measured {:.0f} images/s; {}", r.name, own->images_per_s * in.processes,
-                          pick == first_ok ? "the first remedy measured to keep up with the step"
-                                           : "the fastest remedy measured")
-            : (pick == first_ok ? "the first remedy measured to keep up with the step" : "the fastest remedy measured");
-    r.name = name_of(*pick);
+    const char* how =
+        pick == first_ok ? "the first remedy measured to keep up with the step" : "the fastest remedy measured";
+    r.why = own ? fmt::format("{} measured {:.0f} images/s; {}", r.name, own->images_per_s * in.processes, how) : how;
   }
+  r.name = pick->name;
   r.ips = pick->images_per_s * in.processes;
-  r.measured = true;
+  if (pick->on_device) r.why += "; timed on the GPU without the step, which shares it in the run";
+  if (in.processes > 1)
+    r.why +=
+        fmt::format("; one process's pipeline x {} processes: processes sharing a node share its cores", in.processes);
   return r;
 }
 
@@ -142,8 +148,10 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
         blame = fmt::format(": {} is {:.0f}% of the pipeline", kStageNames[static_cast<std::size_t>(top)],
                             100 * st[top] / busy);
         const Remedy r = choose_remedy(c, f, processes, S);
-        const std::string how =
-            r.measured ? "measured by --suggest" : "estimated from the stage times; --suggest measures it";
+        const std::string how = r.measured ? "measured by --suggest"
+                                : f.remedies().empty()
+                                    ? "estimated from the stage times; --suggest measures it"
+                                    : "estimated from the stage times; --suggest could not measure it";
         fix = r.name.empty()      ? "; none of the remedies --suggest measured beats the pipeline as run (below)"
               : std::isnan(r.ips) ? fmt::format("; `{}` would take the decode out of the step ({})", r.name, r.why)
               : r.ips >= S

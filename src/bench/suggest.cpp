@@ -41,10 +41,9 @@ double drain_decoded(const ImageFolder& s, const PipelineOptions& po, Backend& b
   PipelineOptions pe = po;
   pe.encoded = true;
   pe.cache = InputCache::none;
-  ImagePipeline p(s, pe);
-  ImageDecodeParams dp;
+  ImageDecodeParams dp;  // the decoder first: where there is none, no pipeline starts
   dp.batch = static_cast<int>(pe.batch);
-  dp.store = p.store_size();
+  dp.store = pe.store_size > 0 ? pe.store_size : default_store_size(pe.image_size);
   dp.size = static_cast<int>(pe.image_size);
   std::copy(std::begin(pe.mean), std::end(pe.mean), std::begin(dp.mean));
   std::copy(std::begin(pe.stddev), std::end(pe.stddev), std::begin(dp.stddev));
@@ -53,6 +52,8 @@ double drain_decoded(const ImageFolder& s, const PipelineOptions& po, Backend& b
   Buffer buf(be, static_cast<std::size_t>(shape.numel()) * sizeof(float));
   const Tensor out{buf.get(), TensorDesc::dense(shape, DType::f32, pe.layout)};
   auto stream = be.create_stream();
+  ImagePipeline p(s, pe);
+  SB_CHECK(p.store_size() == dp.store, "the pipeline's stored size is the decoder's");
   const double ips = drain(
       [&] {
         auto b = p.next();
@@ -61,7 +62,8 @@ double drain_decoded(const ImageFolder& s, const PipelineOptions& po, Backend& b
       },
       pe.batch);
   note = dec->library() + (note.empty() ? "" : "; " + note);
-  if (p.skipped() > 0) note += fmt::format("; {} files neither nvJPEG nor the CPU could decode", p.skipped());
+  if (p.skipped() > 0)
+    note += fmt::format("; {} files skipped (unreadable, or neither nvJPEG nor the CPU decoded them)", p.skipped());
   return ips;
 }
 
@@ -89,14 +91,14 @@ std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder
                                    const ImageDecoderMaker& make_decoder) {
   std::vector<RemedyRow> rows;
   // one row; a remedy that cannot run here (e.g. every sampled file is damaged) says why instead
-  auto row = [&](const std::string& name, const std::function<double(std::string&)>& measure) {
-    std::string note;
+  auto row = [&](const std::string& name, const std::function<double(RemedyRow&)>& measure) {
+    RemedyRow r{name, 0, ""};
     try {
-      const double ips = measure(note);
-      rows.push_back({name, ips, note});
+      r.images_per_s = measure(r);
     } catch (const std::exception& e) {
-      rows.push_back({name, 0, fmt::format("not measured: {}", e.what())});
+      r = RemedyRow{name, 0, fmt::format("not measured: {}", e.what())};
     }
+    rows.push_back(r);
   };
   PipelineOptions po = run;
   po.pin = nullptr;  // plain memory: nothing is copied to a device here
@@ -107,9 +109,9 @@ std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder
   twice.threads = 2 * T;
   if (records) {
     row("as run (record file)",
-        [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(records, po), B); });
-    row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
-      note = cores;
+        [&](RemedyRow&) { return drain_rate(*std::make_unique<ImagePipeline>(records, po), B); });
+    row(fmt::format("--data-threads {}", 2 * T), [&](RemedyRow& r) {
+      r.note = cores;
       return drain_rate(*std::make_unique<ImagePipeline>(records, twice), B);
     });
     return rows;
@@ -123,34 +125,39 @@ std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder
   plain.cache = InputCache::none;
   plain.encoded = false;
   const bool cached_run = po.cache == InputCache::memory, gpu_run = po.encoded;
+  // the remedies that the run's own --cache or --decode gpu exclude say what to change with them
+  const std::string but = cached_run ? " (drop --cache)" : gpu_run ? " (drop --decode gpu)" : "";
   if (gpu_run) {  // as run, and with twice the threads that read the files, on the device
-    row("as run (--decode gpu)", [&](std::string& note) {
-      note = sampled + "; " + alone;
-      return drain_decoded(s, po, device, make_decoder, note);
+    row("as run (--decode gpu)", [&](RemedyRow& r) {
+      r.on_device = true;
+      r.note = sampled + "; " + alone;
+      return drain_decoded(s, po, device, make_decoder, r.note);
     });
-    row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
-      note = cores + " reading";
-      return drain_decoded(s, twice, device, make_decoder, note);
+    row(fmt::format("--data-threads {}", 2 * T), [&](RemedyRow& r) {
+      r.on_device = true;
+      r.note = cores + "; the threads only read";
+      return drain_decoded(s, twice, device, make_decoder, r.note);
     });
-    row("--decode cpu", [&](std::string& note) {
-      note = fmt::format("libjpeg-turbo on {} thread{}", T, T == 1 ? "" : "s");
+    row("--decode cpu", [&](RemedyRow& r) {
+      r.note = fmt::format("libjpeg-turbo on {} thread{}", T, T == 1 ? "" : "s");
       return drain_rate(*std::make_unique<ImagePipeline>(s, plain), B);
     });
   } else {
     if (cached_run)  // as run: the cache over the sample
       row("as run (--cache memory)",
-          [&](std::string&) { return drain_rate(*std::make_unique<ImagePipeline>(s, po), B); });
-    row(cached_run ? "without the cache" : "as run", [&](std::string& note) {
-      note = sampled;
+          [&](RemedyRow&) { return drain_rate(*std::make_unique<ImagePipeline>(s, po), B); });
+    row(cached_run ? "without the cache" : "as run", [&](RemedyRow& r) {
+      r.note = sampled;
       return drain_rate(*std::make_unique<ImagePipeline>(s, plain), B);
     });
-    row(fmt::format("--data-threads {}", 2 * T), [&](std::string& note) {
-      note = cores + (cached_run ? ", with the cache" : "");
+    row(fmt::format("--data-threads {}", 2 * T), [&](RemedyRow& r) {
+      r.note = cores + (cached_run ? ", with the cache" : "");
       return drain_rate(*std::make_unique<ImagePipeline>(s, twice), B);
     });
   }
   if (!cached_run)
-    row("--cache memory", [&](std::string& note) {  // over the sample; the whole folder's bytes say whether it fits
+    row(gpu_run ? "--decode cpu --cache memory" : "--cache memory", [&](RemedyRow& r) {
+      // over the sample; the whole folder's bytes say whether the run may have it
       PipelineOptions pc = plain;
       pc.cache = InputCache::memory;
       pc.cache_limit_bytes = ~std::uint64_t{0};
@@ -158,17 +165,19 @@ std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder
       const int R = p->store_size();
       const double whole = static_cast<double>(N) * R * R * 3;
       const double fill_rate = static_cast<double>(s.files.size()) / std::max(p->cache_fill_seconds(), 1e-9);
-      note = fmt::format("the whole folder: {:.1f} MiB, filled in about {:.1f} s at start", whole / 1048576.0,
-                         static_cast<double>(N) / fill_rate);
+      r.note = fmt::format("the whole folder: {:.1f} MiB, filled in about {:.1f} s at start", whole / 1048576.0,
+                           static_cast<double>(N) / fill_rate);
       const auto limit = cache_limit_bytes(po);
-      if (whole > static_cast<double>(limit))
-        note += fmt::format("; more than the {:.1f} MiB it may use: refused, use make-records", limit / 1048576.0);
+      if (whole > static_cast<double>(limit)) {
+        r.note += fmt::format("; more than the {:.1f} MiB it may use: refused, use make-records", limit / 1048576.0);
+        r.applies = false;
+      }
       return drain_rate(*p, B);
     });
   // a record file of the sample, in the temporary folder, removed after
   const auto path = std::filesystem::temp_directory_path() /
                     fmt::format("stepbench-suggest-{}.records", static_cast<long>(::getpid()));
-  row("make-records, --data OUT.records", [&](std::string& note) {
+  row("make-records, --data OUT.records" + but, [&](RemedyRow& r) {
     struct Remove {
       const std::filesystem::path& p;
       ~Remove() {
@@ -181,18 +190,21 @@ std::vector<RemedyRow> run_suggest(const PipelineOptions& run, const ImageFolder
     const double ws = std::chrono::duration<double>(Clock::now() - t0).count();
     auto rec = std::make_shared<const RecordFile>(path.string());
     const double per = static_cast<double>(w.bytes) / static_cast<double>(std::max<std::size_t>(w.images, 1));
-    note = fmt::format("the whole folder: {:.1f} MiB on disk, written in about {:.1f} s",
-                       per * static_cast<double>(N) / 1048576.0,
-                       ws * static_cast<double>(N) / static_cast<double>(std::max<std::size_t>(s.files.size(), 1)));
+    r.note = fmt::format("the whole folder: {:.1f} MiB on disk, written in about {:.1f} s",
+                         per * static_cast<double>(N) / 1048576.0,
+                         ws * static_cast<double>(N) / static_cast<double>(std::max<std::size_t>(s.files.size(), 1)));
     return drain_rate(*std::make_unique<ImagePipeline>(rec, plain), B);
   });
   if (!gpu_run)
-    row("--decode gpu", [&](std::string& note) {
-      if (folder.png > 0)
-        throw UsageError(fmt::format("nvJPEG decodes JPEG files; the folder holds {} PNG file{}", folder.png,
-                                     folder.png == 1 ? "" : "s"));
-      note = alone;
-      return drain_decoded(s, po, device, make_decoder, note);
+    row("--decode gpu" + but, [&](RemedyRow& r) {
+      if (folder.png > 0)  // nvJPEG decodes JPEG files only
+        throw UsageError(
+            fmt::format("nvJPEG decodes JPEG files and the folder holds {} PNG file{} (a record file needs no decode: "
+                        "make-records)",
+                        folder.png, folder.png == 1 ? "" : "s"));
+      r.on_device = true;
+      r.note = alone;
+      return drain_decoded(s, po, device, make_decoder, r.note);
     });
   return rows;
 }

@@ -116,6 +116,19 @@ TEST(Suggest, AFolderGetsEveryRemedyAndTheDecodeGpuRowRunsTheDecoder) {
   // 2 warm batches and at least 4 timed, each one call
   EXPECT_GE(calls.load(), 6);
   EXPECT_NE(find(rows, "--decode gpu").note.find("the CPU standing in for nvJPEG"), std::string::npos);
+  EXPECT_TRUE(find(rows, "--decode gpu").on_device);
+  EXPECT_TRUE(find(rows, "--cache memory").applies);  // 40 small images fit
+
+  // run with --cache memory: what excludes the cache says so, and a cache-limit the folder passes
+  PipelineOptions c = options();
+  c.cache = InputCache::memory;
+  const auto crows = run_suggest(c, f.folder, nullptr, *be, make);
+  EXPECT_EQ(names(crows), (std::vector<std::string>{"as run (--cache memory)", "without the cache", "--data-threads 2",
+                                                    "make-records, --data OUT.records (drop --cache)",
+                                                    "--decode gpu (drop --cache)"}));
+  PipelineOptions small = options();
+  small.cache_limit_bytes = 1024;
+  EXPECT_FALSE(find(run_suggest(small, f.folder, nullptr, *be, make), "--cache memory").applies);
 
   // run with --decode gpu: as run on the device, twice the reading threads, the CPU's decode
   PipelineOptions g = options();
@@ -123,7 +136,9 @@ TEST(Suggest, AFolderGetsEveryRemedyAndTheDecodeGpuRowRunsTheDecoder) {
   calls = 0;
   const auto grows = run_suggest(g, f.folder, nullptr, *be, make);
   EXPECT_EQ(names(grows), (std::vector<std::string>{"as run (--decode gpu)", "--data-threads 2", "--decode cpu",
-                                                    "--cache memory", "make-records, --data OUT.records"}));
+                                                    "--decode cpu --cache memory",
+                                                    "make-records, --data OUT.records (drop --decode gpu)"}));
+  EXPECT_TRUE(grows[0].on_device && grows[1].on_device && !grows[2].on_device);
   for (const auto& r : grows) EXPECT_GT(r.images_per_s, 0) << r.name << ": " << r.note;
   EXPECT_GE(calls.load(), 12);  // two rows on the device
   EXPECT_NE(grows[0].note.find("40 files sampled of 40"), std::string::npos) << grows[0].note;
@@ -185,7 +200,7 @@ TEST(Suggest, DecodeOnDeviceGivesThePlainPipelinesBatch) {
       decode_on_device(dec, *be, *stream, *b, out, enc);
       ASSERT_EQ(std::memcmp(a->images.data(), buf.data(), buf.size() * sizeof(float)), 0) << "batch " << k;
       ASSERT_EQ(std::memcmp(a->labels.data(), b->labels.data(), 4 * sizeof(std::int32_t)), 0) << "batch " << k;
-      // a batch whose second file is damaged past its header: neither the decoder nor the CPU decodes it
+      // a batch whose second file is damaged (its header cut): neither the decoder nor the CPU decodes it
       if (k == 4) {
         b->files[1].resize(b->files[1].size() / 3);
         std::fill(b->files[1].begin() + 200, b->files[1].end(), 0xFF);
@@ -226,11 +241,12 @@ TEST(Suggest, TheVerdictNamesTheRemedyMeasuredToKeepUp) {
   EXPECT_FALSE(r.measured);
   EXPECT_NEAR(r.ips, 40000, 1e-6);
 
+  const std::string records = "make-records, --data OUT.records";
   in.rows = {{"as run", 1000, ""},
              {"--data-threads 8", 1900, ""},
              {"--cache memory", 3500, ""},
-             {"make-records, --data OUT.records", 3400, ""},
-             {"--decode gpu", 5000, ""}};
+             {records, 3400, ""},
+             {"--decode gpu", 5000, "", true, true}};
   r = choose_remedy(in);  // its own, measured, keeps up
   EXPECT_EQ(r.name, "--cache memory");
   EXPECT_TRUE(r.measured);
@@ -238,13 +254,15 @@ TEST(Suggest, TheVerdictNamesTheRemedyMeasuredToKeepUp) {
 
   in.rows[2].images_per_s = 2500;  // the cache falls short: the first that keeps up, in the rows' order
   r = choose_remedy(in);
-  EXPECT_EQ(r.name, "make-records");
+  EXPECT_EQ(r.name, records);
   EXPECT_EQ(r.ips, 3400);
   EXPECT_NE(r.why.find("--cache memory measured 2500"), std::string::npos) << r.why;
+  EXPECT_EQ(r.why.find("timed on the GPU"), std::string::npos) << r.why;
 
   in.rows[3].images_per_s = 2000;
   r = choose_remedy(in);
   EXPECT_EQ(r.name, "--decode gpu");
+  EXPECT_NE(r.why.find("timed on the GPU without the step"), std::string::npos) << r.why;
 
   in.rows[4] = {"--decode gpu", 0, "not measured: no GPU"};  // none keeps up: the fastest
   r = choose_remedy(in);
@@ -255,16 +273,30 @@ TEST(Suggest, TheVerdictNamesTheRemedyMeasuredToKeepUp) {
   r = choose_remedy(in);
   EXPECT_EQ(r.name, "--cache memory");
   EXPECT_EQ(r.ips, 5000);
+  EXPECT_NE(r.why.find("x 2 processes"), std::string::npos) << r.why;
   in.rows[2].images_per_s = 1400;  // 2 x 1400 does not; 2 x 1900 does
   r = choose_remedy(in);
   EXPECT_EQ(r.name, "--data-threads 8");
   EXPECT_EQ(r.ips, 3800);
 
   in.processes = 1;
+  const auto kept = in.rows;
   for (std::size_t i = 1; i < in.rows.size(); ++i) in.rows[i].images_per_s = std::min(in.rows[i].images_per_s, 900.0);
   r = choose_remedy(in);  // every remedy slower than the run: none named
   EXPECT_TRUE(r.name.empty());
   EXPECT_TRUE(r.measured);
+
+  // a folder too big for the cache: its measured row is no candidate, however fast
+  in.rows = kept;
+  in.cache_fits = false;
+  in.rows[2] = {"--cache memory", 9000, "refused", false};
+  in.rows[3].images_per_s = 2900;
+  r = choose_remedy(in);
+  EXPECT_EQ(r.name, records);  // its own, the fastest that may run, though short of the step
+  EXPECT_EQ(r.ips, 2900);
+  in.rows[3].images_per_s = 0;
+  r = choose_remedy(in);
+  EXPECT_EQ(r.name, "--data-threads 8");
 }
 
 TEST(Suggest, WithDecodeGpuTheRemedyComesFromTheDevicesShare) {
@@ -278,18 +310,19 @@ TEST(Suggest, WithDecodeGpuTheRemedyComesFromTheDevicesShare) {
   Remedy r = choose_remedy(in);
   EXPECT_EQ(r.name, "make-records");
   EXPECT_TRUE(std::isnan(r.ips));  // not estimated
-  in.rows = {{"as run (--decode gpu)", 2000, ""},
-             {"--data-threads 4", 2100, ""},
+  const std::string records = "make-records, --data OUT.records (drop --decode gpu)";
+  in.rows = {{"as run (--decode gpu)", 2000, "", true, true},
+             {"--data-threads 4", 2100, "", true, true},
              {"--decode cpu", 800, ""},
-             {"--cache memory", 3000, ""},
-             {"make-records, --data OUT.records", 4500, ""}};
+             {"--decode cpu --cache memory", 3000, ""},
+             {records, 4500, ""}};
   r = choose_remedy(in);
-  EXPECT_EQ(r.name, "make-records");
+  EXPECT_EQ(r.name, records);
   EXPECT_TRUE(r.measured);
   EXPECT_EQ(r.ips, 4500);
   in.measure.stages[Stage::copy] = 0.01;  // reading limits it: more threads, but only measured 2100
   r = choose_remedy(in);
-  EXPECT_EQ(r.name, "make-records");
+  EXPECT_EQ(r.name, records);
   EXPECT_NE(r.why.find("--data-threads 4 measured 2100"), std::string::npos) << r.why;
 }
 

@@ -227,7 +227,12 @@ class NvJpegDecode final : public ImageDecodeOp {
   }
   DeviceBuffer alloc(std::size_t bytes) {
     void* p = nullptr;
-    SB_CUDA(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not left for the next launch's check to find
+      throw Error(fmt::format("--decode gpu: {:.1f} MiB of GPU memory for the decoded images: {}",
+                              static_cast<double>(bytes) / (1 << 20), cudaGetErrorString(e)));
+    }
     return DeviceBuffer(p);
   }
   void grow(std::size_t bytes) {  // the decoded images' buffer, for the largest batch seen
