@@ -52,6 +52,16 @@ Feeder::Feeder(const BenchConfig& c, Towers& t) : c_(c), t_(t) {
     std::copy(std::begin(po_.mean), std::end(po_.mean), std::begin(p.mean));
     std::copy(std::begin(po_.stddev), std::end(po_.stddev), std::begin(p.stddev));
     for (int i = 0; i < t.size(); ++i) decoders_.push_back(t.backend(i).make_image_decoder(p));
+    // one batch through each decoder, untimed: nvJPEG's first call, its buffers, the kernels' loading
+    const TensorDesc d = TensorDesc::dense(s, DType::f32, po_.layout);
+    for (int i = 0; i < t.size(); ++i) {
+      Backend& be = t.backend(i);
+      Buffer scratch(be, d.bytes());
+      auto stream = be.create_stream();
+      auto b = pipe_->next();
+      decode_on_device(*decoders_[static_cast<std::size_t>(i)], be, *stream, *b, Tensor{scratch.get(), d}, *pipe_);
+      pipe_->recycle(std::move(b));
+    }
   }
 }
 

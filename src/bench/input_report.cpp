@@ -145,8 +145,15 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
     if (P < S) {
       std::string blame, fix;
       if (f.pipeline() && busy > 0) {
-        blame = fmt::format(": {} is {:.0f}% of the pipeline", kStageNames[static_cast<std::size_t>(top)],
-                            100 * st[top] / busy);
+        const double device = st[Stage::copy], per_thread = busy / std::max(1, m.threads);
+        if (c.decode == DecodeOn::gpu && device >= per_thread)  // the threads only read: the GPU's part is to blame
+          blame = fmt::format(
+              ": the GPU's decode and transforms take {:.3f} ms per image on the step's thread, reading the files "
+              "{:.3f} ms per image on {} threads",
+              ms_per_image(m, Stage::copy), 1e3 * per_thread / static_cast<double>(m.images), m.threads);
+        else
+          blame = fmt::format(": {} is {:.0f}% of the pipeline", kStageNames[static_cast<std::size_t>(top)],
+                              100 * st[top] / busy);
         const Remedy r = choose_remedy(c, f, processes, S);
         const std::string how = r.measured ? "measured by --suggest"
                                 : f.remedies().empty()

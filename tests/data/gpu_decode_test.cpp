@@ -230,8 +230,12 @@ TEST(GpuDecode, ADamagedFileIsNamedAndTheOthersDecode) {
   std::vector<std::string> errs;
   const auto good = run(files, &errs);
   for (const auto& e : errs) EXPECT_EQ(e, "");
+  EXPECT_EQ(dec->library().find("fell back"), std::string::npos) << dec->library();
   const auto mixed = run({files[0], bad, files[2]}, &errs);
-  std::cout << "the damaged file: \"" << errs[1] << "\"\n";
+  std::cout << "the damaged file: \"" << errs[1] << "\"; the decoder: " << dec->library() << "\n";
+  if (errs[1].rfind("nvJPEG could not decode it", 0) == 0) {  // the batch failed, then the file alone: said
+    EXPECT_NE(dec->library().find("1 of 2 batches fell back"), std::string::npos) << dec->library();
+  }
   EXPECT_EQ(errs[0], "");
   EXPECT_EQ(errs[2], "");
   // a spoilt batch is decoded file by file, which nvJPEG need not do bit for bit as the batch: 2 levels

@@ -121,6 +121,7 @@ class NvJpegDecode final : public ImageDecodeOp {
     host_ = PinnedBuffer(h);
   }
   ~NvJpegDecode() override {
+    cudaSetDevice(dev_);  // nvJPEG's handle and states belong to the device that made them
     const NvJpeg& a = nvjpeg();
     if (one_) a.state_destroy(one_);
     if (st_) a.state_destroy(st_);
@@ -129,7 +130,12 @@ class NvJpegDecode final : public ImageDecodeOp {
   NvJpegDecode(const NvJpegDecode&) = delete;
   NvJpegDecode& operator=(const NvJpegDecode&) = delete;
 
-  std::string library() const override { return library_; }
+  // what decodes, and how many batches nvJPEG refused whole (each then decoded file by file)
+  std::string library() const override {
+    if (fallbacks_ == 0) return library_;
+    return fmt::format("{} ({} of {} batches fell back to one file at a time, the last: {})", library_, fallbacks_,
+                       batches_, status_name(last_batch_status_));
+  }
 
   std::vector<std::string> decode(Stream& s, const std::vector<std::pair<const unsigned char*, std::size_t>>& files,
                                   const std::vector<ImageCrop>& crops, const Tensor& out) override {
@@ -173,16 +179,21 @@ class NvJpegDecode final : public ImageDecodeOp {
     }
     const cudaStream_t cs = S(s);
     std::vector<int> done;  // positions in ok that decoded
-    if (init(static_cast<int>(ok.size())) == 0 && a.batched(h_, st_, data.data(), len.data(), dst.data(), cs) == 0) {
+    ++batches_;
+    nvjpegStatus_t r = init(static_cast<int>(ok.size()));
+    if (r == 0) r = a.batched(h_, st_, data.data(), len.data(), dst.data(), cs);
+    if (r == 0) {
       for (std::size_t k = 0; k < ok.size(); ++k) done.push_back(static_cast<int>(k));
     } else {  // one file spoils the batch: each alone, on a state of its own (the batch's is reset next time)
+      ++fallbacks_;
+      last_batch_status_ = r;
       initialised_ = 0;
       for (std::size_t k = 0; k < ok.size(); ++k) {
-        const nvjpegStatus_t r = a.decode(h_, one_, data[k], len[k], kOutputRgbi, &dst[k], cs);
-        if (r == 0)
+        const nvjpegStatus_t one = a.decode(h_, one_, data[k], len[k], kOutputRgbi, &dst[k], cs);
+        if (one == 0)
           done.push_back(static_cast<int>(k));
         else
-          why[static_cast<std::size_t>(ok[k])] = fmt::format("nvJPEG could not decode it: {}", status_name(r));
+          why[static_cast<std::size_t>(ok[k])] = fmt::format("nvJPEG could not decode it: {}", status_name(one));
       }
     }
     std::vector<ImageIn> ins;
@@ -284,6 +295,8 @@ class NvJpegDecode final : public ImageDecodeOp {
   std::size_t decoded_bytes_ = 0;
   PinnedBuffer host_;
   int initialised_ = 0;  // the batch size nvjpegDecodeBatchedInitialize was last called with
+  long batches_ = 0, fallbacks_ = 0;
+  nvjpegStatus_t last_batch_status_ = 0;
 };
 
 }  // namespace
