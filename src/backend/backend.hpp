@@ -226,6 +226,7 @@ struct ImageDecodeParams {
   int store = 0;  // R: the shorter side resized to it, the longer centred
   int size = 0;   // S: the crop's output
   float mean[3] = {0, 0, 0}, stddev[3] = {1, 1, 1};
+  bool hardware = true;  // cuda: nvJPEG's hardware decoder where the GPU has one (else its hybrid backend)
 };
 // An 8-bit RGB image in host memory, rows packed.
 struct HostRgb {

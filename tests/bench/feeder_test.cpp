@@ -119,12 +119,12 @@ void check(const Case& k) {
     }
     ref.recycle(std::move(want));
   }
-  if (k.decode == DecodeOn::gpu) {  // nvJPEG against libjpeg-turbo: 2.86 levels at most on an H200
+  if (k.decode == DecodeOn::gpu) {  // nvJPEG against libjpeg-turbo: GpuDecode.NvJpegAgainstLibjpegTurbo's bounds
     const double level = 1.0 / (255.0 * 0.224);
-    std::cout << "--decode gpu against the CPU: largest " << worst / level << " levels, mean "
-              << sum / (5.0 * static_cast<double>(n)) / level << "\n";
-    EXPECT_LE(worst, 4 * level + (k.precision == Precision::bf16 ? 0.016 : 0));
-    EXPECT_LE(sum / (5.0 * static_cast<double>(n)), 1.5 * level);
+    const double mean = sum / (5.0 * static_cast<double>(n));
+    std::cout << "--decode gpu against the CPU: largest " << worst / level << " levels, mean " << mean / level << "\n";
+    EXPECT_LT(worst, 48 * level);
+    EXPECT_LT(mean, 2 * level);  // a wrong slot, layout or label order is tens of levels off
   }
   EXPECT_EQ(f.skipped(), "");
 }

@@ -20,7 +20,9 @@ namespace {
 using nvjpegStatus_t = int;  // NVJPEG_STATUS_SUCCESS = 0
 using nvjpegHandle_t = struct nvjpegHandle*;
 using nvjpegJpegState_t = struct nvjpegJpegState*;
-constexpr int kOutputRgbi = 5;  // NVJPEG_OUTPUT_RGBI: interleaved RGB
+using nvjpegJpegStream_t = struct nvjpegJpegStream*;
+constexpr int kBackendHardware = 3;  // NVJPEG_BACKEND_HARDWARE: the GPU's JPEG engines (A100, H100)
+constexpr int kOutputRgbi = 5;       // NVJPEG_OUTPUT_RGBI: interleaved RGB
 constexpr int kMaxComponent = 4;
 struct nvjpegImage_t {
   unsigned char* channel[kMaxComponent];
@@ -55,7 +57,14 @@ struct NvJpeg {
   nvjpegStatus_t (*batched)(nvjpegHandle_t, nvjpegJpegState_t, const unsigned char* const*, const std::size_t*,
                             nvjpegImage_t*, cudaStream_t) = nullptr;
   nvjpegStatus_t (*property)(int, int*) = nullptr;  // libraryPropertyType: 0 major, 1 minor, 2 patch
-  std::string why;                                  // "" when loaded
+  // the hardware decoder's (optional: without them, the hybrid backend decodes everything)
+  nvjpegStatus_t (*create_ex)(int, void*, void*, unsigned, nvjpegHandle_t*) = nullptr;
+  nvjpegStatus_t (*stream_create)(nvjpegHandle_t, nvjpegJpegStream_t*) = nullptr;
+  nvjpegStatus_t (*stream_destroy)(nvjpegJpegStream_t) = nullptr;
+  nvjpegStatus_t (*parse_header)(nvjpegHandle_t, const unsigned char*, std::size_t, nvjpegJpegStream_t) = nullptr;
+  nvjpegStatus_t (*batched_supported)(nvjpegHandle_t, nvjpegJpegStream_t, int*) = nullptr;  // 0: supported
+  nvjpegStatus_t (*hw_info)(nvjpegHandle_t, unsigned*, unsigned*) = nullptr;                // engines, cores per engine
+  std::string why;                                                                          // "" when loaded
 };
 
 template <class F>
@@ -84,6 +93,12 @@ const NvJpeg& nvjpeg() {
     resolve(api.lib, "nvjpegDecodeBatchedInitialize", api.batched_init);
     resolve(api.lib, "nvjpegDecodeBatched", api.batched);
     resolve(api.lib, "nvjpegGetProperty", api.property);
+    resolve(api.lib, "nvjpegCreateEx", api.create_ex);
+    resolve(api.lib, "nvjpegJpegStreamCreate", api.stream_create);
+    resolve(api.lib, "nvjpegJpegStreamDestroy", api.stream_destroy);
+    resolve(api.lib, "nvjpegJpegStreamParseHeader", api.parse_header);
+    resolve(api.lib, "nvjpegDecodeBatchedSupported", api.batched_supported);
+    resolve(api.lib, "nvjpegGetHardwareDecoderInfo", api.hw_info);
     if (!api.create_simple || !api.destroy || !api.state_create || !api.state_destroy || !api.image_info ||
         !api.decode || !api.batched_init || !api.batched)
       api.why = "the libnvjpeg found lacks the decode API's entry points";
@@ -109,6 +124,7 @@ class NvJpegDecode final : public ImageDecodeOp {
     int v[3] = {0, 0, 0};
     for (int k = 0; k < 3 && a.property; ++k) a.property(k, &v[k]);
     library_ = fmt::format("nvJPEG {}.{}.{}, batched", v[0], v[1], v[2]);
+    if (p.hardware) library_ += ", " + open_hardware();
     for (int k = 0; k < 3; ++k) {
       nrm_.scale[k] = 1.0f / (255.0f * p.stddev[k]);  // augment.cpp's flip_normalise, in float
       nrm_.shift[k] = -p.mean[k] / p.stddev[k];
@@ -122,6 +138,7 @@ class NvJpegDecode final : public ImageDecodeOp {
   }
   ~NvJpegDecode() override {
     cudaSetDevice(dev_);  // nvJPEG's handle and states belong to the device that made them
+    close_hardware();
     const NvJpeg& a = nvjpeg();
     if (one_) a.state_destroy(one_);
     if (st_) a.state_destroy(st_);
@@ -132,9 +149,12 @@ class NvJpegDecode final : public ImageDecodeOp {
 
   // what decodes, and how many batches nvJPEG refused whole (each then decoded file by file)
   std::string library() const override {
-    if (fallbacks_ == 0) return library_;
-    return fmt::format("{} ({} of {} batches fell back to one file at a time, the last: {})", library_, fallbacks_,
-                       batches_, status_name(last_batch_status_));
+    std::string s = library_;
+    if (hw_) s += fmt::format(" ({} of {} images on the hardware decoder)", hw_images_, images_);
+    if (fallbacks_ > 0)
+      s += fmt::format(" ({} of {} batches fell back to one file at a time, the last: {})", fallbacks_, batches_,
+                       status_name(last_batch_status_));
+    return s;
   }
 
   std::vector<std::string> decode(Stream& s, const std::vector<std::pair<const unsigned char*, std::size_t>>& files,
@@ -178,24 +198,65 @@ class NvJpegDecode final : public ImageDecodeOp {
       len[k] = files[static_cast<std::size_t>(ok[k])].second;
     }
     const cudaStream_t cs = S(s);
-    std::vector<int> done;  // positions in ok that decoded
+    std::vector<int> done;    // positions in ok that decoded
+    std::vector<int> hybrid;  // positions in ok for the hybrid backend: what the hardware decoder does not take
+    // positions ks of ok decoded as one batch by handle h on state st (initialised for n files)
+    const auto batch = [&](nvjpegHandle_t h, nvjpegJpegState_t st, int& n, const std::vector<int>& ks) {
+      std::vector<const unsigned char*> bd;
+      std::vector<std::size_t> bl;
+      std::vector<nvjpegImage_t> bo;
+      for (int k : ks) {
+        bd.push_back(data[static_cast<std::size_t>(k)]);
+        bl.push_back(len[static_cast<std::size_t>(k)]);
+        bo.push_back(dst[static_cast<std::size_t>(k)]);
+      }
+      nvjpegStatus_t r = 0;
+      if (n != static_cast<int>(ks.size())) {
+        r = a.batched_init(h, st, static_cast<int>(ks.size()), 1, kOutputRgbi);
+        n = r == 0 ? static_cast<int>(ks.size()) : 0;
+      }
+      if (r == 0) r = a.batched(h, st, bd.data(), bl.data(), bo.data(), cs);
+      if (r != 0) n = 0;  // initialised again next time
+      return r;
+    };
+    images_ += static_cast<long>(ok.size());
     ++batches_;
-    nvjpegStatus_t r = init(static_cast<int>(ok.size()));
-    if (r == 0) r = a.batched(h_, st_, data.data(), len.data(), dst.data(), cs);
-    if (r == 0) {
-      for (std::size_t k = 0; k < ok.size(); ++k) done.push_back(static_cast<int>(k));
-    } else {  // one file spoils the batch: each alone, on a state of its own (the batch's is reset next time)
-      ++fallbacks_;
-      last_batch_status_ = r;
-      initialised_ = 0;
-      for (std::size_t k = 0; k < ok.size(); ++k) {
-        const nvjpegStatus_t one = a.decode(h_, one_, data[k], len[k], kOutputRgbi, &dst[k], cs);
-        if (one == 0)
-          done.push_back(static_cast<int>(k));
-        else
-          why[static_cast<std::size_t>(ok[k])] = fmt::format("nvJPEG could not decode it: {}", status_name(one));
+    bool fell_back = false;
+    for (std::size_t k = 0; k < ok.size(); ++k) {
+      int unsupported = 1;
+      if (hw_ && a.parse_header(hw_, data[k], len[k], hw_js_) == 0) a.batched_supported(hw_, hw_js_, &unsupported);
+      if (unsupported == 0)
+        done.push_back(static_cast<int>(k));
+      else
+        hybrid.push_back(static_cast<int>(k));
+    }
+    if (!done.empty()) {
+      const nvjpegStatus_t r = batch(hw_, hw_st_, hw_initialised_, done);
+      if (r == 0) {
+        hw_images_ += static_cast<long>(done.size());
+      } else {  // the hybrid backend takes them too
+        fell_back = true;
+        last_batch_status_ = r;
+        hybrid.insert(hybrid.end(), done.begin(), done.end());
+        done.clear();
       }
     }
+    nvjpegStatus_t r = hybrid.empty() ? 0 : batch(h_, st_, initialised_, hybrid);
+    if (r == 0) {
+      done.insert(done.end(), hybrid.begin(), hybrid.end());
+    } else {  // one file spoils the batch: each alone, on a state of its own (the batch's is reset next time)
+      fell_back = true;
+      last_batch_status_ = r;
+      for (int k : hybrid) {
+        const auto ku = static_cast<std::size_t>(k);
+        const nvjpegStatus_t one = a.decode(h_, one_, data[ku], len[ku], kOutputRgbi, &dst[ku], cs);
+        if (one == 0)
+          done.push_back(k);
+        else
+          why[static_cast<std::size_t>(ok[ku])] = fmt::format("nvJPEG could not decode it: {}", status_name(one));
+      }
+    }
+    fallbacks_ += fell_back ? 1 : 0;
     std::vector<ImageIn> ins;
     std::vector<CropIn> cr;
     for (int k : done) {
@@ -252,11 +313,32 @@ class NvJpegDecode final : public ImageDecodeOp {
     decoded_ = alloc(bytes + bytes / 4);
     decoded_bytes_ = bytes + bytes / 4;
   }
-  int init(int n) {
-    if (initialised_ == n) return 0;
-    const int r = nvjpeg().batched_init(h_, st_, n, 1, kOutputRgbi);
-    initialised_ = r == 0 ? n : 0;
-    return r;
+  // The GPU's JPEG engines where it has them: a handle of their own, the batches' state, and a stream
+  // to ask per file whether they take it. Says what decodes; without them the hybrid backend does all.
+  std::string open_hardware() {
+    const NvJpeg& a = nvjpeg();
+    if (!a.create_ex || !a.stream_create || !a.stream_destroy || !a.parse_header || !a.batched_supported)
+      return "the hybrid backend (this nvJPEG has no hardware decoder's API)";
+    const nvjpegStatus_t r = a.create_ex(kBackendHardware, nullptr, nullptr, 0, &hw_);
+    if (r != 0) {
+      hw_ = nullptr;
+      return fmt::format("the hybrid backend (no hardware decoder: {})", status_name(r));
+    }
+    if (a.state_create(hw_, &hw_st_) != 0 || a.stream_create(hw_, &hw_js_) != 0) {
+      close_hardware();
+      return "the hybrid backend (the hardware decoder's state could not be made)";
+    }
+    unsigned engines = 0, cores = 0;
+    const bool info = a.hw_info && a.hw_info(hw_, &engines, &cores) == 0;
+    return fmt::format("the hardware decoder{}, the hybrid backend for files it does not take",
+                       info ? fmt::format(" ({} engines x {} cores)", engines, cores) : "");
+  }
+  void close_hardware() {
+    const NvJpeg& a = nvjpeg();
+    if (hw_js_) a.stream_destroy(hw_js_);
+    if (hw_st_) a.state_destroy(hw_st_);
+    if (hw_) a.destroy(hw_);
+    hw_js_ = nullptr, hw_st_ = nullptr, hw_ = nullptr;
   }
   CropIn crop_in(const ImageCrop& c, int slot) const {
     SB_CHECK(c.x >= 0 && c.y >= 0 && c.w > 0 && c.h > 0 && c.x + c.w <= p_.store && c.y + c.h <= p_.store,
@@ -294,8 +376,12 @@ class NvJpegDecode final : public ImageDecodeOp {
   DeviceBuffer stored_, in_dev_, crop_dev_, decoded_;
   std::size_t decoded_bytes_ = 0;
   PinnedBuffer host_;
-  int initialised_ = 0;  // the batch size nvjpegDecodeBatchedInitialize was last called with
-  long batches_ = 0, fallbacks_ = 0;
+  int initialised_ = 0;          // the batch size nvjpegDecodeBatchedInitialize was last called with
+  nvjpegHandle_t hw_ = nullptr;  // the hardware decoder's, where the GPU has one (p.hardware)
+  nvjpegJpegState_t hw_st_ = nullptr;
+  nvjpegJpegStream_t hw_js_ = nullptr;
+  int hw_initialised_ = 0;
+  long batches_ = 0, fallbacks_ = 0, images_ = 0, hw_images_ = 0;
   nvjpegStatus_t last_batch_status_ = 0;
 };
 
