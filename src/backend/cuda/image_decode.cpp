@@ -22,7 +22,8 @@ using nvjpegHandle_t = struct nvjpegHandle*;
 using nvjpegJpegState_t = struct nvjpegJpegState*;
 using nvjpegJpegStream_t = struct nvjpegJpegStream*;
 constexpr int kBackendHardware = 3;  // NVJPEG_BACKEND_HARDWARE: the GPU's JPEG engines (A100, H100)
-constexpr int kOutputRgbi = 5;       // NVJPEG_OUTPUT_RGBI: interleaved RGB
+constexpr int kStatusBadJpeg = 3, kStatusJpegNotSupported = 4;  // one file's fault
+constexpr int kOutputRgbi = 5;                                  // NVJPEG_OUTPUT_RGBI: interleaved RGB
 constexpr int kMaxComponent = 4;
 struct nvjpegImage_t {
   unsigned char* channel[kMaxComponent];
@@ -118,39 +119,41 @@ class NvJpegDecode final : public ImageDecodeOp {
       throw UsageError(fmt::format("--decode gpu: a batch of {} crops of {} from {}x{} images cannot be decoded",
                                    p.batch, p.size, p.store, p.store));
     SB_CUDA(cudaSetDevice(dev_));
-    check(a.create_simple(&h_), "nvjpegCreateSimple");
-    check(a.state_create(h_, &st_), "nvjpegJpegStateCreate");
-    check(a.state_create(h_, &one_), "nvjpegJpegStateCreate");
-    int v[3] = {0, 0, 0};
-    for (int k = 0; k < 3 && a.property; ++k) a.property(k, &v[k]);
-    library_ = fmt::format("nvJPEG {}.{}.{}, batched", v[0], v[1], v[2]);
-    if (p.hardware) library_ += ", " + open_hardware();
-    for (int k = 0; k < 3; ++k) {
-      nrm_.scale[k] = 1.0f / (255.0f * p.stddev[k]);  // augment.cpp's flip_normalise, in float
-      nrm_.shift[k] = -p.mean[k] / p.stddev[k];
+    try {  // the buffers free themselves; the handles, states and stream are released here
+      check(a.create_simple(&h_), "nvjpegCreateSimple");
+      check(a.state_create(h_, &st_), "nvjpegJpegStateCreate");
+      check(a.state_create(h_, &one_), "nvjpegJpegStateCreate");
+      int v[3] = {0, 0, 0};
+      for (int k = 0; k < 3 && a.property; ++k) a.property(k, &v[k]);
+      library_ = fmt::format("nvJPEG {}.{}.{}, batched", v[0], v[1], v[2]);
+      if (p.hardware) library_ += ", " + open_hardware();
+      for (int k = 0; k < 3; ++k) {
+        nrm_.scale[k] = 1.0f / (255.0f * p.stddev[k]);  // augment.cpp's flip_normalise, in float
+        nrm_.shift[k] = -p.mean[k] / p.stddev[k];
+      }
+      stored_ = alloc(static_cast<std::size_t>(p.batch) * p.store * p.store * 3);
+      in_dev_ = alloc(sizeof(ImageIn) * static_cast<std::size_t>(p.batch));
+      crop_dev_ = alloc(sizeof(CropIn) * static_cast<std::size_t>(p.batch));
+      void* h = nullptr;
+      SB_CUDA(cudaMallocHost(&h, sizeof(ImageIn) * p.batch + sizeof(CropIn) * p.batch));
+      host_ = PinnedBuffer(h);
+    } catch (...) {
+      release();
+      throw;
     }
-    stored_ = alloc(static_cast<std::size_t>(p.batch) * p.store * p.store * 3);
-    in_dev_ = alloc(sizeof(ImageIn) * static_cast<std::size_t>(p.batch));
-    crop_dev_ = alloc(sizeof(CropIn) * static_cast<std::size_t>(p.batch));
-    void* h = nullptr;
-    SB_CUDA(cudaMallocHost(&h, sizeof(ImageIn) * p.batch + sizeof(CropIn) * p.batch));
-    host_ = PinnedBuffer(h);
   }
-  ~NvJpegDecode() override {
-    cudaSetDevice(dev_);  // nvJPEG's handle and states belong to the device that made them
-    close_hardware();
-    const NvJpeg& a = nvjpeg();
-    if (one_) a.state_destroy(one_);
-    if (st_) a.state_destroy(st_);
-    if (h_) a.destroy(h_);
-  }
+  ~NvJpegDecode() override { release(); }
   NvJpegDecode(const NvJpegDecode&) = delete;
   NvJpegDecode& operator=(const NvJpegDecode&) = delete;
 
   // what decodes, and how many batches nvJPEG refused whole (each then decoded file by file)
   std::string library() const override {
     std::string s = library_;
-    if (hw_) s += fmt::format(" ({} of {} images on the hardware decoder)", hw_images_, images_);
+    if (hw_opened_) s += fmt::format(" ({} of {} images on the hardware decoder)", hw_images_, images_);
+    if (hw_fallbacks_ > 0)
+      s += fmt::format(" ({} hardware batch{} went to the hybrid backend, the last: {})", hw_fallbacks_,
+                       hw_fallbacks_ == 1 ? "" : "es", status_name(hw_last_status_));
+    if (!hw_closed_.empty()) s += " (" + hw_closed_ + ")";
     if (fallbacks_ > 0)
       s += fmt::format(" ({} of {} batches fell back to one file at a time, the last: {})", fallbacks_, batches_,
                        status_name(last_batch_status_));
@@ -197,6 +200,8 @@ class NvJpegDecode final : public ImageDecodeOp {
       data[k] = files[static_cast<std::size_t>(ok[k])].first;
       len[k] = files[static_cast<std::size_t>(ok[k])].second;
     }
+    std::vector<CropIn> crop(ok.size());  // checked before anything is queued
+    for (std::size_t k = 0; k < ok.size(); ++k) crop[k] = crop_in(crops[static_cast<std::size_t>(ok[k])], ok[k]);
     const cudaStream_t cs = S(s);
     std::vector<int> done;    // positions in ok that decoded
     std::vector<int> hybrid;  // positions in ok for the hybrid backend: what the hardware decoder does not take
@@ -221,31 +226,37 @@ class NvJpegDecode final : public ImageDecodeOp {
     };
     images_ += static_cast<long>(ok.size());
     ++batches_;
-    bool fell_back = false;
     for (std::size_t k = 0; k < ok.size(); ++k) {
       int unsupported = 1;
-      if (hw_ && a.parse_header(hw_, data[k], len[k], hw_js_) == 0) a.batched_supported(hw_, hw_js_, &unsupported);
-      if (unsupported == 0)
-        done.push_back(static_cast<int>(k));
-      else
-        hybrid.push_back(static_cast<int>(k));
+      if (hw_ && a.parse_header(hw_, data[k], len[k], hw_js_) == 0 &&
+          a.batched_supported(hw_, hw_js_, &unsupported) != 0)
+        unsupported = 1;
+      (unsupported == 0 ? done : hybrid).push_back(static_cast<int>(k));
     }
     if (!done.empty()) {
-      const nvjpegStatus_t r = batch(hw_, hw_st_, hw_initialised_, done);
+      int fresh = 0;  // initialised before every batch, as NVIDIA's samples do
+      const nvjpegStatus_t r = batch(hw_, hw_st_, fresh, done);
       if (r == 0) {
         hw_images_ += static_cast<long>(done.size());
-      } else {  // the hybrid backend takes them too
-        fell_back = true;
-        last_batch_status_ = r;
+      } else {               // the hybrid backend takes them too
+        cudaGetLastError();  // not left for the next launch's check to find
+        ++hw_fallbacks_;
+        hw_last_status_ = r;
         hybrid.insert(hybrid.end(), done.begin(), done.end());
         done.clear();
+        if (r != kStatusBadJpeg && r != kStatusJpegNotSupported) {  // not one file's fault: no more batches to it
+          hw_closed_ = fmt::format("the hardware decoder closed after a batch failed with {}", status_name(r));
+          cudaStreamSynchronize(cs);  // nothing of its own left queued when its state goes
+          cudaGetLastError();
+          close_hardware();
+        }
       }
     }
     nvjpegStatus_t r = hybrid.empty() ? 0 : batch(h_, st_, initialised_, hybrid);
     if (r == 0) {
       done.insert(done.end(), hybrid.begin(), hybrid.end());
     } else {  // one file spoils the batch: each alone, on a state of its own (the batch's is reset next time)
-      fell_back = true;
+      ++fallbacks_;
       last_batch_status_ = r;
       for (int k : hybrid) {
         const auto ku = static_cast<std::size_t>(k);
@@ -256,13 +267,11 @@ class NvJpegDecode final : public ImageDecodeOp {
           why[static_cast<std::size_t>(ok[ku])] = fmt::format("nvJPEG could not decode it: {}", status_name(one));
       }
     }
-    fallbacks_ += fell_back ? 1 : 0;
     std::vector<ImageIn> ins;
     std::vector<CropIn> cr;
     for (int k : done) {
       ins.push_back(im[static_cast<std::size_t>(k)]);
-      cr.push_back(
-          crop_in(crops[static_cast<std::size_t>(ok[static_cast<std::size_t>(k)])], ok[static_cast<std::size_t>(k)]));
+      cr.push_back(crop[static_cast<std::size_t>(k)]);
     }
     run(cs, ins, cr, out);
     return why;
@@ -322,16 +331,32 @@ class NvJpegDecode final : public ImageDecodeOp {
     const nvjpegStatus_t r = a.create_ex(kBackendHardware, nullptr, nullptr, 0, &hw_);
     if (r != 0) {
       hw_ = nullptr;
+      cudaGetLastError();  // not left for the next launch's check to find
       return fmt::format("the hybrid backend (no hardware decoder: {})", status_name(r));
-    }
-    if (a.state_create(hw_, &hw_st_) != 0 || a.stream_create(hw_, &hw_js_) != 0) {
-      close_hardware();
-      return "the hybrid backend (the hardware decoder's state could not be made)";
     }
     unsigned engines = 0, cores = 0;
     const bool info = a.hw_info && a.hw_info(hw_, &engines, &cores) == 0;
+    if (info && engines == 0) {  // e.g. a MIG slice without the engines
+      close_hardware();
+      return "the hybrid backend (the hardware decoder has no engines here)";
+    }
+    if (a.state_create(hw_, &hw_st_) != 0 || a.stream_create(hw_, &hw_js_) != 0) {
+      close_hardware();
+      cudaGetLastError();
+      return "the hybrid backend (the hardware decoder's state could not be made)";
+    }
+    hw_opened_ = true;
     return fmt::format("the hardware decoder{}, the hybrid backend for files it does not take",
-                       info ? fmt::format(" ({} engines x {} cores)", engines, cores) : "");
+                       info ? fmt::format(" ({} engine{} x {} cores)", engines, engines == 1 ? "" : "s", cores) : "");
+  }
+  void release() {
+    cudaSetDevice(dev_);  // nvJPEG's handles and states belong to the device that made them
+    close_hardware();
+    const NvJpeg& a = nvjpeg();
+    if (one_) a.state_destroy(one_);
+    if (st_) a.state_destroy(st_);
+    if (h_) a.destroy(h_);
+    one_ = nullptr, st_ = nullptr, h_ = nullptr;
   }
   void close_hardware() {
     const NvJpeg& a = nvjpeg();
@@ -350,10 +375,10 @@ class NvJpegDecode final : public ImageDecodeOp {
     SB_CHECK(out.desc.dtype == DType::f32 && out.desc.shape.c == 3 && out.desc.shape.h == p_.size &&
                  out.desc.shape.w == p_.size && out.desc.shape.n >= static_cast<std::int64_t>(ins.size()),
              "decode: the batch tensor is N x 3 x S x S in f32");
+    SB_CUDA(cudaStreamSynchronize(cs));  // the decodes queued; the pinned arrays of the last call are free again
     if (ins.empty()) return;
     auto* hi = static_cast<ImageIn*>(host_.get());
     auto* hc = reinterpret_cast<CropIn*>(hi + p_.batch);
-    SB_CUDA(cudaStreamSynchronize(cs));  // the pinned arrays of the last call are free again
     std::copy(ins.begin(), ins.end(), hi);
     std::copy(cr.begin(), cr.end(), hc);
     SB_CUDA(cudaMemcpyAsync(in_dev_.get(), hi, sizeof(ImageIn) * ins.size(), cudaMemcpyHostToDevice, cs));
@@ -380,8 +405,10 @@ class NvJpegDecode final : public ImageDecodeOp {
   nvjpegHandle_t hw_ = nullptr;  // the hardware decoder's, where the GPU has one (p.hardware)
   nvjpegJpegState_t hw_st_ = nullptr;
   nvjpegJpegStream_t hw_js_ = nullptr;
-  int hw_initialised_ = 0;
-  long batches_ = 0, fallbacks_ = 0, images_ = 0, hw_images_ = 0;
+  bool hw_opened_ = false;  // at the start (the images counted even after a close)
+  std::string hw_closed_;   // why it was closed after a batch, "" while open
+  long batches_ = 0, fallbacks_ = 0, images_ = 0, hw_images_ = 0, hw_fallbacks_ = 0;
+  nvjpegStatus_t hw_last_status_ = 0;
   nvjpegStatus_t last_batch_status_ = 0;
 };
 
