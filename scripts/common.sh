@@ -4,7 +4,7 @@ STEPBENCH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPBENCH_PACKAGES=(
   cmake ninja-build g++ pkg-config
   libdnnl-dev libbenchmark-dev libbenchmark-tools libcli11-dev libfmt-dev nlohmann-json3-dev
-  libgtest-dev libopenmpi-dev openmpi-bin libturbojpeg0-dev libpng-dev
+  libgtest-dev libopenmpi-dev openmpi-bin libgloo-dev libturbojpeg0-dev libpng-dev
   ocl-icd-opencl-dev  # libdnnl-dev only recommends it, but its CMake config requires OpenCL
   patchelf            # scripts/gpu-bundle.sh: the bundle's RUNPATH
   clang-format clang-tidy  # scripts/lint.sh: format and static checks in CI

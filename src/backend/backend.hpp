@@ -301,14 +301,16 @@ class Backend {
     (void)p;
     return false;
   }
-  // Bytes that can still be allocated (free device memory; MemAvailable on the CPU).
+  // Bytes that can still be allocated (free device memory; MemAvailable on the CPU), and in all.
   virtual std::size_t memory_available() const = 0;
+  virtual std::size_t memory_total() const { return memory_available(); }
   // What planning may use: memory_available(), at most the limit (--device-memory-mb: size a run
-  // for a smaller device than this one; 0: none).
-  void set_memory_limit(std::size_t bytes) { memory_limit_ = bytes; }
+  // for a smaller device; 0: none) and a 1/share of the whole when `share` processes plan on it.
+  void set_memory_limit(std::size_t bytes, int share = 1) { memory_limit_ = bytes, share_ = std::max(share, 1); }
   std::size_t memory_limit() const { return memory_limit_; }
   std::size_t memory_budget() const {
-    const std::size_t a = memory_available();
+    const std::size_t a = share_ > 1 ? std::min(memory_available(), memory_total() / static_cast<std::size_t>(share_))
+                                     : memory_available();
     return memory_limit_ ? std::min(a, memory_limit_) : a;
   }
 
@@ -401,6 +403,7 @@ class Backend {
  protected:
   bool tensor_math_ = false;
   std::size_t memory_limit_ = 0;
+  int share_ = 1;  // processes planning on this device at once
   bool sizing_only_ = false;
 };
 

@@ -45,7 +45,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   }
   be->set_tensor_math(tensor_math(o.precision));
   be->set_workspace_limit(o.workspace_bytes);
-  be->set_memory_limit(o.memory_limit_bytes);
+  be->set_memory_limit(o.memory_limit_bytes, o.memory_share);
   return be;
 }
 

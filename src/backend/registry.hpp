@@ -24,6 +24,7 @@ struct BackendOptions {
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;                              // cuda: see CudaBackendOptions
   std::size_t memory_limit_bytes = 0;                    // Backend::set_memory_limit (0: none)
+  int memory_share = 1;  // processes planning on this device at once (ranks sharing a GPU, processes on a host)
   // cuda: where convolution plans are looked up and recorded; shared by the backends of one process
   // (Towers passes one to each tower). Null: the backend keeps its own.
   std::shared_ptr<ConvPlanCache> plans;

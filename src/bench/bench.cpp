@@ -40,7 +40,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                    const std::vector<std::string>& peer_dirs) {
   const auto& r = c.run;
   const bool root = group.rank() == 0;
-  // Under mpirun every process builds its towers; names, images/s and the summary count them all.
+  // Every process builds its towers; names, images/s and the summary count them all.
   const int gpus = r.towers * group.size();
   const std::string prefix = fmt::format("{}/{}/{}/gpus:{}/batch:{}", to_string(r.model), to_string(r.precision),
                                          to_string(r.layout), gpus, r.batch_per_tower);
@@ -65,12 +65,11 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   // the peer's Python first too: a missing torch is found before the benchmarks, not after
   std::string peer_python;
   if (!c.project_gpus.empty() && group.size() > 1) {
-    if (root)
-      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it under mpirun\n";
+    if (root) std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it for several\n";
     return 2;
   }
   if (c.peer != PeerKind::none && group.size() > 1) {
-    if (root) std::cerr << "stepbench: --peer runs PyTorch in one process; drop it under mpirun\n";
+    if (root) std::cerr << "stepbench: --peer runs PyTorch in one process; drop it with several processes\n";
     return 2;
   }
   if (c.peer != PeerKind::none && !c.list) {
@@ -83,12 +82,11 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     for (const auto& n : names_of<Phase>()) phases.push_back(*try_parse_enum<Phase>(n));
   if (c.data == DataKind::synthetic) std::erase(phases, Phase::input_pipeline);
   if (root)
-    std::cerr << fmt::format(
-        "stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", gpus, to_string(r.model),
-        to_string(r.backend),
-        group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", group.size(), r.towers) : "",
-        r.batch_per_tower, r.model_options.image_size, r.model_options.image_size, to_string(r.precision),
-        to_string(r.layout), c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
+    std::cerr << fmt::format("stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", gpus,
+                             to_string(r.model), to_string(r.backend), processes_note(group, r.towers),
+                             r.batch_per_tower, r.model_options.image_size, r.model_options.image_size,
+                             to_string(r.precision), to_string(r.layout),
+                             c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
   Towers towers(r);
   if (!c.plan_cache.empty() && r.plans && root) r.plans->save(c.plan_cache);  // kept even if the run fails later
   towers.set_synthetic_batch(42);

@@ -86,4 +86,10 @@ void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, doub
   }
 }
 
+std::string processes_note(const ProcessGroup& g, int towers) {
+  return g.size() > 1 ? fmt::format(" ({} processes x {} towers, {}, started by {})", g.size(), towers,
+                                    g.transport_name(), g.launcher_name())
+                      : "";
+}
+
 }  // namespace stepbench

@@ -58,6 +58,8 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, B
 // The names this configuration registers, without running anything (--list).
 void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
                 const Feeder& feeder, bool data_step);
+// " (2 processes x 1 towers, Gloo, started by torchrun)", or "" for one process.
+std::string processes_note(const ProcessGroup& g, int towers);
 void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl);
 
 }  // namespace stepbench

@@ -86,7 +86,8 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
   std::sort(batches.begin(), batches.end());
   if (!c.project_gpus.empty() && group.size() > 1) {
     if (root)
-      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it under mpirun\n";
+      std::cerr
+          << "stepbench: --project-gpus starts from one GPU's step in one process; drop it with several processes\n";
     return 2;
   }
   const BatchFit fit = largest_batch_that_fits(r);

@@ -12,5 +12,7 @@ int make_dataset_main(int argc, char** argv);
 int make_records_main(int argc, char** argv);
 // stepbench compare BASE.json HEAD.json: the regression gate (exit 1 on a regression).
 int compare_main(int argc, char** argv);
+// stepbench launch --nproc N -- ARGS: N processes of a run on this node, as torchrun starts them.
+int launch_main(int argc, char** argv);
 
 }  // namespace stepbench::cli

@@ -3,8 +3,10 @@
 //   stepbench check ...         run given weights and input, write logits/loss/gradients
 //   stepbench make-dataset DIR  write a synthetic JPEG or PNG folder for --data DIR
 //   stepbench make-records DIR OUT  the folder pre-resized into a record file for --data OUT
-// The environment is read here and nowhere below: the launcher's variables (mpirun) and the
-// test-only fault injection.
+//   stepbench launch --nproc N -- ARGS  N processes of a run on this node (cli/launch.cpp)
+// The environment is read here and nowhere below: the launcher's variables (mpirun, srun,
+// torchrun, stepbench launch), what NCCL needs for ranks that share a GPU, and the test-only fault
+// injection.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -16,10 +18,14 @@
 #include <string>
 #include <string_view>
 
+#include <unistd.h>
+
 #include "bench/bench.hpp"
 #include "bench/sweep.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "comm/collective.hpp"
+#include "comm/launch_env.hpp"
 #include "comm/process_group.hpp"
 #include "stepbench_revision.hpp"
 #include "tensor/error.hpp"
@@ -50,16 +56,21 @@ void catch_interrupts() {
   sigaction(SIGTERM, &a, nullptr);
 }
 
-// Launched by mpirun (Open MPI) or a PMI launcher (Slurm, MPICH, MVAPICH).
-bool under_mpi_launcher() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
+// Ranks that share a GPU (--ranks-per-gpu, or stepbench launch on fewer GPUs than processes): what
+// the loaded NCCL needs (comm/collective.hpp), set before it initialises; returns how, for the report.
+std::string share_gpus(const TowerOptions& r, const ProcessGroup& g) {
+  if (r.backend != BackendKind::cuda) return "";
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  const GpuSharing s = nccl_gpu_sharing(nccl_version(), r.ranks_per_gpu, r.towers, g.size(), g.rank(), host);
+  for (const auto& v : s.env) setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
+  return s.how;
 }
 
-// STEPBENCH_FAULT_SYNC_STALL=<rank>:<seconds> (tests only): that process stalls before its first sync.
-double fault_sync_stall(int rank) {
-  const char* f = std::getenv("STEPBENCH_FAULT_SYNC_STALL");
+// STEPBENCH_FAULT_SYNC_STALL=<rank>:<seconds> (tests only): that process stalls before its first sync;
+// STEPBENCH_FAULT_INIT_STALL likewise before its NCCL initialisation (after the unique id came).
+double fault_stall(const char* variable, int rank) {
+  const char* f = std::getenv(variable);
   int r = -1;
   double sec = 0;
   return f && std::sscanf(f, "%d:%lf", &r, &sec) == 2 && r == rank ? sec : 0.0;
@@ -120,7 +131,8 @@ void print_version() {
 #else
   const char* mpi = "off";
 #endif
-  fmt::print("stepbench {} ({})\ncuda backend: {}\nmpi: {}\n", STEPBENCH_VERSION, STEPBENCH_REVISION, cuda, mpi);
+  fmt::print("stepbench {} ({})\ncuda backend: {}\nmpi: {}\ngloo: {}\n", STEPBENCH_VERSION, STEPBENCH_REVISION, cuda,
+             mpi, built_with_gloo() ? "on" : "off");
 }
 
 }  // namespace
@@ -137,13 +149,17 @@ int main(int argc, char** argv) {
       print_version();
       return 0;
     }
+    if (cmd == "launch") return cli::launch_main(argc, argv);
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
-    group = ProcessGroup::create(under_mpi_launcher());
-    cli::resolve(o);
+    const LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, o.rendezvous, built_with_mpi());
+    group = ProcessGroup::create(env, o.sync_timeout_s);
+    cli::resolve(o, group->local_size(), env.launcher == Launcher::stepbench);
+    o.bench.run.gpu_sharing = share_gpus(o.bench.run, *group);
     if (!o.given("--peer-python")) o.bench.peer_pythons = peer_pythons();
     o.bench.run.group = group.get();
-    o.bench.run.fault_sync_stall_s = fault_sync_stall(group->rank());
+    o.bench.run.fault_sync_stall_s = fault_stall("STEPBENCH_FAULT_SYNC_STALL", group->rank());
+    o.bench.run.fault_init_stall_s = fault_stall("STEPBENCH_FAULT_INIT_STALL", group->rank());
     o.bench.run.fault_slow_conv = fault_slow_conv();
     o.bench.revision = STEPBENCH_REVISION;
     o.bench.interrupt = &interrupted;

@@ -68,6 +68,13 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "message; 0 waits forever")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--rendezvous", o.rendezvous,
+                 "processes without MPI meet at file:PATH (a folder all can write) or tcp://HOST:PORT (rank 0 "
+                 "listens) [default: the launcher's: stepbench launch, torchrun's MASTER_ADDR, srun's first node]");
+  app.add_option("--ranks-per-gpu", o.ranks_per_gpu,
+                 "cuda: towers (NCCL ranks) sharing each GPU, to run the multi-rank path on fewer GPUs; not scaling "
+                 "figures [default: 1; under stepbench launch, as many as the processes need]")
+      ->check(CLI::Range(1, 64));
   app.add_option("--workspace-mb", o.workspace_mb,
                  "cuda: the most scratch memory one convolution's cuDNN algorithm may use; the fastest algorithm "
                  "within it is picked")
@@ -166,7 +173,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--trace", b.trace,
                  "after the timed repetitions, write probed steps to this file as Chrome trace-event JSON (open in "
                  "Perfetto or chrome://tracing): per tower the phases, layers and pieces on the device, the host's "
-                 "launches, the gradient buckets' syncs; under mpirun rank N writes FILE.rankN");
+                 "launches, the gradient buckets' syncs; with several processes rank N writes FILE.rankN");
   add_enum(app, "--peer", b.peer,
            "after stepbench, time the same phases, precision and settings in this peer (bench/torch_peer.py: "
            "pytorch eager, or pytorch-compile with torch.compile) and add its medians and the ratios to the summary",
@@ -194,7 +201,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   return std::nullopt;
 }
 
-void resolve(Options& o) {
+void resolve(Options& o, int local_processes, bool share_gpus) {
   ModelFlags& m = o.model;
   if (m.backend == BackendKind::automatic) {
     const std::string why = cuda_unavailable_reason();
@@ -206,10 +213,19 @@ void resolve(Options& o) {
   if (cuda) {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) throw UsageError(fmt::format("--backend cuda: {}; use --backend cpu or auto", why));
-    const int visible = cuda_device_count();
-    if (o.gpus > visible)
-      throw UsageError(fmt::format("--gpus {} but {} GPU{} visible; use --gpus {} or fewer", o.gpus, visible,
-                                   visible == 1 ? " is" : "s are", visible));
+    const int visible = std::max(cuda_device_count(), 1), towers = o.gpus * local_processes;
+    int& k = o.bench.run.ranks_per_gpu;
+    k = o.ranks_per_gpu > 0 ? o.ranks_per_gpu : share_gpus ? (towers + visible - 1) / visible : 1;
+    if ((towers + k - 1) / k > visible)
+      throw UsageError(fmt::format(
+          "{} need{} {} GPUs at {} per GPU, but {} {} visible; use fewer, or --ranks-per-gpu {} to share them (a "
+          "test of the multi-rank path, not scaling figures)",
+          local_processes > 1 ? fmt::format("{} processes with --gpus {} each", local_processes, o.gpus)
+                              : fmt::format("--gpus {}", o.gpus),
+          local_processes > 1 ? "" : "s", (towers + k - 1) / k, k, visible, visible == 1 ? "is" : "are",
+          (towers + visible - 1) / visible));
+  } else if (o.ranks_per_gpu > 0) {
+    throw UsageError("--ranks-per-gpu shares GPUs between NCCL ranks; the cpu backend has none: drop it");
   }
   if (o.global_batch_size > 0) {
     if (o.global_batch_size % o.gpus != 0)
@@ -257,8 +273,8 @@ void resolve(Options& o) {
   if (b.cuda_graph && !cuda) throw UsageError("--cuda-graph needs the cuda backend (CUDA Graphs); drop it on the cpu");
   if (b.cuda_graph && o.gpus > 1)
     throw UsageError(
-        fmt::format("--cuda-graph captures one GPU per process: use --gpus 1 (and mpirun -np {} for {} "
-                    "GPUs)",
+        fmt::format("--cuda-graph captures one GPU per process: use --gpus 1 (and stepbench launch --nproc {} "
+                    "for {} GPUs)",
                     o.gpus, o.gpus));
   if (b.cuda_graph && b.data != DataKind::synthetic)
     throw UsageError("--cuda-graph replays the synthetic batch on the device: use --data synthetic with it");

@@ -24,6 +24,8 @@ struct Options {
   bool no_overlap = false;
   bool ps_on_cpu = false;  // --ps-device cpu
   double sync_timeout_s = 600.0;
+  std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
+  int ranks_per_gpu = 0;   // --ranks-per-gpu; 0: not given
   int workspace_mb = 512;
   int device_memory_mb = 0;        // 0: what the device has
   std::string data = "synthetic";  // synthetic, synthetic-host, an image folder or a record file
@@ -39,7 +41,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o);
 
 // Validates the flags together, resolves --backend auto and the batch flags against the machine,
 // applies the reduced default on the CPU when the size flags were not given, and fills o.bench.
-// Throws UsageError with what to change.
-void resolve(Options& o);
+// local_processes: the processes on this node (their towers take its GPUs together); share_gpus:
+// under stepbench launch, more towers than GPUs share them (--ranks-per-gpu chosen) instead of being
+// refused. Throws UsageError with what to change.
+void resolve(Options& o, int local_processes = 1, bool share_gpus = false);
 
 }  // namespace stepbench::cli

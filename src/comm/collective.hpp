@@ -35,11 +35,37 @@ class Collective {
 std::unique_ptr<Collective> make_host_collective(Backend& tower0, int local_towers, const ProcessGroup& group);
 
 // NCCL over the towers' GPUs, one rank per tower, its collectives enqueued on `streams` (one per
-// tower, made by that tower's backend). Across the processes of `group` the towers of every process
-// form one communicator: process 0 makes the unique id and broadcasts it over MPI, as nccl-tests
-// does. In one process the communicators come from ncclCommInitAll. Throws UnsupportedError when
-// stepbench was built without CUDA.
+// tower, made by that tower's backend). The towers of every process of `group` form one
+// communicator: process 0 makes the unique id and the group broadcasts it (MPI or Gloo), as
+// nccl-tests does. Initialisation is non-blocking and polled: SyncError after opt.init_timeout_s
+// (0: forever) or when NCCL fails. Throws UnsupportedError when stepbench was built without CUDA.
+struct NcclOptions {
+  double init_timeout_s = 600;  // --sync-timeout-s
+  std::string sharing;          // how ranks share a GPU, for name(): "" when each has its own
+  double fault_stall_s = 0;     // test only: sleep this long between the id's broadcast and the initialisation
+};
 std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>& towers,
-                                                 const std::vector<Stream*>& streams, const ProcessGroup& group);
+                                                 const std::vector<Stream*>& streams, const ProcessGroup& group,
+                                                 const NcclOptions& opt = {});
+// The loaded NCCL's version (ncclGetVersion: 22807 for 2.28.7), 0 without CUDA; and as "2.28.7".
+int nccl_version();
+std::string nccl_version_string();
+
+// What NCCL needs for several ranks on each GPU, to be put in the environment before it initialises
+// (the library sets none itself; the command line and the tests do): NCCL 2.30 and later take them
+// with NCCL_MULTI_RANK_GPU_ENABLE (experimental; NVLS off, few CTAs per collective so the ranks do
+// not starve each other); before that a host id per process makes NCCL take the ranks for separate
+// nodes that talk over sockets, which works for one rank per process only (several towers of one
+// process on one GPU: NCCL refuses them, "Duplicate GPU detected", and `how` says so first).
+struct GpuSharing {
+  struct Var {
+    std::string name, value;
+    bool overwrite;  // false: a value the user set is kept
+  };
+  std::vector<Var> env;
+  std::string how;  // for the run's report: "" when each rank has a GPU of its own
+};
+GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_process, int processes, int rank,
+                            const std::string& host);
 
 }  // namespace stepbench

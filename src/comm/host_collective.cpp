@@ -16,7 +16,8 @@ class HostCollective final : public Collective {
   HostCollective(Backend& be, int local, const ProcessGroup& group)
       : be_(be), group_(group), local_(local), procs_(group.size()) {}
   std::string name() const override {
-    return procs_ > 1 ? fmt::format("MPI over {} processes + host memory", procs_) : "host memory";
+    return procs_ > 1 ? fmt::format("{} over {} processes + host memory", group_.transport_name(), procs_)
+                      : "host memory";
   }
   void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
     local_sum(bufs, off, count);

@@ -1,16 +1,16 @@
-// ProcessGroup's MPI calls (built with STEPBENCH_MPI): initialisation, the node split, and every
+// ProcessGroup's MPI transport (built with STEPBENCH_MPI): initialisation, the node split, and every
 // collective non-blocking and polled, so that a stalled or dead peer ends the run with a message.
-#include "comm/mpi.hpp"
-
 #include <fmt/format.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "comm/transport.hpp"
 #include "tensor/error.hpp"
 
-namespace stepbench::mpi {
+namespace stepbench {
 namespace {
 
 // MPI counts are ints: large buffers go in chunks.
@@ -38,10 +38,58 @@ void wait(const ProcessGroup& pg, MPI_Request& req, const char* what) {
   }
 }
 
+class MpiTransport final : public Transport {
+ public:
+  ~MpiTransport() override {
+    int fin = 0;
+    if (MPI_Finalized(&fin), !fin) MPI_Finalize();
+  }
+  std::string name() const override { return "MPI"; }
+  void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+
+  void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) override {
+    chunked(v, n, [&pg](double* p, int k) {
+      MPI_Request r;
+      MPI_Iallreduce(MPI_IN_PLACE, p, k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
+      wait(pg, r, "an all-reduce among the processes (MPI)");
+    });
+  }
+  void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) override {
+    chunked(data, count, [&pg](float* p, int n) {
+      MPI_Request r;
+      MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
+      wait(pg, r, "the gradient all-reduce (MPI)");
+    });
+  }
+  void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) override {
+    const bool root = pg.rank() == 0;
+    chunked(data, count, [&pg, root](float* p, int n) {
+      MPI_Request r;
+      MPI_Ireduce(root ? MPI_IN_PLACE : p, root ? p : nullptr, n, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD, &r);
+      wait(pg, r, "the gradient reduce to the parameter server (MPI)");
+    });
+  }
+  void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) override {
+    chunked(static_cast<char*>(data), bytes, [&pg](char* p, int n) {
+      MPI_Request r;
+      MPI_Ibcast(p, n, MPI_BYTE, 0, MPI_COMM_WORLD, &r);
+      wait(pg, r, "a broadcast from process 0 (MPI)");
+    });
+  }
+  void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) override {
+    SB_CHECK(bytes < (std::size_t{1} << 30), "an all-gather of at most 1 GiB per process");
+    MPI_Request r;
+    MPI_Iallgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
+    wait(pg, r, "an all-gather (MPI)");
+  }
+};
+
 }  // namespace
 
-World init() {
-  World w;
+bool built_with_mpi() { return true; }
+
+Joined join_mpi(double) {
+  Joined j;
   int inited = 0;
   MPI_Initialized(&inited);
   int provided = MPI_THREAD_SERIALIZED;
@@ -49,61 +97,27 @@ World init() {
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   else
     MPI_Query_thread(&provided);
-  w.threads_ok = provided >= MPI_THREAD_SERIALIZED;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  j.transport = std::make_unique<MpiTransport>();  // finalises MPI when the group goes
+  j.threads_ok = provided >= MPI_THREAD_SERIALIZED;
+  MPI_Comm_rank(MPI_COMM_WORLD, &j.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &j.size);
   MPI_Comm node;  // the processes that share this node's GPUs
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &w.local_rank);
-  MPI_Comm_size(node, &w.local_size);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &j.local_rank);
+  MPI_Comm_size(node, &j.local_size);
   MPI_Comm_free(&node);
-  return w;
+  // every rank's host and process id, for messages and the straggler report
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::vector<char> hosts(sizeof host * static_cast<std::size_t>(j.size));
+  std::vector<long> pids(static_cast<std::size_t>(j.size));
+  const long pid = getpid();
+  MPI_Allgather(host, sizeof host, MPI_CHAR, hosts.data(), sizeof host, MPI_CHAR, MPI_COMM_WORLD);
+  MPI_Allgather(&pid, 1, MPI_LONG, pids.data(), 1, MPI_LONG, MPI_COMM_WORLD);
+  for (int r = 0; r < j.size; ++r)
+    j.peers.push_back(
+        {std::string(hosts.data() + sizeof host * static_cast<std::size_t>(r)), pids[static_cast<std::size_t>(r)]});
+  return j;
 }
 
-void finalize() {
-  int fin = 0;
-  if (MPI_Finalized(&fin), !fin) MPI_Finalize();
-}
-
-void abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
-
-void allreduce_max(const ProcessGroup& pg, double& v) {
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
-  wait(pg, r, "an all-reduce of the timings");
-}
-
-void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) {
-  chunked(data, count, [&pg](float* p, int n) {
-    MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
-    wait(pg, r, "the gradient all-reduce (MPI)");
-  });
-}
-
-void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) {
-  const bool root = pg.rank() == 0;
-  chunked(data, count, [&pg, root](float* p, int n) {
-    MPI_Request r;
-    MPI_Ireduce(root ? MPI_IN_PLACE : p, root ? p : nullptr, n, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD, &r);
-    wait(pg, r, "the gradient reduce to the parameter server (MPI)");
-  });
-}
-
-void broadcast_from_root(const ProcessGroup& pg, float* data, std::size_t count) {
-  chunked(data, count, [&pg](float* p, int n) {
-    MPI_Request r;
-    MPI_Ibcast(p, n, MPI_FLOAT, 0, MPI_COMM_WORLD, &r);
-    wait(pg, r, "the parameter broadcast (MPI)");
-  });
-}
-
-void broadcast_bytes_from_root(const ProcessGroup& pg, void* data, std::size_t bytes) {
-  chunked(static_cast<char*>(data), bytes, [&pg](char* p, int n) {
-    MPI_Request r;
-    MPI_Ibcast(p, n, MPI_BYTE, 0, MPI_COMM_WORLD, &r);
-    wait(pg, r, "a broadcast from process 0 (MPI)");
-  });
-}
-
-}  // namespace stepbench::mpi
+}  // namespace stepbench

@@ -1,12 +1,16 @@
 // NCCL between GPU towers: one communicator rank per tower, collectives enqueued on each tower's
-// communication stream, grouped so that one thread can drive several GPUs. In one process the
-// communicators come from ncclCommInitAll; under mpirun process 0 makes the unique id and MPI
-// broadcasts it, then every process initialises its towers' ranks in one group (nccl-tests' way).
-// Multi-GPU runs have not happened yet (the one GPU machine had one GPU); the GPU tests run it
-// wherever two or more GPUs are visible.
+// communication stream, grouped so that one thread can drive several GPUs. Process 0 makes the
+// unique id and the group broadcasts it (MPI or Gloo); every process then initialises its towers'
+// ranks in one group, non-blocking, and polls them under the sync timeout, so that a peer that
+// never reaches the initialisation ends the run instead of hanging it. The communicators the step
+// uses are then split off as blocking ones: a non-blocking communicator hands every group to a
+// thread of NCCL's, a cost inside each timed collective. Any failure aborts the communicators
+// (ncclCommDestroy would wait for peers that may be gone).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,42 +20,104 @@
 namespace stepbench {
 namespace {
 
+// ncclGroupStart ... ncclGroupEnd, closed on every path: an exception between them would leave
+// NCCL's group open on this thread, and the next call would join it.
+class NcclGroup {
+ public:
+  NcclGroup() { SB_NCCL(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  // ncclSuccess, or ncclInProgress for non-blocking communicators (then poll them).
+  ncclResult_t end() {
+    open_ = false;
+    const ncclResult_t r = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw_error(__FILE__, __LINE__,
+                  fmt::format("ncclGroupEnd failed: {} ({})", ncclGetErrorString(r), ncclGetLastError(nullptr)));
+    return r;
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+ private:
+  bool open_ = true;
+};
+
+// Communicators that are aborted unless handed on: a constructor that throws leaves none behind.
+struct Comms {
+  std::vector<ncclComm_t> c;
+  ~Comms() {
+    for (auto x : c)
+      if (x) ncclCommAbort(x);
+  }
+  std::vector<ncclComm_t> release() { return std::exchange(c, {}); }
+};
+
 class NcclCollective final : public Collective {
  public:
-  NcclCollective(const std::vector<Backend*>& towers, const std::vector<Stream*>& streams, const ProcessGroup& group)
-      : processes_(group.size()) {
-    const int rank = group.rank(), processes = group.size();
+  NcclCollective(const std::vector<Backend*>& towers, const std::vector<Stream*>& streams, const ProcessGroup& group,
+                 const NcclOptions& opt)
+      : processes_(group.size()), rank_(group.rank()), timeout_s_(opt.init_timeout_s), sharing_(opt.sharing) {
     SB_CHECK(!towers.empty() && towers.size() == streams.size(), "one stream per tower");
     for (std::size_t i = 0; i < towers.size(); ++i) {
       devices_.push_back(towers[i]->device());
       SB_CHECK(devices_.back() >= 0, "NCCL needs towers on the cuda backend");
       streams_.push_back(static_cast<cudaStream_t>(streams[i]->native_handle()));
     }
-    const int local = static_cast<int>(devices_.size());
-    comms_.resize(devices_.size());
-    if (processes == 1) {
-      SB_NCCL(ncclCommInitAll(comms_.data(), local, devices_.data()));
-    } else {
-      ncclUniqueId id{};
-      if (rank == 0) SB_NCCL(ncclGetUniqueId(&id));
-      group.broadcast_bytes_from_root(&id, sizeof id);
-      SB_NCCL(ncclGroupStart());
+    const int local = static_cast<int>(devices_.size()), ranks = local * processes_;
+    ncclUniqueId id{};
+    if (rank_ == 0) SB_NCCL(ncclGetUniqueId(&id));
+    group.broadcast_bytes_from_root(&id, sizeof id);
+    if (opt.fault_stall_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(opt.fault_stall_s));
+
+    Comms init;  // non-blocking: the initialisation is polled under the timeout
+    init.c.assign(devices_.size(), nullptr);
+    {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.blocking = 0;
+      NcclGroup g;
       for (int i = 0; i < local; ++i) {
         SB_CUDA(cudaSetDevice(devices_[static_cast<std::size_t>(i)]));
-        SB_NCCL(ncclCommInitRank(&comms_[static_cast<std::size_t>(i)], local * processes, id, rank * local + i));
+        init_call(ncclCommInitRankConfig(&init.c[static_cast<std::size_t>(i)], ranks, id, rank_ * local + i, &cfg));
       }
-      SB_NCCL(ncclGroupEnd());
+      g.end();
     }
+    wait_ready(init.c, "NCCL's initialisation (ncclCommInitRankConfig)");
+    Comms blocking;  // what the step uses
+    blocking.c.assign(devices_.size(), nullptr);
+    {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.blocking = 1;
+      NcclGroup g;
+      for (int i = 0; i < local; ++i) {
+        SB_CUDA(cudaSetDevice(devices_[static_cast<std::size_t>(i)]));
+        init_call(ncclCommSplit(init.c[static_cast<std::size_t>(i)], 0, rank_ * local + i,
+                                &blocking.c[static_cast<std::size_t>(i)], &cfg));
+      }
+      g.end();
+    }
+    wait_ready(init.c, "the split into blocking communicators (ncclCommSplit)");
+    wait_ready(blocking.c, "the split into blocking communicators (ncclCommSplit)");
+    for (auto c : init.c) ncclCommFinalize(c);
+    wait_ready(init.c, "the release of the initial communicators (ncclCommFinalize)");
+    for (auto& c : init.c) ncclCommDestroy(std::exchange(c, nullptr));
+    comms_ = blocking.release();
   }
   ~NcclCollective() override {
-    for (auto c : comms_)
-      if (c) ncclCommDestroy(c);
+    for (auto c : comms_) {
+      if (!c) continue;
+      if (failed_)
+        ncclCommAbort(c);  // peers may be gone: destroy would wait for them
+      else
+        ncclCommDestroy(c);
+    }
   }
 
   std::string name() const override {
-    return fmt::format("NCCL {}.{}.{}, {} ranks{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH,
-                       comms_.size() * static_cast<std::size_t>(processes_),
-                       processes_ > 1 ? fmt::format(" over {} processes (unique id over MPI)", processes_) : "");
+    return fmt::format(
+        "NCCL {}, {} ranks{}{}", nccl_version_string(), comms_.size() * static_cast<std::size_t>(processes_),
+        processes_ > 1 ? fmt::format(" over {} processes", processes_) : "", sharing_.empty() ? "" : "; " + sharing_);
   }
   bool asynchronous() const override { return true; }
 
@@ -84,19 +150,62 @@ class NcclCollective final : public Collective {
     }
   }
   void abort() override {
+    failed_ = true;
     for (auto& c : comms_)
       if (c) ncclCommAbort(std::exchange(c, nullptr));
   }
 
  private:
+  // An initialisation call: ncclInProgress is how a non-blocking one says it goes on.
+  static void init_call(ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw_error(
+          __FILE__, __LINE__,
+          fmt::format("NCCL's initialisation failed: {} ({})", ncclGetErrorString(r), ncclGetLastError(nullptr)));
+  }
+  // Polls until every communicator is ready; SyncError (the caller's Comms abort them) after the
+  // timeout or on an error.
+  void wait_ready(const std::vector<ncclComm_t>& comms, const char* what) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      bool pending = false;
+      for (auto c : comms) {
+        ncclResult_t st = ncclSuccess;
+        ncclCommGetAsyncError(c, &st);
+        if (st == ncclInProgress) {
+          pending = true;
+        } else if (st != ncclSuccess) {
+          throw SyncError(fmt::format("{} failed on process {} of {}: {} ({})", what, rank_, processes_,
+                                      ncclGetErrorString(st), ncclGetLastError(c)));
+        }
+      }
+      if (!pending) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (timeout_s_ > 0 && waited > timeout_s_)
+        throw SyncError(fmt::format(
+            "{} did not complete within {:g} s on process {} of {}: another process did not reach it (it failed or "
+            "stalled after the processes met; its output says why). Raise --sync-timeout-s if NCCL is legitimately "
+            "that slow to start (0 waits forever)",
+            what, timeout_s_, rank_, processes_));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   template <class F>
   void group(F&& per_rank) {
-    SB_CHECK(comms_.front() != nullptr, "the NCCL communicator was aborted after an earlier failure");
-    SB_NCCL(ncclGroupStart());
-    for (std::size_t i = 0; i < comms_.size(); ++i) per_rank(i);
-    SB_NCCL(ncclGroupEnd());
+    SB_CHECK(!failed_ && comms_.front() != nullptr, "the NCCL communicator was aborted after an earlier failure");
+    try {
+      NcclGroup g;
+      for (std::size_t i = 0; i < comms_.size(); ++i) per_rank(i);
+      g.end();
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
   }
-  int processes_;
+  int processes_, rank_;
+  double timeout_s_;
+  std::string sharing_;
+  bool failed_ = false;
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
   std::vector<ncclComm_t> comms_;
@@ -104,9 +213,20 @@ class NcclCollective final : public Collective {
 
 }  // namespace
 
+int nccl_version() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+std::string nccl_version_string() {
+  const int v = nccl_version();  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9
+  return v ? fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100) : "(no library)";
+}
+
 std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>& towers,
-                                                 const std::vector<Stream*>& streams, const ProcessGroup& group) {
-  return std::make_unique<NcclCollective>(towers, streams, group);
+                                                 const std::vector<Stream*>& streams, const ProcessGroup& group,
+                                                 const NcclOptions& opt) {
+  return std::make_unique<NcclCollective>(towers, streams, group, opt);
 }
 
 }  // namespace stepbench

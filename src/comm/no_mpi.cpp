@@ -1,19 +1,16 @@
-// Built without MPI: no process group spans processes, so only init() is ever reached, and it
-// refuses.
-#include "comm/mpi.hpp"
+// Built without MPI: mpirun's processes meet through the store and Gloo instead (comm/launch_env.cpp
+// asks for --rendezvous), so join_mpi is never reached with a rendezvous other than "mpi"; it refuses.
+#include "comm/transport.hpp"
 #include "tensor/error.hpp"
 
-namespace stepbench::mpi {
+namespace stepbench {
 
-World init() {
-  throw UsageError("stepbench was launched by mpirun but built without MPI (configure with -DSTEPBENCH_MPI=ON)");
+bool built_with_mpi() { return false; }
+
+Joined join_mpi(double) {
+  throw UsageError(
+      "stepbench was launched by mpirun but built without MPI (configure with -DSTEPBENCH_MPI=ON), or give "
+      "--rendezvous file:PATH to meet through Gloo");
 }
-void finalize() {}
-void abort(int) {}
-void allreduce_max(const ProcessGroup&, double&) {}
-void allreduce_sum(const ProcessGroup&, float*, std::size_t) {}
-void reduce_sum_to_root(const ProcessGroup&, float*, std::size_t) {}
-void broadcast_from_root(const ProcessGroup&, float*, std::size_t) {}
-void broadcast_bytes_from_root(const ProcessGroup&, void*, std::size_t) {}
 
-}  // namespace stepbench::mpi
+}  // namespace stepbench

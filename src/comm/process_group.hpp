@@ -1,20 +1,35 @@
-// The process group: one process per GPU (or per group of CPU towers) when launched by mpirun, as
-// nccl-tests and Horovod run. Outside a launcher it is rank 0 of 1 and MPI is never initialised.
+// The process group: one process per GPU (or per group of CPU towers) when a launcher started
+// several, as nccl-tests, Horovod and torchrun run. Outside a launcher it is rank 0 of 1 and nothing
+// is initialised. Under mpirun the processes meet through MPI; under stepbench launch, torchrun or
+// srun (or mpirun without MPI built in) through a store and Gloo (comm/launch_env.hpp says which).
 // The program owns one (the command line makes it) and hands it to whatever spans processes.
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace stepbench {
 
+struct LaunchEnv;  // comm/launch_env.hpp
+class Transport;   // comm/transport.hpp
+
+// Where a rank runs (from the rendezvous; under MPI, gathered once at creation).
+struct PeerInfo {
+  std::string host;
+  long pid = 0;
+};
+
 class ProcessGroup {
  public:
-  // This process alone: rank 0 of 1, MPI untouched.
-  ProcessGroup() = default;
-  // under_launcher: the caller saw a launcher's environment (mpirun, a PMI launcher). Initialises
-  // MPI then; UsageError when stepbench was built without MPI.
-  static std::unique_ptr<ProcessGroup> create(bool under_launcher);
+  // This process alone: rank 0 of 1.
+  ProcessGroup();
+  // The group `env` describes: MPI when its rendezvous is "mpi", else the store and Gloo, meeting
+  // within timeout_s (0: forever; --sync-timeout-s). A single process without a launcher gets the
+  // plain group. UsageError when the processes' variables disagree or the transport was not built;
+  // SyncError naming the ranks that never arrived.
+  static std::unique_ptr<ProcessGroup> create(const LaunchEnv& env, double timeout_s);
   ~ProcessGroup();  // MPI_Finalize when this group initialised MPI
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -23,21 +38,29 @@ class ProcessGroup {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // among the processes on this node (which GPUs it takes)
   int local_size() const { return local_size_; }
-  bool threads_ok() const { return threads_ok_; }  // MPI may be called from a communication thread
+  bool threads_ok() const { return threads_ok_; }  // collectives may be called from a communication thread
   bool uses_mpi() const { return mpi_; }
+  // "MPI", "Gloo", or "" for a single process; and which launcher started it.
+  std::string transport_name() const;
+  std::string launcher_name() const { return launcher_; }
+  const std::vector<PeerInfo>& peers() const { return peers_; }  // one per rank
 
-  // Ends every process of the group (MPI_Abort) so that one failing rank does not leave the others
-  // waiting in a collective; a no-op for a single process.
+  // Ends every process of the group (MPI_Abort; under Gloo this process's connections close, which
+  // fails the others' next collective) so that one failing rank does not leave the others waiting;
+  // a no-op for a single process.
   void abort(int code) const;
 
-  // Collectives over the group on host memory; identities for a single process. They poll
-  // non-blocking MPI requests and throw SyncError when one has not completed within the timeout
-  // (a stalled or dead peer), instead of waiting forever.
+  // Collectives over the group on host memory; identities for a single process. They throw SyncError
+  // when one has not completed within the timeout (a stalled or dead peer), instead of waiting forever.
   double allreduce_max(double v) const;
+  void allreduce_max(std::vector<double>& v) const;  // element by element
   void allreduce_sum(float* data, std::size_t count) const;
   void reduce_sum_to_root(float* data, std::size_t count) const;
   void broadcast_from_root(float* data, std::size_t count) const;
   void broadcast_bytes_from_root(void* data, std::size_t bytes) const;  // e.g. NCCL's unique id
+  // Every rank's values, rank after rank (each rank gives the same count).
+  std::vector<double> allgather(const std::vector<double>& mine) const;
+  std::vector<std::string> allgather(const std::string& mine) const;
   // Seconds a collective may take (--sync-timeout-s); 0 waits forever. Default 600.
   void set_sync_timeout(double seconds) { timeout_s_ = seconds; }
   double sync_timeout() const { return timeout_s_.load(); }
@@ -46,7 +69,14 @@ class ProcessGroup {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool threads_ok_ = true;
   bool mpi_ = false;
+  std::string launcher_;
+  std::vector<PeerInfo> peers_;
+  std::unique_ptr<Transport> t_;  // null for a single process
   std::atomic<double> timeout_s_{600.0};
 };
+
+// What this build can carry between processes.
+bool built_with_mpi();
+bool built_with_gloo();
 
 }  // namespace stepbench

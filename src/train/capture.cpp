@@ -14,8 +14,8 @@ void Towers::capture(bool step) {
   if (size() != 1)
     throw UsageError(
         fmt::format("--cuda-graph captures one GPU's stream: use one GPU per process (--gpus 1, and "
-                    "mpirun -np {} for {} GPUs)",
-                    size(), size()));
+                    "stepbench launch --nproc {} or mpirun -np {} for {} GPUs)",
+                    size(), size(), size()));
   sync_->check_capturable();
   if (!staging_.empty())
     throw UsageError("--cuda-graph replays the synthetic batch on the device; use --data synthetic with it");

@@ -11,7 +11,9 @@ namespace stepbench {
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   BackendOptions bo;
   bo.kind = resolve(o.backend);
-  bo.device = o.group ? o.group->local_rank() * o.towers : 0;  // this process's first GPU, as Towers places it
+  const TowerPlace place = tower_place(o, 0);  // this process's first GPU, as Towers places it
+  bo.device = place.device;
+  bo.memory_share = place.memory_share;
   bo.precision = o.precision;
   bo.workspace_bytes = o.workspace_bytes;
   bo.own_kernels = o.own_kernels;

@@ -1,5 +1,6 @@
 // Host batches staged to the device, double-buffered (Towers::enable_staging, stage, flip).
 #include "tensor/error.hpp"
+#include "train/sync.hpp"
 #include "train/tower_parts.hpp"
 
 namespace stepbench {
@@ -37,7 +38,7 @@ void Towers::stage(int tower, const float* images, const std::int32_t* labels) {
   be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
   if (st.end) be.record(*st.end, *st.copy), st.timed = true;
   be.record(*st.copied[spare], *st.copy);
-  be.synchronize(*st.copy);  // the host batch may be reused once this returns
+  sync_->wait_for(be, *st.copy);  // the host batch may be reused once this returns (the copy waited for the step)
 }
 
 void Towers::stage_on_device(int tower, const std::function<void(Stream&, const Tensor&)>& fill,
@@ -55,7 +56,7 @@ void Towers::stage_on_device(int tower, const std::function<void(Stream&, const 
   be.copy(*st.copy, st.labels[spare].get(), labels, st.labels[spare].bytes());
   if (st.end) be.record(*st.end, *st.copy), st.timed = true;
   be.record(*st.copied[spare], *st.copy);
-  be.synchronize(*st.copy);
+  sync_->wait_for(be, *st.copy);
 }
 
 void Towers::set_staging_timing(bool on) {

@@ -37,21 +37,27 @@ void CollectiveSync::synchronize() const {
     t_.synchronize_every_tower();
     return;
   }
+  for (const auto& t : t_.towers) wait_for(*t->be, t->compute());
+}
+
+void CollectiveSync::wait_for(Backend& be, Stream& s) const {
+  if (!enqueued()) {
+    be.synchronize(s);
+    return;
+  }
   // Poll, as nccl-tests does: a hung collective must end the run, not block it in the driver.
   const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& t : t_.towers) {
-    while (!t->be->query(t->compute())) {
-      coll_->check();
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
-        coll_->abort();
-        throw SyncError(fmt::format(
-            "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: a peer "
-            "failed or stalled. If the step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
-            coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size()));
-      }
-      std::this_thread::yield();
+  while (!be.query(s)) {
+    coll_->check();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
+      coll_->abort();
+      throw SyncError(fmt::format(
+          "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: a peer "
+          "failed or stalled. If the step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+          coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size()));
     }
+    std::this_thread::yield();
   }
   coll_->check();
 }
@@ -80,7 +86,8 @@ std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTow
     bes.push_back(r->be.get());
     comm_streams.push_back(r->comm.get());
   }
-  return make_nccl_collective(bes, comm_streams, t.group);
+  return make_nccl_collective(bes, comm_streams, t.group,
+                              NcclOptions{o.sync_timeout_s, o.gpu_sharing, o.fault_init_stall_s});
 }
 
 }  // namespace

@@ -63,6 +63,9 @@ class GradientSync {
   // Waits for every tower's compute stream; with an enqueued collective it polls, and throws
   // SyncError when the collective reports an error or has not finished within sync_timeout_s.
   virtual void synchronize() const = 0;
+  // Waits for stream `s` of backend `be` (a copy or communication stream whose work may wait on the
+  // collective), under the same polling and timeout as synchronize().
+  virtual void wait_for(Backend& be, Stream& s) const { be.synchronize(s); }
   // UsageError naming what to change when a CUDA Graph cannot capture this sync's work.
   virtual void check_capturable() const {}
 };
@@ -79,6 +82,7 @@ class CollectiveSync : public GradientSync {
   // Enqueued: each communication stream first waits for its tower's ready[k] event.
   void sync_bucket(std::size_t k) override;
   void synchronize() const override;
+  void wait_for(Backend& be, Stream& s) const override;
 
  protected:
   // The mode's collective on one bucket: `count` floats at `off` of every tower's gradients.

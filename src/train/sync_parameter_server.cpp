@@ -62,7 +62,8 @@ class HostServerSync final : public GradientSync {
 
   std::string name() const override {
     const int processes = t_.group.size();
-    return processes > 1 ? fmt::format("host memory (parameter server on the CPU) + MPI over {} processes", processes)
+    return processes > 1 ? fmt::format("host memory (parameter server on the CPU) + {} over {} processes",
+                                       t_.group.transport_name(), processes)
                          : "host memory (parameter server on the CPU)";
   }
   std::size_t bytes() const override { return t_.arena_bytes(); }

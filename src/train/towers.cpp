@@ -32,25 +32,28 @@ void Towers::check_arena_layouts() const {
 
 Towers::Towers(const TowerOptions& o) : opt_(o) {
   if (o.towers < 1) throw UsageError(fmt::format("--gpus {} must be at least 1", o.towers));
-  int local_rank = 0, local_size = 1;
+  int local_size = 1;
   opt_.backend = resolve(o.backend);
   if (o.group) {
     rank_ = o.group->rank();
     processes_ = o.group->size();
-    local_rank = o.group->local_rank();
     local_size = o.group->local_size();
   }
+  if (o.ranks_per_gpu < 1) throw UsageError(fmt::format("--ranks-per-gpu {} must be at least 1", o.ranks_per_gpu));
   if (opt_.backend == BackendKind::cuda) {
-    const int visible = cuda_device_count();
-    if (o.towers * local_size > visible)
-      throw UsageError(
-          local_size > 1
-              ? fmt::format("{} processes on this node with --gpus {} each need {} GPUs, but {} {} visible; use "
-                            "--gpus {} or fewer processes per node",
-                            local_size, o.towers, o.towers * local_size, visible, visible == 1 ? "is" : "are",
-                            std::max(visible / local_size, 1))
-              : fmt::format("--gpus {} but only {} GPU{} visible; use --gpus {} or fewer", o.towers, visible,
-                            visible == 1 ? " is" : "s are", visible));
+    const int visible = cuda_device_count(), k = o.ranks_per_gpu;
+    const int need = (o.towers * local_size + k - 1) / k;  // GPUs this node's towers take
+    if (need > visible) {
+      const std::string towers =
+          local_size > 1 ? fmt::format("{} processes on this node with --gpus {} each", local_size, o.towers)
+                         : fmt::format("--gpus {}", o.towers);
+      throw UsageError(fmt::format(
+          "{} need{} {} GPU{}{}, but {} {} visible; use fewer towers or processes, or --ranks-per-gpu {} to share "
+          "the GPUs (a test of the multi-rank path: its times are not scaling figures)",
+          towers, local_size > 1 ? "" : "s", need, need == 1 ? "" : "s",
+          k > 1 ? fmt::format(" at {} ranks per GPU", k) : "", visible, visible == 1 ? "is" : "are",
+          (o.towers * local_size + std::max(visible, 1) - 1) / std::max(visible, 1)));
+    }
   }
   check_sync_options(o);
   if (o.group) o.group->set_sync_timeout(o.sync_timeout_s);
@@ -59,7 +62,9 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     auto t = std::make_unique<Replica>();
     BackendOptions bo;
     bo.kind = opt_.backend;
-    bo.device = local_rank * o.towers + i;  // the GPUs of this node, split by process
+    const TowerPlace place = tower_place(opt_, i);
+    bo.device = place.device;
+    bo.memory_share = place.memory_share;
     bo.precision = o.precision;
     bo.workspace_bytes = o.workspace_bytes;
     bo.own_kernels = o.own_kernels;
@@ -111,6 +116,18 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
 }
 
 Towers::~Towers() = default;
+
+TowerPlace tower_place(const TowerOptions& o, int tower) {
+  const int local_rank = o.group ? o.group->local_rank() : 0, local_size = o.group ? o.group->local_size() : 1;
+  TowerPlace p;
+  if (resolve(o.backend) == BackendKind::cuda) {
+    p.device = (local_rank * o.towers + tower) / std::max(o.ranks_per_gpu, 1);
+    p.memory_share = std::max(o.ranks_per_gpu, 1);
+  } else {
+    p.memory_share = local_size;  // the processes of a host plan on its memory at once
+  }
+  return p;
+}
 
 Backend& Towers::backend(int i) const { return *towers_.at(static_cast<std::size_t>(i))->be; }
 Graph& Towers::graph(int i) const { return *towers_.at(static_cast<std::size_t>(i))->g; }
@@ -168,7 +185,7 @@ std::vector<Towers::BucketSpan> Towers::bucket_spans(int tower, Event& ref) cons
   std::vector<BucketSpan> v;
   if (sync_->bytes() == 0) return v;
   Replica& t = *towers_.at(static_cast<std::size_t>(tower));
-  t.be->synchronize(*t.comm);  // its last events may be after the compute stream's (the host server)
+  sync_->wait_for(*t.be, *t.comm);  // its last events may be after the compute stream's (the host server)
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     const double ready = t.be->elapsed_ms(ref, *t.timed_ready[k]), free = t.be->elapsed_ms(ref, *t.sync_begin[k]);
     v.push_back({k, std::max(ready, free), t.be->elapsed_ms(ref, *t.sync_end[k])});

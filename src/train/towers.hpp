@@ -61,9 +61,15 @@ struct TowerOptions {
   // tf_cnn_benchmarks' --local_parameter_device=cpu); gradients are copied there and summed on the
   // CPU, and the new variables are copied back to every tower.
   bool ps_on_host = false;
-  // A gradient sync that has not completed after this many seconds ends the run with SyncError
-  // (--sync-timeout-s); 0 waits forever.
+  // A gradient sync (or NCCL's initialisation) that has not completed after this many seconds ends
+  // the run with SyncError (--sync-timeout-s); 0 waits forever.
   double sync_timeout_s = 600.0;
+  // cuda: this many towers (of this process and the others on its node, in local-rank order) share
+  // each GPU (--ranks-per-gpu; NCCL 2.30+ or a host id per process, which the command line sets up).
+  // Tests of the multi-rank path on one GPU: their times are not scaling figures. `gpu_sharing`
+  // says how (for the sync's name).
+  int ranks_per_gpu = 1;
+  std::string gpu_sharing;
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;  // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
   // What planning may use per device (Backend::set_memory_limit, --device-memory-mb); 0: all it has.
@@ -74,6 +80,9 @@ struct TowerOptions {
   // Fault injection for the timeout test: this process sleeps this long before its first bucket's
   // sync (the command line takes it from STEPBENCH_FAULT_SYNC_STALL); 0: never.
   double fault_sync_stall_s = 0;
+  // Fault injection for NCCL's initialisation under the timeout: this process sleeps this long
+  // between the unique id's broadcast and its ncclCommInitRankConfig (STEPBENCH_FAULT_INIT_STALL).
+  double fault_init_stall_s = 0;
   // Fault injection for the regression gate's tests: one conv shape's work repeated
   // (backend/slow_conv.hpp; the command line takes it from STEPBENCH_FAULT_SLOW_CONV).
   SlowConvFault fault_slow_conv;
@@ -86,7 +95,7 @@ struct TowerOptions {
 // estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false) on a
 // sizing-only backend: on CUDA each convolution's workspace is counted at the budget, --workspace-mb,
 // without cuDNN's algorithm search, which took over a minute per probed batch on an H200); so `batch`
-// fits planning's checks for one tower and batch + 1 does not (unless at_cap). Under mpirun the
+// fits planning's checks for one tower and batch + 1 does not (unless at_cap). Across processes the
 // smallest over the processes (a collective). batch 0: not even one image fits. It is one tower's
 // answer: CPU towers of one process share the host's memory, so N of them need N x bytes.
 struct BatchFit {
@@ -96,6 +105,14 @@ struct BatchFit {
   bool at_cap = false;     // the search stopped at its cap: larger batches were not tried
 };
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap = std::int64_t{1} << 20);
+
+// Where tower i of this process runs: its GPU (the node's towers in local-rank order, ranks_per_gpu
+// to a GPU), and how many processes plan on that device's memory at once.
+struct TowerPlace {
+  int device = 0;
+  int memory_share = 1;
+};
+TowerPlace tower_place(const TowerOptions& o, int tower);
 
 class Towers {
  public:

@@ -709,6 +709,186 @@ class Mpi(unittest.TestCase):
         self.assertIn("host memory (parameter server on the CPU) + MPI over 2 processes", out)
 
 
+# a run that goes on until it is stopped
+LONG = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1", "--phases",
+        "step", "--repetitions", "1000", *FAST]
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_rank(rank, launcher_pid, timeout=60):
+    """The pid of the process that stepbench launch started as `rank`, once it runs."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == launcher_pid and f"RANK={rank}".encode() in env:
+                return int(pid)
+        time.sleep(0.1)
+    return None
+
+
+@unittest.skipUnless(os.environ.get("STEPBENCH_HAS_GLOO", "1") == "1", "built without Gloo")
+class Launch(unittest.TestCase):
+    """Several processes without mpirun: stepbench launch, torchrun (its variables by hand, and the
+    real one from Debian's PyTorch), a file rendezvous; what happens when one is missing, killed or
+    stalled; and the refusals of variables that disagree."""
+
+    def launch(self, *args, env=None, timeout=180):
+        t0 = time.monotonic()
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--", *args], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, **(env or {})})
+        return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+
+    def by_hand(self, envs, *args, timeout=180):
+        procs = [subprocess.Popen([STEPBENCH, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, **e}) for e in envs]
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        return [p.returncode for p in procs], outs
+
+    def test_launch_runs_the_step_over_gloo_and_rank_0_reports(self):
+        rc, out, _ = self.launch(*TINY, "--phases", "step,grad_sync")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("2 processes x 1 towers, Gloo, started by stepbench launch", out)
+        self.assertRegex(out, r"grad_sync: .* over Gloo over 2 processes \+ host memory")
+        self.assertEqual(out.count("stepbench summary"), 1, out)
+
+    def test_torchruns_variables_set_by_hand(self):
+        port = str(free_port())
+        envs = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"} for r in (0, 1)]
+        rcs, outs = self.by_hand(envs, *TINY, "--phases", "step")
+        self.assertEqual(rcs, [0, 0], "\n".join(outs))
+        self.assertIn("started by torchrun", outs[0])
+        self.assertIn("stepbench summary", outs[0])
+        self.assertNotIn("stepbench summary", outs[1])
+
+    def test_a_file_rendezvous_by_hand(self):
+        with tempfile.TemporaryDirectory() as d:
+            envs = [{"RANK": str(r), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"} for r in (0, 1)]
+            rcs, outs = self.by_hand(envs, *TINY, "--phases", "step", "--variable-update", "parameter_server",
+                                     "--ps-device", "cpu", "--rendezvous", f"file:{d}/meet")
+            self.assertEqual(rcs, [0, 0], "\n".join(outs))
+            self.assertIn("host memory (parameter server on the CPU) + Gloo over 2 processes", outs[0])
+            self.assertFalse(os.path.exists(f"{d}/meet"), "rank 0 clears the store once all have met")
+
+    @unittest.skipUnless(subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"],
+                                        capture_output=True).returncode == 0, "no torchrun (Debian's python3-torch)")
+    def test_real_torchrun(self):
+        # torchrun's agent holds MASTER_PORT with PyTorch's store: stepbench's rank 0 listens on the next port
+        # Debian's torchrun (PyTorch 1.13 on Python 3.11) cannot read its own default "--redirects 0"
+        # (Std.from_str iterates an IntFlag, which 3.11 no longer does for 0): redirect stdout and tee it
+        port = free_port()
+        with tempfile.TemporaryDirectory() as logs:
+            p = subprocess.run(["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                "--master_port", str(port), "--redirects", "1", "--tee", "1", "--log_dir", logs,
+                                "--no_python", STEPBENCH, *TINY, "--phases", "step"],
+                               capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("started by torchrun", out)
+        self.assertEqual(out.count("stepbench summary"), 1, out)
+
+    def test_a_missing_rank_ends_the_run_naming_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.monotonic()
+            p = subprocess.run([STEPBENCH, *TINY, "--rendezvous", f"file:{d}/m", "--sync-timeout-s", "2"],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("rank 1 of 2 never joined the rendezvous", p.stderr)
+            self.assertLess(time.monotonic() - t0, 60)
+
+    def test_a_killed_process_ends_the_others_naming_it(self):
+        t0 = time.monotonic()
+        p = subprocess.Popen([STEPBENCH, "launch", "--nproc", "2", "--grace-s", "20", "--", *LONG,
+                              "--sync-timeout-s", "30"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        victim = find_rank(1, p.pid)
+        self.assertIsNotNone(victim, "rank 1 never started")
+        time.sleep(3)  # into the benchmarks
+        os.kill(victim, signal.SIGKILL)
+        out, _ = p.communicate(timeout=120)
+        self.assertNotEqual(p.returncode, 0, out)
+        self.assertRegex(out, rf"rank 1 \(pid {victim}\) was killed by signal 9")
+        self.assertLess(time.monotonic() - t0, 90, out)
+
+    def test_a_stalled_process_ends_the_run_within_the_timeout(self):
+        rc, out, secs = self.launch(*TINY, "--phases", "step", "--sync-timeout-s", "2",
+                                    env={"STEPBENCH_FAULT_SYNC_STALL": "1:90"})
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("did not complete within 2 s on process 0 of 2", out)
+        self.assertIn("rank 0 (pid", out)  # the launcher names who failed, then ends the sleeper
+        self.assertLess(secs, 60, out)
+
+    def test_a_stopped_process_is_named_when_the_others_time_out(self):
+        t0 = time.monotonic()
+        p = subprocess.Popen([STEPBENCH, "launch", "--nproc", "2", "--grace-s", "2", "--", *LONG,
+                              "--sync-timeout-s", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        victim = find_rank(1, p.pid)
+        self.assertIsNotNone(victim, "rank 1 never started")
+        time.sleep(3)
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            out, _ = p.communicate(timeout=120)
+        finally:
+            os.kill(victim, signal.SIGCONT) if p.poll() is None else None
+        self.assertNotEqual(p.returncode, 0, out)
+        self.assertIn("did not complete within 3 s on process 0 of 2", out)
+        self.assertRegex(out, rf"rank 1 \(pid {victim}\) is stopped")
+        self.assertLess(time.monotonic() - t0, 90, out)
+
+    def test_an_interrupt_reaches_every_process_once(self):
+        p = subprocess.Popen([STEPBENCH, "launch", "--nproc", "2", "--", *LONG], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        self.assertIsNotNone(find_rank(1, p.pid))
+        time.sleep(4)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 130, out)
+        self.assertIn("cut short by SIGINT", out)  # rank 0 kept what was measured
+
+    def test_variables_that_disagree_are_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            twice = [{"RANK": "0", "WORLD_SIZE": "2"}] * 2
+            rcs, outs = self.by_hand(twice, *TINY, "--rendezvous", f"file:{d}/a", "--sync-timeout-s", "30")
+            self.assertEqual(rcs, [2, 2], "\n".join(outs))
+            for o in outs:
+                self.assertIn("two processes were given rank 0", o)
+            sizes = [{"RANK": "0", "WORLD_SIZE": "2"}, {"RANK": "1", "WORLD_SIZE": "3"}]
+            rcs, outs = self.by_hand(sizes, *TINY, "--rendezvous", f"file:{d}/b", "--sync-timeout-s", "30")
+            self.assertEqual(rcs, [2, 2], "\n".join(outs))
+            self.assertIn("was told the world has", outs[1])
+        for env, expect in [({"RANK": "x", "WORLD_SIZE": "2"}, "RANK=x is not a whole number"),
+                            ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
+                            ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+                             "outside the world")]:
+            p = subprocess.run([STEPBENCH, *TINY], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, **env})
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(expect, p.stderr)
+        for args, expect in [(["launch", "--nproc", "2"], "give the run after --"),
+                             (["launch", "--nproc", "0", "--", "--backend", "cpu"], "--nproc"),
+                             (["launch", "--nproc", "2", "--rendezvous", "ftp:x", "--", "--backend", "cpu"],
+                              "give file:PATH"),
+                             ([*TINY, "--ranks-per-gpu", "2"], "--ranks-per-gpu shares GPUs"),
+                             ([*TINY, "--rendezvous", "file:/tmp/x"], "without a launcher")]:
+            p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, f"{args}: {p.stderr}")
+            self.assertIn(expect, p.stderr, args)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)

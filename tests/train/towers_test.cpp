@@ -5,7 +5,6 @@
 #include <cmath>
 #include <set>
 
-#include "comm/process_group.hpp"
 #include "support/chain_oracle.hpp"
 #include "support/test_util.hpp"
 #include "train/towers.hpp"
@@ -364,41 +363,6 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
     own.synchronize();
     EXPECT_EQ(staged.loss(0), own.loss(0));
     EXPECT_NE(loss_a, own.loss(0));
-  }
-}
-
-// Under `mpirun -np 2` (ctest: mpi.two_processes): one tower per process, synchronised by MPI, ends
-// a step bit for bit where two towers in one process do.
-// The process group of this test program: MPI when mpirun launched it.
-ProcessGroup& test_group() {
-  static const std::unique_ptr<ProcessGroup> g = ProcessGroup::create(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
-  return *g;
-}
-
-TEST(Mpi, TwoProcessesEqualTwoTowersInOneProcess) {
-  const auto& pg = test_group();
-  if (pg.size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest runs it as mpi.two_processes)";
-  for (const Mode& m : kSyncModes) {
-    SCOPED_TRACE(m.name());
-    auto dio = tiny(1, m.update, 8192);
-    dio.ps_on_host = m.on_host;
-    dio.group = &test_group();
-    Towers dist(dio);
-    auto lo = tiny(2, m.update, 8192);
-    lo.ps_on_host = m.on_host;
-    Towers local(lo);
-    EXPECT_EQ(dist.global_size(), 2);
-    EXPECT_EQ(dist.sync_bytes(), local.sync_bytes());
-    dist.set_synthetic_batch(77);  // process r gets the batch of tower r
-    local.set_synthetic_batch(77);
-    for (int k = 0; k < 2; ++k) {
-      dist.step();
-      local.step();
-    }
-    dist.synchronize();
-    local.synchronize();
-    EXPECT_EQ(params(dist, 0), params(local, pg.rank()));
-    EXPECT_EQ(params(local, 0), params(local, 1));
   }
 }
 

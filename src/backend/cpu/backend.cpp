@@ -101,13 +101,21 @@ class CpuBackend final : public Backend {
   void* allocate_host(std::size_t bytes) override { return allocate(bytes); }
   void deallocate_host(void* p) override { std::free(p); }
   std::size_t memory_available() const override {
+    const std::size_t kb = meminfo_kb("MemAvailable:");
+    return kb ? kb * 1024
+              : static_cast<std::size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  }
+  std::size_t memory_total() const override {
+    const std::size_t kb = meminfo_kb("MemTotal:");
+    return kb ? kb * 1024 : memory_available();
+  }
+  static std::size_t meminfo_kb(const std::string& field) {
     std::ifstream f("/proc/meminfo");
-    std::string key;
+    std::string key, unit;
     std::size_t kb = 0;
-    std::string unit;
     while (f >> key >> kb >> unit)
-      if (key == "MemAvailable:") return kb * 1024;
-    return static_cast<std::size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+      if (key == field) return kb;
+    return 0;
   }
 
   Stream& default_stream() override { return stream_; }

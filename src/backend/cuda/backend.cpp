@@ -197,6 +197,12 @@ class CudaBackend final : public Backend {
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
     return free;
   }
+  std::size_t memory_total() const override {
+    cudaSetDevice(dev_);
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return total;
+  }
 
   Stream& default_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(dev_); }

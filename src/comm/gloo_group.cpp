@@ -1,0 +1,226 @@
+// ProcessGroup's Gloo transport (built with STEPBENCH_GLOO): the processes meet on a store
+// (comm/store.hpp; stepbench's checks in comm/rendezvous.cpp first), then Gloo connects every pair
+// over TCP (its full mesh, as PyTorch's ProcessGroupGloo does) and runs the host collectives with
+// the group's timeout. The store is needed only for the meeting: rank 0 clears it once all have met.
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "comm/rendezvous.hpp"
+#include "comm/store.hpp"
+#include "comm/transport.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+namespace {
+
+std::chrono::milliseconds as_timeout(double s) {
+  // 0 waits forever: ten years is Gloo's forever
+  return s > 0 ? std::chrono::milliseconds(static_cast<std::int64_t>(s * 1e3) + 1) : std::chrono::hours(24 * 3650);
+}
+
+// Gloo's rendezvous keys on stepbench's store, under a prefix; a missing key after the timeout names its rank.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(stepbench::Store& s, double timeout_s) : s_(s), timeout_s_(timeout_s) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set("gloo/" + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    const std::string v = *s_.try_get("gloo/" + key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, as_timeout(timeout_s_)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back("gloo/" + k);
+    const auto missing = s_.wait(full, static_cast<double>(timeout.count()) / 1e3);
+    if (!missing.empty())
+      throw SyncError(fmt::format("rank {} did not publish its Gloo address on {} within {:g} s (it ended?)",
+                                  missing[0].substr(5), s_.address(), timeout_s_));
+  }
+
+ private:
+  stepbench::Store& s_;
+  double timeout_s_;
+};
+
+class GlooTransport final : public Transport {
+ public:
+  explicit GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx) : ctx_(std::move(ctx)) {}
+  std::string name() const override { return "Gloo"; }
+  void abort(int) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ctx_.reset();  // closes every pair: the others' next collective fails at once
+  }
+
+  void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) override {
+    run(pg, "an all-reduce among the processes (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::AllreduceOptions o(c);
+      o.setOutput(v, n);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<double>));
+      o.setTimeout(t);
+      gloo::allreduce(o);
+    });
+  }
+  void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) override {
+    run(pg, "the gradient all-reduce (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::AllreduceOptions o(c);
+      o.setOutput(data, count);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      o.setTimeout(t);
+      gloo::allreduce(o);
+    });
+  }
+  void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) override {
+    run(pg, "the gradient reduce to the parameter server (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::ReduceOptions o(c);
+      o.setOutput(data, count);
+      o.setRoot(0);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      o.setTimeout(t);
+      gloo::reduce(o);
+    });
+  }
+  void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) override {
+    run(pg, "a broadcast from process 0 (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::BroadcastOptions o(c);
+      o.setOutput(static_cast<char*>(data), bytes);
+      o.setRoot(0);
+      o.setTimeout(t);
+      gloo::broadcast(o);
+    });
+  }
+  void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) override {
+    run(pg, "an all-gather (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::AllgatherOptions o(c);
+      o.setInput(const_cast<char*>(static_cast<const char*>(mine)), bytes);
+      o.setOutput(static_cast<char*>(all), bytes * static_cast<std::size_t>(c->size));
+      o.setTimeout(t);
+      gloo::allgather(o);
+    });
+  }
+  void barrier(double timeout_s) {
+    std::lock_guard<std::mutex> l(mu_);
+    gloo::BarrierOptions o(ctx_);
+    o.setTimeout(as_timeout(timeout_s));
+    gloo::barrier(o);
+  }
+
+ private:
+  // One collective at a time (the communication thread and the main thread share the group), its
+  // failures as SyncError saying whether it timed out or a peer went away.
+  template <class F>
+  void run(const ProcessGroup& pg, const char* what, F&& f) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!ctx_) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
+    const double limit = pg.sync_timeout();
+    try {
+      f(std::static_pointer_cast<gloo::Context>(ctx_), as_timeout(limit));
+    } catch (const gloo::Exception& e) {
+      ctx_.reset();  // a failed collective leaves its pairs in no known state
+      if (std::strstr(e.what(), "Timed out"))
+        throw SyncError(fmt::format(
+            "{} did not complete within {:g} s on process {} of {}: another process failed or stalled. If the step "
+            "is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+            what, limit, pg.rank(), pg.size()));
+      throw SyncError(
+          fmt::format("{} failed on process {} of {}: another process ended or dropped its connection "
+                      "({})",
+                      what, pg.rank(), pg.size(), e.what()));
+    }
+  }
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::mutex mu_;
+};
+
+std::string host_name() {
+  char h[256] = {};
+  gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// The address Gloo listens on: loopback when every process is on this node; else the local
+// address that routes to the store's host (a connected UDP socket sends nothing); else the host name.
+std::string gloo_address(const LaunchEnv& env) {
+  if (env.local_size == env.size) return "127.0.0.1";
+  if (env.rendezvous.rfind("tcp://", 0) == 0) {
+    const auto colon = env.rendezvous.rfind(':');
+    const std::string host = env.rendezvous.substr(6, colon - 6);
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(host.c_str(), env.rendezvous.substr(colon + 1).c_str(), &hints, &res) == 0) {
+      std::string out;
+      const int fd = socket(res->ai_family, SOCK_DGRAM, 0);
+      sockaddr_storage me{};
+      socklen_t len = sizeof me;
+      char buf[INET6_ADDRSTRLEN] = {};
+      if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+          getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+          getnameinfo(reinterpret_cast<sockaddr*>(&me), len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0)
+        out = buf;
+      if (fd >= 0) close(fd);
+      freeaddrinfo(res);
+      if (!out.empty()) return out;
+    }
+  }
+  return host_name();
+}
+
+}  // namespace
+
+bool built_with_gloo() { return true; }
+
+Joined join_gloo(const LaunchEnv& env, double timeout_s) {
+  auto store = open_store(env.rendezvous, env.rank == 0, timeout_s);
+  Joined j;
+  j.rank = env.rank;
+  j.size = env.size;
+  j.local_rank = env.local_rank;
+  j.local_size = env.local_size;
+  j.peers = meet(*store, env, host_name(), timeout_s);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = gloo_address(env);
+  std::shared_ptr<gloo::transport::Device> dev;
+  try {
+    dev = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const gloo::Exception& e) {
+    throw UsageError(
+        fmt::format("Gloo cannot listen on {} ({}): check that this host's name resolves to an "
+                    "address the other processes reach",
+                    attr.hostname, e.what()));
+  }
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.size);
+  ctx->setTimeout(as_timeout(timeout_s));
+  GlooStore gs(*store, timeout_s);
+  try {
+    ctx->connectFullMesh(gs, dev);
+  } catch (const gloo::Exception& e) {
+    throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
+  }
+  auto t = std::make_unique<GlooTransport>(ctx);
+  t->barrier(timeout_s);  // every rank is connected: the store has served its purpose
+  if (env.rank == 0) store->clear();
+  j.transport = std::move(t);
+  return j;
+}
+
+}  // namespace stepbench

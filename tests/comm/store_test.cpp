@@ -1,0 +1,244 @@
+// The store (a folder, a TCP server), stepbench's meeting on it (a rank claimed twice, a rank that
+// never comes, world sizes that differ), and the Gloo group over it: ranks are threads here, each
+// with its own ProcessGroup, as processes would be.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "comm/launch_env.hpp"
+#include "comm/process_group.hpp"
+#include "comm/rendezvous.hpp"
+#include "comm/store.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_folder() {
+  char t[] = "/tmp/stepbench-store-test-XXXXXX";
+  EXPECT_NE(mkdtemp(t), nullptr);
+  fs::remove(t);  // the store makes it
+  return t;
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+LaunchEnv env_of(int rank, int size, const std::string& rendezvous) {
+  LaunchEnv e;
+  e.launcher = Launcher::torchrun;
+  e.rank = e.local_rank = rank;
+  e.size = e.local_size = size;
+  e.rendezvous = rendezvous;
+  e.source = fmt::format("RANK={} WORLD_SIZE={}", rank, size);
+  return e;
+}
+
+// f(rank) on `size` threads at once; each one's exception message, or "" when it returned.
+std::vector<std::string> on_ranks(int size, const std::function<void(int)>& f) {
+  std::vector<std::future<void>> runs;
+  for (int r = 0; r < size; ++r) runs.push_back(std::async(std::launch::async, f, r));
+  std::vector<std::string> out;
+  for (auto& r : runs) {
+    try {
+      r.get();
+      out.emplace_back();
+    } catch (const std::exception& e) {
+      out.emplace_back(e.what());
+    }
+  }
+  return out;
+}
+
+void exercise(Store& s) {
+  EXPECT_FALSE(s.try_get("a/b").has_value());
+  s.set("a/b", std::string("x\0y", 3));
+  EXPECT_EQ(*s.try_get("a/b"), std::string("x\0y", 3));
+  s.set("a/b", "second");
+  EXPECT_EQ(*s.try_get("a/b"), "second");
+  EXPECT_EQ(s.add("n", 1), 1);
+  EXPECT_EQ(s.add("n", 5), 6);
+  EXPECT_TRUE(s.wait({"a/b", "n"}, 1).empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.wait({"a/b", "never"}, 0.2), std::vector<std::string>{"never"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(Store, AFolderKeepsKeysCountersAndWaits) {
+  const std::string dir = temp_folder();
+  auto s = open_store("file:" + dir, true, 5);
+  exercise(*s);
+  auto other = open_store("file:" + dir, false, 5);  // another process's view of the same folder
+  EXPECT_EQ(*other->try_get("a/b"), "second");
+  EXPECT_EQ(other->add("n", 1), 7);
+  s->clear();
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST(Store, TcpServesEveryClientAndRefusesATakenPort) {
+  const int port = free_port();
+  auto host = open_store(fmt::format("tcp://127.0.0.1:{}", port), true, 5);
+  exercise(*host);
+  auto client = open_store(fmt::format("tcp://localhost:{}", port), false, 5);
+  EXPECT_EQ(*client->try_get("a/b"), "second");
+  EXPECT_EQ(client->add("n", 1), 7);
+  const std::string big(3 << 20, 'z');  // longer than one read of the server
+  client->set("big", big);
+  EXPECT_EQ(*host->try_get("big"), big);
+  try {
+    open_store(fmt::format("tcp://127.0.0.1:{}", port), true, 1);
+    ADD_FAILURE() << "a second server on the same port";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on port"), std::string::npos) << e.what();
+  }
+  // nobody serves: the client gives up after its timeout, saying where it looked
+  try {
+    open_store(fmt::format("tcp://127.0.0.1:{}", free_port()), false, 0.3);
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("never opened the rendezvous"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Meet, EveryRankMeetsAndLearnsTheOthersHosts) {
+  const std::string where = "file:" + temp_folder();
+  std::vector<std::vector<PeerInfo>> peers(3);
+  const auto errors = on_ranks(3, [&](int r) {
+    auto s = open_store(where, r == 0, 10);
+    peers[static_cast<std::size_t>(r)] = meet(*s, env_of(r, 3, where), fmt::format("host{}", r), 10);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (const auto& p : peers) {
+    ASSERT_EQ(p.size(), 3u);
+    EXPECT_EQ(p[2].host, "host2");
+    EXPECT_EQ(p[1].pid, getpid());
+  }
+  fs::remove_all(where.substr(5));
+}
+
+TEST(Meet, ARankGivenTwiceEndsEveryProcessSayingWhich) {
+  const std::string where = "file:" + temp_folder();
+  const auto errors = on_ranks(2, [&](int) {
+    auto s = open_store(where, false, 10);
+    meet(*s, env_of(0, 2, where), "h", 10);  // both were told rank 0
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("two processes were given rank 0"), std::string::npos) << e;
+  fs::remove_all(where.substr(5));
+}
+
+TEST(Meet, ARankThatNeverComesIsNamedAfterTheTimeout) {
+  const int port = free_port();
+  const std::string where = fmt::format("tcp://127.0.0.1:{}", port);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = open_store(where, true, 5);
+  try {
+    meet(*s, env_of(0, 3, where), "h", 0.5);  // ranks 1 and 2 never start
+    ADD_FAILURE() << "met nobody";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 1, 2 of 3 never joined the rendezvous"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+TEST(Meet, WorldSizesThatDifferEndEveryProcessSayingWhich) {
+  const std::string where = "file:" + temp_folder();
+  const auto errors = on_ranks(2, [&](int r) {
+    auto s = open_store(where, false, 10);
+    meet(*s, env_of(r, r == 0 ? 2 : 3, where), "h", 10);
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("was told the world has 3 processes and rank 0 that it has 2"), std::string::npos) << e;
+  fs::remove_all(where.substr(5));
+}
+
+// ---- the Gloo group ------------------------------------------------------------------------------
+
+TEST(GlooGroup, CollectivesGiveEveryRankTheAnswer) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  for (const std::string& where : {"file:" + temp_folder(), fmt::format("tcp://127.0.0.1:{}", free_port())}) {
+    SCOPED_TRACE(where);
+    const int n = 3;
+    const auto errors = on_ranks(n, [&](int r) {
+      auto g = ProcessGroup::create(env_of(r, n, where), 20);
+      ASSERT_EQ(g->rank(), r);
+      ASSERT_EQ(g->size(), n);
+      EXPECT_EQ(g->transport_name(), "Gloo");
+      EXPECT_EQ(g->peers().size(), static_cast<std::size_t>(n));
+      EXPECT_EQ(g->allreduce_max(static_cast<double>(r) * 1.5), 3.0);
+      std::vector<double> m = {static_cast<double>(r), -static_cast<double>(r)};
+      g->allreduce_max(m);
+      EXPECT_EQ(m, (std::vector<double>{2.0, 0.0}));
+      std::vector<float> v(1000, static_cast<float>(r + 1));
+      g->allreduce_sum(v.data(), v.size());
+      EXPECT_EQ(v[999], 6.0f);
+      std::vector<float> red(10, static_cast<float>(r + 1));
+      g->reduce_sum_to_root(red.data(), red.size());
+      if (r == 0) {
+        EXPECT_EQ(red[3], 6.0f);
+      }
+      std::vector<float> b(7, static_cast<float>(r * 10));
+      g->broadcast_from_root(b.data(), b.size());
+      EXPECT_EQ(b[6], 0.0f);
+      EXPECT_EQ(g->allgather(std::vector<double>{static_cast<double>(r), 0.5}),
+                (std::vector<double>{0, 0.5, 1, 0.5, 2, 0.5}));
+      EXPECT_EQ(g->allgather(std::string(static_cast<std::size_t>(r), 'a')), (std::vector<std::string>{"", "a", "aa"}));
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+    if (where.rfind("file:", 0) == 0) {
+      EXPECT_FALSE(fs::exists(where.substr(5))) << "rank 0 clears the store";
+    }
+  }
+}
+
+TEST(GlooGroup, AStalledPeerTimesOutAndALostPeerFailsAtOnce) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  std::promise<void> rank1_gone;
+  auto gone = rank1_gone.get_future().share();
+  const auto errors = on_ranks(2, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 2, where), 20);
+    g->set_sync_timeout(0.5);
+    if (r == 1) {  // stalls through rank 0's first collective, then leaves
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      g.reset();
+      rank1_gone.set_value();
+      return;
+    }
+    std::vector<float> v(100, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      g->allreduce_sum(v.data(), v.size());
+      ADD_FAILURE() << "an all-reduce with a stalled peer completed";
+    } catch (const SyncError& e) {
+      EXPECT_NE(std::string(e.what()).find("did not complete within 0.5 s on process 0 of 2"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.9);
+    gone.wait();
+    EXPECT_THROW(g->allreduce_sum(v.data(), v.size()), SyncError);  // ended after the failure, says so
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace stepbench

@@ -1,0 +1,175 @@
+// Towers across processes, run under any launcher (ctest: mpi.two_processes under mpirun; dist.launch
+// under stepbench launch; dist.*_by_hand with torchrun's, a file rendezvous's and srun's variables;
+// scripts/gpu-check.sh ranks on a GPU). Without a launcher every test here skips.
+//   Dist.TwoProcessesEqualTwoTowersInOneProcess  cpu: one tower per process ends the steps bit for
+//       bit where two towers in one process do, in every variable-update mode
+//   Dist.NcclRanksEqualTheOracle  cuda: one tower per process (several sharing a GPU when there are
+//       fewer GPUs than processes), NCCL between them, in every mode, overlap on and off, fp32 and
+//       bf16, launched and replayed from a CUDA Graph: every rank ends with the same parameters, within
+//       the error model of the steps in double on the whole batch
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/collective.hpp"
+#include "comm/launch_env.hpp"
+#include "comm/process_group.hpp"
+#include "support/chain_oracle.hpp"
+#include "support/test_util.hpp"
+#include "train/towers.hpp"
+
+namespace stepbench {
+namespace {
+
+// The process group of this test program: whatever launched it (comm/launch_env.hpp).
+ProcessGroup& test_group() {
+  static const std::unique_ptr<ProcessGroup> g =
+      ProcessGroup::create(discover_launch([](const char* v) { return std::getenv(v); }, "", built_with_mpi()), 120);
+  return *g;
+}
+
+TowerOptions tiny(BackendKind backend, int towers, VariableUpdate mode, bool on_host) {
+  TowerOptions o;
+  o.backend = backend;
+  o.towers = towers;
+  o.batch_per_tower = 4;
+  o.model = ModelKind::tiny;
+  o.model_options.image_size = 24;
+  o.model_options.num_classes = 10;
+  o.model_options.dropout = 0;
+  o.variable_update = mode;
+  o.ps_on_host = on_host;
+  o.bucket_bytes = 8192;  // many buckets: several syncs during backward
+  return o;
+}
+
+std::vector<float> params(const Towers& t, int i) {
+  std::vector<float> v(t.graph(i).param_arena_floats());
+  t.backend(i).copy(t.stream(i), v.data(), t.graph(i).param_arena(), v.size() * sizeof(float));
+  t.backend(i).synchronize(t.stream(i));
+  return v;
+}
+
+struct Mode {
+  VariableUpdate update;
+  bool on_host;  // --ps-device cpu
+  std::string name() const { return fmt::format("{}{}", to_string(update), on_host ? " on the host" : ""); }
+};
+const Mode kModes[] = {{VariableUpdate::replicated, false},
+                       {VariableUpdate::parameter_server, false},
+                       {VariableUpdate::parameter_server, true}};
+
+TEST(Dist, TwoProcessesEqualTwoTowersInOneProcess) {
+  const auto& pg = test_group();
+  if (pg.size() != 2) GTEST_SKIP() << "run under a launcher with 2 processes (ctest: mpi.two_processes, dist.*)";
+  for (const Mode& m : kModes) {
+    SCOPED_TRACE(m.name());
+    auto dio = tiny(BackendKind::cpu, 1, m.update, m.on_host);
+    dio.group = &test_group();
+    Towers dist(dio);
+    Towers local(tiny(BackendKind::cpu, 2, m.update, m.on_host));
+    EXPECT_EQ(dist.global_size(), 2);
+    EXPECT_EQ(dist.sync_bytes(), local.sync_bytes());
+    dist.set_synthetic_batch(77);  // process r gets the batch of tower r
+    local.set_synthetic_batch(77);
+    for (int k = 0; k < 2; ++k) {
+      dist.step();
+      local.step();
+    }
+    dist.synchronize();
+    local.synchronize();
+    EXPECT_EQ(params(dist, 0), params(local, pg.rank()));
+    EXPECT_EQ(params(local, 0), params(local, 1));
+  }
+}
+
+// Every rank's parameters bit for bit: each rank's checksum words, gathered and compared.
+bool every_rank_holds(const ProcessGroup& pg, const std::vector<float>& p) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float x : p) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, 4);
+    h = (h ^ b) * 1099511628211ull;
+  }
+  const auto all = pg.allgather(std::vector<double>{static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffff)});
+  for (std::size_t r = 2; r < all.size(); r += 2)
+    if (all[r] != all[0] || all[r + 1] != all[1]) return false;
+  return true;
+}
+
+TEST(Dist, NcclRanksEqualTheOracle) {
+  auto& pg = test_group();
+  if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (gpu-check.sh ranks)";
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int visible = cuda_device_count(), per_gpu = (pg.local_size() + visible - 1) / visible;
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  const GpuSharing share = nccl_gpu_sharing(nccl_version(), per_gpu, 1, pg.size(), pg.rank(), host);
+  for (const auto& v : share.env) setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
+  if (pg.rank() == 0) std::printf("NCCL %s; %s\n", nccl_version_string().c_str(), share.how.c_str());
+  struct Case {
+    Mode mode;
+    bool overlap;
+    Precision precision;
+    bool graph;  // replayed from a CUDA Graph (the collective inside)
+  };
+  std::vector<Case> cases;
+  for (const Mode& m : kModes)
+    for (bool overlap : {true, false}) cases.push_back({m, overlap, Precision::fp32, false});
+  cases.push_back({kModes[0], true, Precision::bf16, false});
+  cases.push_back({kModes[1], true, Precision::bf16, false});
+  cases.push_back({kModes[0], true, Precision::fp32, true});
+  cases.push_back({kModes[0], true, Precision::bf16, true});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{}, overlap {}, {}{}", c.mode.name(), c.overlap ? "on" : "off", to_string(c.precision),
+                             c.graph ? ", CUDA Graph" : ""));
+    auto o = tiny(BackendKind::cuda, 1, c.mode.update, c.mode.on_host);
+    o.layout = Layout::nhwc;
+    o.precision = c.precision;
+    o.overlap = c.overlap;
+    o.group = &pg;
+    o.ranks_per_gpu = per_gpu;
+    o.gpu_sharing = share.how;
+    o.sync_timeout_s = 120;
+    Towers g(o);
+    g.set_synthetic_batch(3);
+    // every rank's batch, as towers in one process draw them (tower r = rank r), in NCHW fp32
+    auto co = tiny(BackendKind::cpu, pg.size(), c.mode.update, c.mode.on_host);
+    Towers h(co);
+    h.set_synthetic_batch(3);
+    const test::ChainOracle base(g.graph(0));  // this rank's structure, dtype and parameters
+    std::vector<test::ChainOracle> slices;
+    for (int t = 0; t < pg.size(); ++t) {
+      const Tensor in = h.graph(t).input_tensor();
+      const auto* x = static_cast<const float*>(in.data);
+      std::vector<double> img(x, x + in.desc.numel());
+      std::vector<std::int32_t> labels(static_cast<std::size_t>(in.desc.shape.n));
+      std::memcpy(labels.data(), h.graph(t).labels(), labels.size() * sizeof(std::int32_t));
+      slices.push_back(base);
+      slices.back().set_batch(test::round_to(o.dtype(), img), labels);
+    }
+    const int steps = 3;
+    const auto want =
+        test::oracle_steps(slices, o.optimizer, steps, test::error_model({"cuda", o.layout, o.dtype(), false}));
+    if (c.graph) {
+      g.step();  // warm-up outside the capture, as the bench does; the capture records without running
+      g.synchronize();
+      g.capture(true);
+      for (int k = 1; k < steps; ++k) g.replay(true);
+    } else {
+      for (int k = 0; k < steps; ++k) g.step();
+    }
+    g.synchronize();
+    EXPECT_TRUE(test::params_within(g.graph(0), want)) << "rank " << pg.rank();
+    EXPECT_TRUE(every_rank_holds(pg, params(g, 0))) << "the ranks' parameters differ";
+    if (c.overlap && !c.mode.on_host) {
+      EXPECT_GT(g.overlapped_buckets(), 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stepbench
