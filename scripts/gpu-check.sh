@@ -13,6 +13,10 @@
 #                             trace checked as the CPU test checks it), and a one-GPU --sweep-batch
 #   gpu-check.sh input OUT    the input fixtures on the GPU: a JPEG folder decoded on the GPU (--decode gpu) and
 #                             on the CPU, each with --suggest, its record file, synthetic-host
+#   gpu-check.sh ranks OUT    several NCCL ranks (on one GPU: NCCL_HOSTID per process before NCCL 2.30):
+#                             Dist.* under stepbench launch (2, 4) and a file rendezvous by hand, the
+#                             binary in every mode, bf16 and fp32, --cuda-graph, and a stopped, a killed,
+#                             a late (NCCL's initialisation) and a missing rank
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
@@ -29,14 +33,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,28p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,32p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
 STAGE=$1
 OUT_DIR=$2
 BENCH_JSON=${3:-}
-case $STAGE in tests|bench|peer|layers|input|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+case $STAGE in tests|bench|peer|layers|input|ranks|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
@@ -457,6 +461,99 @@ stage_input() {
   return $rc
 }
 
+# Several NCCL ranks on this machine's GPUs, one per process (as many processes as asked share a
+# GPU): the towers test, the binary in every mode, and the faults a multi-rank run must survive.
+# Each run has its own time limit; the stage ends within 8 minutes.
+rank_pid() {  # rank_pid LAUNCHER_PID RANK: the process stepbench launch started as RANK
+  local p ppid
+  for p in /proc/[0-9]*; do
+    ppid=$(awk '{print $4}' "$p/stat" 2>/dev/null) || continue
+    [ "$ppid" = "$1" ] && tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "${p#/proc/}"; return 0; }
+  done
+  return 1
+}
+fault_run() {  # fault_run NAME SIGNAL EXPECT: a long run on 2 ranks, rank 1 sent SIGNAL 15 s in; EXPECT in its output
+  local name=$1 sig=$2 expect=$3 lp pid t0=$SECONDS
+  timeout -k 10 120 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 --batch-size 16 \
+    --phases step --warmup 2 --repetitions 100000 --benchmark_min_time=0.01 --sync-timeout-s 10 \
+    > "$tmp/fault-$name.txt" 2>&1 &
+  lp=$!
+  for _ in $(seq 150); do pid=$(rank_pid "$lp" 1) && break; sleep 0.2; done
+  sleep 15
+  [ -n "${pid:-}" ] && kill "-$sig" "$pid"
+  wait "$lp"
+  local r=$?
+  if [ $r -ne 0 ] && grep -q "$expect" "$tmp/fault-$name.txt"; then
+    echo "   $name: ended in $((SECONDS - t0)) s (exit $r): $(grep -m1 "$expect" "$tmp/fault-$name.txt" | cut -c1-200)"
+  else
+    echo "   $name: FAILED (exit $r, $((SECONDS - t0)) s; no '$expect'):"; tail -5 "$tmp/fault-$name.txt"; rc=1
+  fi
+  [ -n "${pid:-}" ] && kill -CONT "$pid" 2>/dev/null
+}
+stage_ranks() {
+  local rc=0 tmp=$OUT_DIR/ranks-files
+  mkdir -p "$tmp"
+  header ranks
+  for n in 2 4; do
+    echo "== Dist.* on $n ranks (stepbench launch; $GPUS GPU(s))"
+    timeout -k 10 150 "$BIN/stepbench" launch --nproc $n -- "$BIN/stepbench_tests" --gtest_filter='Dist.*' \
+      --gtest_brief=1 > "$tmp/dist-$n.txt" 2>&1 || rc=1
+    grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-$n.txt" | head -20
+  done
+  echo "== Dist.* on 2 ranks through a file rendezvous, started by hand"
+  local pids=()
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 STEPBENCH_RENDEZVOUS=file:$tmp/meet timeout -k 10 150 \
+      "$BIN/stepbench_tests" --gtest_filter='Dist.*' --gtest_brief=1 > "$tmp/by-hand-$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  grep -hE "PASSED|FAILED|Failure" "$tmp"/by-hand-*.txt | head -10
+  echo "== the binary on 2 ranks, every mode (tiny, batch 16)"
+  for mode in replicated parameter_server "parameter_server --ps-device cpu" independent; do
+    for ov in "" --no-overlap; do
+      # shellcheck disable=SC2086
+      if timeout -k 10 60 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
+          --batch-size 16 --phases step,grad_sync --warmup 2 --repetitions 3 --benchmark_min_time=0.05 \
+          --variable-update $mode $ov > "$tmp/mode.txt" 2>&1; then
+        echo "   $mode $ov: $(grep -m1 -E '^grad_sync:|nothing to sync' "$tmp/mode.txt" | cut -c1-160)"
+      else
+        echo "   $mode $ov: FAILED"; tail -5 "$tmp/mode.txt"; rc=1
+      fi
+    done
+  done
+  for prec in "fp32 --format nchw" "bf16 --format nhwc" "bf16 --format nhwc --cuda-graph"; do
+    echo "== Inception-v3 on 2 ranks, batch 32, $prec"
+    # shellcheck disable=SC2086
+    timeout -k 10 150 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model inception_v3 --batch-size 32 \
+      --precision $prec --phases step,grad_sync --warmup 3 --repetitions 3 --plan-cache "$tmp/plans.json" \
+      --json "$tmp/inception-${prec// /_}.json" > "$tmp/inception.txt" 2>&1 || rc=1
+    grep -E "^stepbench:|^phase|^step|^grad_sync|NCCL" "$tmp/inception.txt" | head -12
+  done
+  echo "== faults (2 ranks, --sync-timeout-s 10)"
+  fault_run stopped STOP "rank 1 (pid .*) is stopped"
+  fault_run killed KILL "rank 1 (pid .*) was killed by signal 9"
+  local t0=$SECONDS
+  STEPBENCH_FAULT_INIT_STALL=1:120 timeout -k 10 90 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny \
+    --image-size 32 --batch-size 16 --phases step --sync-timeout-s 10 > "$tmp/fault-late.txt" 2>&1
+  if grep -q "NCCL's initialisation .*did not complete within 10 s" "$tmp/fault-late.txt"; then
+    echo "   late to NCCL's initialisation: ended in $((SECONDS - t0)) s"
+  else
+    echo "   late to NCCL's initialisation: FAILED"; tail -5 "$tmp/fault-late.txt"; rc=1
+  fi
+  t0=$SECONDS
+  RANK=0 WORLD_SIZE=2 timeout -k 10 60 "$BIN/stepbench" --backend cuda --model tiny --image-size 32 \
+    --rendezvous "file:$tmp/alone" --sync-timeout-s 5 > "$tmp/fault-missing.txt" 2>&1
+  if grep -q "rank 1 of 2 never joined" "$tmp/fault-missing.txt"; then
+    echo "   a rank that never starts: ended in $((SECONDS - t0)) s"
+  else
+    echo "   a rank that never starts: FAILED"; tail -5 "$tmp/fault-missing.txt"; rc=1
+  fi
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks.tar.gz" ranks-files && rm -rf "$tmp"
+  echo "== ranks: $([ $rc -eq 0 ] && echo passed || echo FAILED)"
+  return $rc
+}
+
 rc=0
 case $STAGE in
   tests) stage_tests 2>&1 | tee "$OUT_DIR/tests.log"; rc=${PIPESTATUS[0]} ;;
@@ -464,6 +561,7 @@ case $STAGE in
   peer) stage_peer 2>&1 | tee "$OUT_DIR/peer.log"; rc=${PIPESTATUS[0]} ;;
   layers) stage_layers 2>&1 | tee "$OUT_DIR/layers.log"; rc=${PIPESTATUS[0]} ;;
   input) stage_input 2>&1 | tee "$OUT_DIR/input.log"; rc=${PIPESTATUS[0]} ;;
+  ranks) stage_ranks 2>&1 | tee "$OUT_DIR/ranks.log"; rc=${PIPESTATUS[0]} ;;
   all)
     for s in tests bench peer; do
       "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"
