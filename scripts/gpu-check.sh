@@ -15,8 +15,9 @@
 #                             on the CPU, each with --suggest, its record file, synthetic-host
 #   gpu-check.sh ranks OUT    several NCCL ranks (on one GPU: NCCL_HOSTID per process before NCCL 2.30):
 #                             Dist.* under stepbench launch (2, 4) and a file rendezvous by hand, the
-#                             binary in every mode, bf16 and fp32, --cuda-graph, and a stopped, a killed,
-#                             a late (NCCL's initialisation) and a missing rank
+#                             binary on 2 ranks in every mode with and without overlap
+#   gpu-check.sh ranks-faults OUT  a stopped, a killed, a late (NCCL's initialisation), a stalled (its
+#                             first sync) and a missing rank; Inception-v3 on 2 ranks, bf16, --cuda-graph, fp32
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
@@ -33,14 +34,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,32p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,34p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
 STAGE=$1
 OUT_DIR=$2
 BENCH_JSON=${3:-}
-case $STAGE in tests|bench|peer|layers|input|ranks|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+case $STAGE in tests|bench|peer|layers|input|ranks|ranks-faults|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
@@ -490,30 +491,38 @@ fault_run() {  # fault_run NAME SIGNAL EXPECT: a long run on 2 ranks, rank 1 sen
   fi
   [ -n "${pid:-}" ] && kill -CONT "$pid" 2>/dev/null
 }
+# the stage's budget: a run whose limit does not fit what is left of 480 s is skipped, saying so
+fits() {  # fits LIMIT NAME
+  if [ $((SECONDS - start + $1)) -gt 480 ]; then echo "== $2: skipped, the stage's 8-minute budget"; return 1; fi
+}
 stage_ranks() {
-  local rc=0 tmp=$OUT_DIR/ranks-files
+  local rc=0 tmp=$OUT_DIR/ranks-files start=$SECONDS
   mkdir -p "$tmp"
   header ranks
   for n in 2 4; do
+    fits 150 "Dist.* on $n ranks" || continue
     echo "== Dist.* on $n ranks (stepbench launch; $GPUS GPU(s))"
     timeout -k 10 150 "$BIN/stepbench" launch --nproc $n -- "$BIN/stepbench_tests" --gtest_filter='Dist.*' \
       --gtest_brief=1 > "$tmp/dist-$n.txt" 2>&1 || rc=1
     grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-$n.txt" | head -20
   done
-  echo "== Dist.* on 2 ranks through a file rendezvous, started by hand"
-  local pids=()
-  for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 STEPBENCH_RENDEZVOUS=file:$tmp/meet timeout -k 10 150 \
-      "$BIN/stepbench_tests" --gtest_filter='Dist.*' --gtest_brief=1 > "$tmp/by-hand-$r.txt" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  grep -hE "PASSED|FAILED|Failure" "$tmp"/by-hand-*.txt | head -10
+  if fits 120 "Dist.* by hand"; then
+    echo "== Dist.* on 2 ranks through a file rendezvous, started by hand"
+    local pids=()
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 STEPBENCH_RENDEZVOUS=file:$tmp/meet timeout -k 10 120 \
+        "$BIN/stepbench_tests" --gtest_filter='Dist.*' --gtest_brief=1 > "$tmp/by-hand-$r.txt" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    grep -hE "PASSED|FAILED|Failure" "$tmp"/by-hand-*.txt | head -10
+  fi
   echo "== the binary on 2 ranks, every mode (tiny, batch 16)"
   for mode in replicated parameter_server "parameter_server --ps-device cpu" independent; do
     for ov in "" --no-overlap; do
+      fits 45 "$mode $ov" || continue
       # shellcheck disable=SC2086
-      if timeout -k 10 60 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
+      if timeout -k 10 45 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
           --batch-size 16 --phases step,grad_sync --warmup 2 --repetitions 3 --benchmark_min_time=0.05 \
           --variable-update $mode $ov > "$tmp/mode.txt" 2>&1; then
         echo "   $mode $ov: $(grep -m1 -E '^grad_sync:|nothing to sync' "$tmp/mode.txt" | cut -c1-160)"
@@ -522,35 +531,50 @@ stage_ranks() {
       fi
     done
   done
-  for prec in "fp32 --format nchw" "bf16 --format nhwc" "bf16 --format nhwc --cuda-graph"; do
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks.tar.gz" ranks-files && rm -rf "$tmp"
+  echo "== ranks: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+  return $rc
+}
+stage_ranks_faults() {
+  local rc=0 tmp=$OUT_DIR/ranks-faults-files start=$SECONDS
+  mkdir -p "$tmp"
+  header ranks-faults
+  echo "== faults (2 ranks, --sync-timeout-s 10)"
+  fits 120 "a stopped rank" && fault_run stopped STOP "rank 1 (pid .*) is stopped"
+  fits 120 "a killed rank" && fault_run killed KILL "rank 1 (pid .*) was killed by signal 9"
+  local t0 name env expect
+  for name in late stall missing; do
+    fits 60 "$name" || continue
+    t0=$SECONDS
+    case $name in  # late: rank 1 comes to NCCL's initialisation 120 s late; stall: before its first sync
+      late) env=STEPBENCH_FAULT_INIT_STALL=1:120; expect="NCCL's initialisation .*did not complete within 10 s" ;;
+      stall) env=STEPBENCH_FAULT_SYNC_STALL=1:120; expect="did not complete within 10 s.*rank 1 did not answer" ;;
+      missing) env=RANK=0; expect="rank 1 of 2 never joined" ;;
+    esac
+    if [ $name = missing ]; then
+      env RANK=0 WORLD_SIZE=2 timeout -k 10 50 "$BIN/stepbench" --backend cuda --model tiny --image-size 32 \
+        --rendezvous "file:$tmp/alone" --sync-timeout-s 5 > "$tmp/fault-$name.txt" 2>&1
+    else
+      env "$env" timeout -k 10 50 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
+        --batch-size 16 --phases step --sync-timeout-s 10 > "$tmp/fault-$name.txt" 2>&1
+    fi
+    if grep -qE "$expect" "$tmp/fault-$name.txt"; then
+      echo "   $name: ended in $((SECONDS - t0)) s: $(grep -m1 -oE "$expect.{0,80}" "$tmp/fault-$name.txt")"
+    else
+      echo "   $name: FAILED (no '$expect')"; tail -5 "$tmp/fault-$name.txt"; rc=1
+    fi
+  done
+  for prec in "bf16 --format nhwc" "bf16 --format nhwc --cuda-graph" "fp32 --format nchw"; do
+    fits 120 "Inception-v3 $prec" || continue
     echo "== Inception-v3 on 2 ranks, batch 32, $prec"
     # shellcheck disable=SC2086
-    timeout -k 10 150 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model inception_v3 --batch-size 32 \
+    timeout -k 10 120 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model inception_v3 --batch-size 32 \
       --precision $prec --phases step,grad_sync --warmup 3 --repetitions 3 --plan-cache "$tmp/plans.json" \
       --json "$tmp/inception-${prec// /_}.json" > "$tmp/inception.txt" 2>&1 || rc=1
     grep -E "^stepbench:|^phase|^step|^grad_sync|NCCL" "$tmp/inception.txt" | head -12
   done
-  echo "== faults (2 ranks, --sync-timeout-s 10)"
-  fault_run stopped STOP "rank 1 (pid .*) is stopped"
-  fault_run killed KILL "rank 1 (pid .*) was killed by signal 9"
-  local t0=$SECONDS
-  STEPBENCH_FAULT_INIT_STALL=1:120 timeout -k 10 90 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny \
-    --image-size 32 --batch-size 16 --phases step --sync-timeout-s 10 > "$tmp/fault-late.txt" 2>&1
-  if grep -q "NCCL's initialisation .*did not complete within 10 s" "$tmp/fault-late.txt"; then
-    echo "   late to NCCL's initialisation: ended in $((SECONDS - t0)) s"
-  else
-    echo "   late to NCCL's initialisation: FAILED"; tail -5 "$tmp/fault-late.txt"; rc=1
-  fi
-  t0=$SECONDS
-  RANK=0 WORLD_SIZE=2 timeout -k 10 60 "$BIN/stepbench" --backend cuda --model tiny --image-size 32 \
-    --rendezvous "file:$tmp/alone" --sync-timeout-s 5 > "$tmp/fault-missing.txt" 2>&1
-  if grep -q "rank 1 of 2 never joined" "$tmp/fault-missing.txt"; then
-    echo "   a rank that never starts: ended in $((SECONDS - t0)) s"
-  else
-    echo "   a rank that never starts: FAILED"; tail -5 "$tmp/fault-missing.txt"; rc=1
-  fi
-  tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks.tar.gz" ranks-files && rm -rf "$tmp"
-  echo "== ranks: $([ $rc -eq 0 ] && echo passed || echo FAILED)"
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks-faults.tar.gz" ranks-faults-files && rm -rf "$tmp"
+  echo "== ranks-faults: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
   return $rc
 }
 
@@ -562,6 +586,7 @@ case $STAGE in
   layers) stage_layers 2>&1 | tee "$OUT_DIR/layers.log"; rc=${PIPESTATUS[0]} ;;
   input) stage_input 2>&1 | tee "$OUT_DIR/input.log"; rc=${PIPESTATUS[0]} ;;
   ranks) stage_ranks 2>&1 | tee "$OUT_DIR/ranks.log"; rc=${PIPESTATUS[0]} ;;
+  ranks-faults) stage_ranks_faults 2>&1 | tee "$OUT_DIR/ranks-faults.log"; rc=${PIPESTATUS[0]} ;;
   all)
     for s in tests bench peer; do
       "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"

@@ -40,8 +40,10 @@ const char* const kForeign[] = {
     "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "PMI_SIZE",    "PMI_RANK",   "PMIX_RANK",
     "SLURM_STEP_NUM_TASKS", "SLURM_PROCID",         "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"};
 
-[[noreturn]] void exec_child(int rank, int n, const std::string& rendezvous, const std::vector<std::string>& args) {
-  prctl(PR_SET_PDEATHSIG, SIGTERM);  // the launcher gone (even by SIGKILL): end too
+[[noreturn]] void exec_child(int rank, int n, const std::string& rendezvous, const std::vector<std::string>& args,
+                             pid_t launcher) {
+  prctl(PR_SET_PDEATHSIG, SIGTERM);     // the launcher gone (even by SIGKILL): end too
+  if (getppid() != launcher) _exit(1);  // it went before prctl took
   setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
@@ -129,10 +131,11 @@ int launch_main(int argc, char** argv) {
                "choose\n",
                std::max(1L, sysconf(_SC_NPROCESSORS_ONLN) / nproc), nproc, sysconf(_SC_NPROCESSORS_ONLN));
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  const pid_t launcher = getpid();
   for (int r = 0; r < nproc; ++r) {
     const pid_t p = fork();
     if (p < 0) throw Error(fmt::format("stepbench launch: fork failed ({})", std::strerror(errno)));
-    if (p == 0) exec_child(r, nproc, rendezvous, args);
+    if (p == 0) exec_child(r, nproc, rendezvous, args, launcher);
     pids[static_cast<std::size_t>(r)] = p;
   }
 
@@ -144,7 +147,13 @@ int launch_main(int argc, char** argv) {
       if (p > 0) kill(p, sig);
   };
   while (live > 0) {
-    if (const int sig = pending_signal.exchange(0)) signal_all(sig);  // once per signal received
+    if (const int sig = pending_signal.exchange(0)) {  // forwarded once per signal received
+      signal_all(sig);
+      if (!ending) {  // the processes get the grace period to end (and write what they measured)
+        ending = true;
+        ending_since = std::chrono::steady_clock::now();
+      }
+    }
     int status = 0;
     const pid_t p = waitpid(-1, &status, WNOHANG);
     if (p > 0) {
@@ -154,8 +163,8 @@ int launch_main(int argc, char** argv) {
       *it = -1;
       --live;
       const bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (bad && result == 0) result = exit_code(status);  // the first failure's status is the launcher's
       if (bad && !ending) {
-        result = exit_code(status);
         ending = true;
         ending_since = std::chrono::steady_clock::now();
         if (live > 0)

@@ -63,6 +63,11 @@ std::string share_gpus(const TowerOptions& r, const ProcessGroup& g) {
   char host[128] = {};
   gethostname(host, sizeof host - 1);
   const GpuSharing s = nccl_gpu_sharing(nccl_version(), r.ranks_per_gpu, r.towers, g.size(), g.rank(), host);
+  if (s.refused) throw UsageError(s.how);
+  if (!s.env.empty() && std::getenv("NCCL_COMM_BLOCKING"))
+    throw UsageError(
+        "NCCL_COMM_BLOCKING overrides how stepbench runs NCCL (its initialisation non-blocking, polled under "
+        "--sync-timeout-s; the step's communicators blocking): unset it");
   for (const auto& v : s.env) setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
   return s.how;
 }

@@ -218,12 +218,13 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
     k = o.ranks_per_gpu > 0 ? o.ranks_per_gpu : share_gpus ? (towers + visible - 1) / visible : 1;
     if ((towers + k - 1) / k > visible)
       throw UsageError(fmt::format(
-          "{} need{} {} GPUs at {} per GPU, but {} {} visible; use fewer, or --ranks-per-gpu {} to share them (a "
-          "test of the multi-rank path, not scaling figures)",
+          "{} need{} {} GPUs at {} per GPU, but {} {} visible; use fewer, or share them (a test of the multi-rank "
+          "path, not scaling figures): {}",
           local_processes > 1 ? fmt::format("{} processes with --gpus {} each", local_processes, o.gpus)
                               : fmt::format("--gpus {}", o.gpus),
           local_processes > 1 ? "" : "s", (towers + k - 1) / k, k, visible, visible == 1 ? "is" : "are",
-          (towers + visible - 1) / visible));
+          o.gpus > 1 ? fmt::format("stepbench launch --nproc {} -- --gpus 1 (one rank per process)", towers)
+                     : fmt::format("--ranks-per-gpu {}", (towers + visible - 1) / visible)));
   } else if (o.ranks_per_gpu > 0) {
     throw UsageError("--ranks-per-gpu shares GPUs between NCCL ranks; the cpu backend has none: drop it");
   }

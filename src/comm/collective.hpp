@@ -51,19 +51,22 @@ std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>& to
 int nccl_version();
 std::string nccl_version_string();
 
-// What NCCL needs for several ranks on each GPU, to be put in the environment before it initialises
-// (the library sets none itself; the command line and the tests do): NCCL 2.30 and later take them
+// What NCCL needs in the environment before it initialises, for several ranks (the library sets none
+// itself; the command line and the tests do): connections made while the communicators initialise
+// (NCCL_RUNTIME_CONNECT=0), which stepbench polls under the sync timeout, rather than inside the first
+// collective, which nothing could time out. For several ranks on each GPU, NCCL 2.30 and later take them
 // with NCCL_MULTI_RANK_GPU_ENABLE (experimental; NVLS off, few CTAs per collective so the ranks do
 // not starve each other); before that a host id per process makes NCCL take the ranks for separate
-// nodes that talk over sockets, which works for one rank per process only (several towers of one
-// process on one GPU: NCCL refuses them, "Duplicate GPU detected", and `how` says so first).
+// nodes that talk over sockets (NCCL_NET=Socket), which works for one rank per process only (several
+// towers of one process on one GPU: NCCL refuses them, "Duplicate GPU detected": `refused`).
 struct GpuSharing {
   struct Var {
     std::string name, value;
     bool overwrite;  // false: a value the user set is kept
   };
   std::vector<Var> env;
-  std::string how;  // for the run's report: "" when each rank has a GPU of its own
+  std::string how;       // for the run's report: "" when each rank has a GPU of its own
+  bool refused = false;  // NCCL would refuse it: `how` says why and what to do instead
 };
 GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_process, int processes, int rank,
                             const std::string& host);

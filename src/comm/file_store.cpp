@@ -41,6 +41,9 @@ namespace fs = std::filesystem;
 class FileStore final : public Store {
  public:
   explicit FileStore(std::string path) : dir_(std::move(path)) {
+    char h[128] = {};
+    gethostname(h, sizeof h - 1);
+    host_ = h;
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (!fs::is_directory(dir_))
@@ -53,7 +56,7 @@ class FileStore final : public Store {
 
   void set(const std::string& key, const std::string& value) override {
     const fs::path f = file(key);
-    const fs::path tmp = f.string() + fmt::format(".tmp{}", getpid());
+    const fs::path tmp = f.string() + fmt::format(".tmp.{}.{}", host_, getpid());  // unique on a shared folder
     {
       std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
       o << value;
@@ -87,9 +90,15 @@ class FileStore final : public Store {
     ::close(fd);
     return v;
   }
+  // Removes what stepbench put in the folder (its keys, their temporary files, the lock), and the
+  // folder when that leaves it empty: whatever else a user keeps there stays.
   void clear() override {
     std::error_code ec;
-    fs::remove_all(dir_, ec);
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n == "lock" || n.rfind("stepbench%2F", 0) == 0 || n.rfind("gloo%2F", 0) == 0) fs::remove(e.path(), ec);
+    }
+    fs::remove(dir_, ec);  // only when empty
   }
 
  private:
@@ -105,6 +114,7 @@ class FileStore final : public Store {
     return dir_ / n;
   }
   fs::path dir_;
+  std::string host_;
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "comm/rendezvous.hpp"
 #include "comm/store.hpp"
@@ -53,9 +54,12 @@ class GlooStore final : public gloo::rendezvous::Store {
     full.reserve(keys.size());
     for (const auto& k : keys) full.push_back("gloo/" + k);
     const auto missing = s_.wait(full, static_cast<double>(timeout.count()) / 1e3);
-    if (!missing.empty())
-      throw SyncError(fmt::format("rank {} did not publish its Gloo address on {} within {:g} s (it ended?)",
-                                  missing[0].substr(5), s_.address(), timeout_s_));
+    if (!missing.empty()) {
+      std::string who = missing[0].substr(5);  // Gloo's key: the rank, or "rank_" and the rank
+      if (who.rfind("rank_", 0) == 0) who = who.substr(5);
+      throw SyncError(fmt::format("rank {} did not publish its Gloo address on {} within {:g} s (it ended?)", who,
+                                  s_.address(), timeout_s_));
+    }
   }
 
  private:
@@ -118,11 +122,47 @@ class GlooTransport final : public Transport {
       gloo::allgather(o);
     });
   }
-  void barrier(double timeout_s) {
+  void barrier(int rank, int size, double timeout_s) {
+    run("a barrier (Gloo)", rank, size, timeout_s, [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::BarrierOptions o(c);
+      o.setTimeout(t);
+      gloo::barrier(o);
+    });
+  }
+  // Every peer sends this rank a token and is sent one; those whose token did not come within
+  // window_s stalled or ended. The context is spent afterwards (a timed-out wait closes every pair).
+  std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) override {
     std::lock_guard<std::mutex> l(mu_);
-    gloo::BarrierOptions o(ctx_);
-    o.setTimeout(as_timeout(timeout_s));
-    gloo::barrier(o);
+    std::vector<int> silent;
+    if (!ctx_) return silent;
+    constexpr std::uint64_t kSlot = 0x5354455042454e43ull;  // a slot of its own, far from the collectives'
+    const int n = ctx_->size, me = ctx_->rank;
+    std::vector<int> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 1);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rx, tx;
+    try {
+      for (int r = 0; r < n; ++r) {
+        rx.push_back(ctx_->createUnboundBuffer(&in[static_cast<std::size_t>(r)], sizeof(int)));
+        tx.push_back(ctx_->createUnboundBuffer(&out[static_cast<std::size_t>(r)], sizeof(int)));
+        if (r == me) continue;
+        rx.back()->recv(r, kSlot);
+        tx.back()->send(r, kSlot);
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+    } catch (const std::exception&) {  // the connections are gone: everyone is silent to us
+    }
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      try {
+        if (static_cast<std::size_t>(r) >= rx.size() ||
+            !rx[static_cast<std::size_t>(r)]->waitRecv(std::chrono::milliseconds(1)))
+          silent.push_back(r);
+      } catch (const std::exception&) {
+        silent.push_back(r);
+      }
+    }
+    ctx_.reset();
+    (void)pg;
+    return silent;
   }
 
  private:
@@ -130,23 +170,29 @@ class GlooTransport final : public Transport {
   // failures as SyncError saying whether it timed out or a peer went away.
   template <class F>
   void run(const ProcessGroup& pg, const char* what, F&& f) {
+    run(what, pg.rank(), pg.size(), pg.sync_timeout(), std::forward<F>(f));
+  }
+  template <class F>
+  void run(const char* what, int rank, int size, double limit, F&& f) {
     std::lock_guard<std::mutex> l(mu_);
     if (!ctx_) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
-    const double limit = pg.sync_timeout();
+    std::string why;
     try {
       f(std::static_pointer_cast<gloo::Context>(ctx_), as_timeout(limit));
+      return;
     } catch (const gloo::Exception& e) {
-      ctx_.reset();  // a failed collective leaves its pairs in no known state
-      if (std::strstr(e.what(), "Timed out"))
-        throw SyncError(fmt::format(
-            "{} did not complete within {:g} s on process {} of {}: another process failed or stalled. If the step "
-            "is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
-            what, limit, pg.rank(), pg.size()));
-      throw SyncError(
-          fmt::format("{} failed on process {} of {}: another process ended or dropped its connection "
-                      "({})",
-                      what, pg.rank(), pg.size(), e.what()));
+      why = e.what();
+    } catch (const gloo::EnforceNotMet& e) {  // Gloo's own checks (a pair not connected) are not gloo::Exception
+      why = e.what();
     }
+    ctx_.reset();  // a failed collective leaves its pairs in no known state
+    if (why.find("Timed out") != std::string::npos)
+      throw SyncError(fmt::format(
+          "{} did not complete within {:g} s on process {} of {}: another process failed or stalled. If the step "
+          "is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+          what, limit, rank, size));
+    throw SyncError(fmt::format("{} failed on process {} of {}: another process ended or dropped its connection ({})",
+                                what, rank, size, why));
   }
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   std::mutex mu_;
@@ -182,21 +228,46 @@ std::string gloo_address(const LaunchEnv& env) {
       if (!out.empty()) return out;
     }
   }
-  return host_name();
+  return host_name();  // it must resolve to an address the others reach (Debian's 127.0.1.1 does not)
 }
 
 }  // namespace
 
 bool built_with_gloo() { return true; }
 
+// The store, served by rank 0 for tcp. A rank 0 that finds the port taken may be a second process
+// told it is rank 0: it asks the server there whether rank 0 was claimed.
+std::unique_ptr<stepbench::Store> open_for(const LaunchEnv& env, double timeout_s) {
+  try {
+    return open_store(env.rendezvous, env.rank == 0, timeout_s);
+  } catch (const UsageError& taken) {
+    if (env.rank != 0 || env.rendezvous.rfind("tcp://", 0) != 0) throw;
+    std::unique_ptr<stepbench::Store> other;
+    try {
+      other = open_store(env.rendezvous, false, 2);
+    } catch (const Error&) {
+      throw taken;  // nobody stepbench's there: the port is someone else's
+    }
+    if (other->try_get("stepbench/claim/0"))
+      throw UsageError(fmt::format("two processes were given rank 0 ({}): give each process its own rank", env.source));
+    throw taken;
+  }
+}
+
 Joined join_gloo(const LaunchEnv& env, double timeout_s) {
-  auto store = open_store(env.rendezvous, env.rank == 0, timeout_s);
+  auto store = open_for(env, timeout_s);
   Joined j;
   j.rank = env.rank;
   j.size = env.size;
   j.local_rank = env.local_rank;
   j.local_size = env.local_size;
-  j.peers = meet(*store, env, host_name(), timeout_s);
+  try {
+    j.peers = meet(*store, env, host_name(), timeout_s);
+  } catch (const UsageError&) {
+    // rank 0 serves a tcp store: it stays up a moment so that the others read why and end with it
+    if (env.rank == 0 && env.rendezvous.rfind("tcp://", 0) == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    throw;
+  }
   gloo::transport::tcp::attr attr;
   attr.hostname = gloo_address(env);
   std::shared_ptr<gloo::transport::Device> dev;
@@ -211,13 +282,19 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.size);
   ctx->setTimeout(as_timeout(timeout_s));
   GlooStore gs(*store, timeout_s);
+  // Gloo waits up to 5 x its timeout for a pair to connect: a fifth while connecting, so that a
+  // stalled peer ends the meeting within the timeout
+  ctx->setTimeout(timeout_s > 0 ? as_timeout(std::max(timeout_s / 5, 1.0)) : as_timeout(0));
   try {
     ctx->connectFullMesh(gs, dev);
   } catch (const gloo::Exception& e) {
     throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
+  } catch (const gloo::EnforceNotMet& e) {
+    throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
   }
+  ctx->setTimeout(as_timeout(timeout_s));
   auto t = std::make_unique<GlooTransport>(ctx);
-  t->barrier(timeout_s);  // every rank is connected: the store has served its purpose
+  t->barrier(env.rank, env.size, timeout_s);  // every rank is connected: the store has served its purpose
   if (env.rank == 0) store->clear();
   j.transport = std::move(t);
   return j;

@@ -8,21 +8,26 @@ namespace stepbench {
 GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_process, int processes, int rank,
                             const std::string& host) {
   GpuSharing s;
-  if (ranks_per_gpu < 2 || towers_per_process * processes < 2) return s;
+  if (towers_per_process * processes < 2) return s;
+  s.env.push_back({"NCCL_RUNTIME_CONNECT", "0", false});
+  if (ranks_per_gpu < 2) return s;
   const std::string lib =
       version ? fmt::format("NCCL {}.{}.{}", version / 10000, version / 100 % 100, version % 100) : "NCCL";
   if (version >= 23000) {
-    s.env = {
-        {"NCCL_MULTI_RANK_GPU_ENABLE", "1", false}, {"NCCL_NVLS_ENABLE", "0", false}, {"NCCL_MAX_CTAS", "8", false}};
+    s.env.push_back({"NCCL_MULTI_RANK_GPU_ENABLE", "1", false});
+    s.env.push_back({"NCCL_NVLS_ENABLE", "0", false});
+    s.env.push_back({"NCCL_MAX_CTAS", "8", false});
     s.how = fmt::format("{} ranks share each GPU ({} with NCCL_MULTI_RANK_GPU_ENABLE=1): not scaling figures",
                         ranks_per_gpu, lib);
   } else if (towers_per_process > 1) {
+    s.refused = true;
     s.how = fmt::format(
-        "{} ranks share each GPU in one process, which {} refuses before 2.30 (\"Duplicate GPU "
-        "detected\"): use one tower per process (stepbench launch --nproc N -- --gpus 1 ...)",
-        ranks_per_gpu, lib);
+        "{} towers of one process would share a GPU, which {} refuses before 2.30 (\"Duplicate GPU detected\"): run "
+        "one tower per process, stepbench launch --nproc {} -- --gpus 1 ...",
+        towers_per_process, lib, towers_per_process * processes);
   } else {
-    s.env = {{"NCCL_HOSTID", fmt::format("{}-stepbench-rank{}", host, rank), true}};
+    s.env.push_back({"NCCL_HOSTID", fmt::format("{}-stepbench-rank{}", host, rank), true});
+    s.env.push_back({"NCCL_NET", "Socket", false});
     s.how = fmt::format(
         "{} ranks share each GPU ({}: a host id per process, the ranks talk over sockets): not "
         "scaling figures",

@@ -94,8 +94,12 @@ LaunchEnv from_mpi(const EnvLookup& env, bool with_mpi, const std::string& flag)
               e);
   else if (env("PMI_SIZE"))
     read_vars(env, {"PMI_RANK", "PMI_SIZE", nullptr, nullptr}, e);
-  else  // PMIx gives its rank alone; MPI says the rest
+  else if (with_mpi)  // PMIx gives its rank alone; MPI says the rest
     e.source = fmt::format("PMIX_RANK={}", text(env, "PMIX_RANK"));
+  else
+    throw UsageError(fmt::format(
+        "launched by a PMIx launcher (PMIX_RANK={}) that says no world size, and {}; or set RANK and WORLD_SIZE",
+        text(env, "PMIX_RANK"), kNoMpi));
   if (!flag.empty())
     e.rendezvous = flag;
   else if (with_mpi)
@@ -199,8 +203,10 @@ LaunchEnv discover_launch(const EnvLookup& env, const std::string& flag, bool wi
   const bool mpirun = env("OMPI_COMM_WORLD_SIZE") || env("MV2_COMM_WORLD_SIZE");
   // srun's own variables, unless srun started an MPI build through PMI (MPI then says the ranks)
   const bool srun = !mpirun && env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID") && !(pmi && with_mpi && flag.empty());
-  if (who == "stepbench")
-    e = from_torchrun(env, Launcher::stepbench, flag);
+  // torchrun's workers, also under srun or mpirun
+  const bool torchrun = env("TORCHELASTIC_RUN_ID") && env("RANK");
+  if (who == "stepbench" || torchrun)
+    e = from_torchrun(env, who == "stepbench" ? Launcher::stepbench : Launcher::torchrun, flag);
   else if (srun)
     e = from_slurm(env, flag);
   else if (mpirun || pmi)

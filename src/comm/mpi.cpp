@@ -20,26 +20,33 @@ void chunked(T* data, std::size_t count, F&& f) {
   for (std::size_t off = 0; off < count; off += kMax) f(data + off, static_cast<int>(std::min(kMax, count - off)));
 }
 
-// Completes a non-blocking collective, or throws SyncError once the timeout has passed: a peer that
-// died or stalled must end the run with a message, not hang it.
-void wait(const ProcessGroup& pg, MPI_Request& req, const char* what) {
-  const double limit = pg.sync_timeout();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    int done = 0;
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (limit > 0 && waited > limit)
-      throw SyncError(fmt::format(
-          "{} did not complete within {:g} s on process {} of {}: another process failed or stalled. If the step "
-          "is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
-          what, limit, pg.rank(), pg.size()));
-  }
-}
-
 class MpiTransport final : public Transport {
  public:
+  // Completes a non-blocking collective, or throws SyncError once the timeout has passed: a peer that
+  // died or stalled must end the run with a message naming it, not hang it.
+  void wait(const ProcessGroup& pg, MPI_Request& req, const char* what) {
+    const double limit = pg.sync_timeout();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (done) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (limit > 0 && waited > limit) {
+        const double window = std::clamp(limit / 4, 2.0, 10.0);
+        std::string who;
+        for (int r : silent_peers(pg, window)) who += (who.empty() ? "" : ", ") + std::to_string(r);
+        throw SyncError(fmt::format(
+            "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
+            "--sync-timeout-s (0 waits forever)",
+            what, limit, pg.rank(), pg.size(),
+            who.empty() ? "another process failed or stalled"
+                        : fmt::format("rank{} {} did not answer within {:g} s (stalled or ended)",
+                                      who.find(',') != std::string::npos ? "s" : "", who, window)));
+      }
+    }
+  }
+
   ~MpiTransport() override {
     int fin = 0;
     if (MPI_Finalized(&fin), !fin) MPI_Finalize();
@@ -48,14 +55,14 @@ class MpiTransport final : public Transport {
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
 
   void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) override {
-    chunked(v, n, [&pg](double* p, int k) {
+    chunked(v, n, [this, &pg](double* p, int k) {
       MPI_Request r;
       MPI_Iallreduce(MPI_IN_PLACE, p, k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
       wait(pg, r, "an all-reduce among the processes (MPI)");
     });
   }
   void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) override {
-    chunked(data, count, [&pg](float* p, int n) {
+    chunked(data, count, [this, &pg](float* p, int n) {
       MPI_Request r;
       MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
       wait(pg, r, "the gradient all-reduce (MPI)");
@@ -63,18 +70,40 @@ class MpiTransport final : public Transport {
   }
   void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) override {
     const bool root = pg.rank() == 0;
-    chunked(data, count, [&pg, root](float* p, int n) {
+    chunked(data, count, [this, &pg, root](float* p, int n) {
       MPI_Request r;
       MPI_Ireduce(root ? MPI_IN_PLACE : p, root ? p : nullptr, n, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD, &r);
       wait(pg, r, "the gradient reduce to the parameter server (MPI)");
     });
   }
   void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) override {
-    chunked(static_cast<char*>(data), bytes, [&pg](char* p, int n) {
+    chunked(static_cast<char*>(data), bytes, [this, &pg](char* p, int n) {
       MPI_Request r;
       MPI_Ibcast(p, n, MPI_BYTE, 0, MPI_COMM_WORLD, &r);
       wait(pg, r, "a broadcast from process 0 (MPI)");
     });
+  }
+  std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) override {
+    const int n = pg.size(), me = pg.rank();
+    constexpr int kTag = 0x5342;  // a tag of its own
+    std::vector<int> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 1);
+    std::vector<MPI_Request> rx(static_cast<std::size_t>(n), MPI_REQUEST_NULL), tx = rx;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      const auto i = static_cast<std::size_t>(r);
+      MPI_Irecv(&in[i], 1, MPI_INT, r, kTag, MPI_COMM_WORLD, &rx[i]);
+      MPI_Isend(&out[i], 1, MPI_INT, r, kTag, MPI_COMM_WORLD, &tx[i]);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(window_s);
+    std::vector<int> silent;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      int done = 0;
+      while (!done && std::chrono::steady_clock::now() < until)
+        MPI_Test(&rx[static_cast<std::size_t>(r)], &done, MPI_STATUS_IGNORE);
+      if (!done) silent.push_back(r);  // its requests stay: MPI_Abort or MPI_Finalize ends them
+    }
+    return silent;
   }
   void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) override {
     SB_CHECK(bytes < (std::size_t{1} << 30), "an all-gather of at most 1 GiB per process");

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -58,7 +59,11 @@ class NcclCollective final : public Collective {
  public:
   NcclCollective(const std::vector<Backend*>& towers, const std::vector<Stream*>& streams, const ProcessGroup& group,
                  const NcclOptions& opt)
-      : processes_(group.size()), rank_(group.rank()), timeout_s_(opt.init_timeout_s), sharing_(opt.sharing) {
+      : group_(group),
+        processes_(group.size()),
+        rank_(group.rank()),
+        timeout_s_(opt.init_timeout_s),
+        sharing_(opt.sharing) {
     SB_CHECK(!towers.empty() && towers.size() == streams.size(), "one stream per tower");
     for (std::size_t i = 0; i < towers.size(); ++i) {
       devices_.push_back(towers[i]->device());
@@ -66,11 +71,17 @@ class NcclCollective final : public Collective {
       streams_.push_back(static_cast<cudaStream_t>(streams[i]->native_handle()));
     }
     const int local = static_cast<int>(devices_.size()), ranks = local * processes_;
+    int previous = 0;  // the caller's current device, restored at the end
+    SB_CUDA(cudaGetDevice(&previous));
     ncclUniqueId id{};
     if (rank_ == 0) SB_NCCL(ncclGetUniqueId(&id));
     group.broadcast_bytes_from_root(&id, sizeof id);
     if (opt.fault_stall_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(opt.fault_stall_s));
 
+    // Declared before `init`, so destroyed after it: aborting a non-blocking parent joins its split's
+    // thread, which writes the child into these slots on its way out.
+    Comms blocking;  // what the step uses
+    blocking.c.assign(devices_.size(), nullptr);
     Comms init;  // non-blocking: the initialisation is polled under the timeout
     init.c.assign(devices_.size(), nullptr);
     {
@@ -84,8 +95,6 @@ class NcclCollective final : public Collective {
       g.end();
     }
     wait_ready(init.c, "NCCL's initialisation (ncclCommInitRankConfig)");
-    Comms blocking;  // what the step uses
-    blocking.c.assign(devices_.size(), nullptr);
     {
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
       cfg.blocking = 1;
@@ -103,6 +112,7 @@ class NcclCollective final : public Collective {
     wait_ready(init.c, "the release of the initial communicators (ncclCommFinalize)");
     for (auto& c : init.c) ncclCommDestroy(std::exchange(c, nullptr));
     comms_ = blocking.release();
+    SB_CUDA(cudaSetDevice(previous));
   }
   ~NcclCollective() override {
     for (auto c : comms_) {
@@ -170,8 +180,8 @@ class NcclCollective final : public Collective {
     for (;;) {
       bool pending = false;
       for (auto c : comms) {
-        ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(c, &st);
+        ncclResult_t st = ncclInProgress;  // a communicator not yet published by its job: pending
+        if (c != nullptr) ncclCommGetAsyncError(c, &st);
         if (st == ncclInProgress) {
           pending = true;
         } else if (st != ncclSuccess) {
@@ -181,12 +191,16 @@ class NcclCollective final : public Collective {
       }
       if (!pending) return;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (timeout_s_ > 0 && waited > timeout_s_)
-        throw SyncError(fmt::format(
-            "{} did not complete within {:g} s on process {} of {}: another process did not reach it (it failed or "
-            "stalled after the processes met; its output says why). Raise --sync-timeout-s if NCCL is legitimately "
-            "that slow to start (0 waits forever)",
-            what, timeout_s_, rank_, processes_));
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        const double window = std::clamp(timeout_s_ / 4, 2.0, 10.0);
+        const std::string who = group_.silent_ranks(window);  // the others time out about now too
+        throw SyncError(
+            fmt::format("{} did not complete within {:g} s on process {} of {}: {}. Raise --sync-timeout-s if NCCL is "
+                        "legitimately that slow to start (0 waits forever)",
+                        what, timeout_s_, rank_, processes_,
+                        who.empty() ? "every process answered, so NCCL itself stalled (NCCL_DEBUG=INFO says where)"
+                                    : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -202,6 +216,7 @@ class NcclCollective final : public Collective {
       throw;
     }
   }
+  const ProcessGroup& group_;  // outlives the collective (TowerOptions::group)
   int processes_, rank_;
   double timeout_s_;
   std::string sharing_;

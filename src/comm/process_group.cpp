@@ -66,6 +66,19 @@ void ProcessGroup::broadcast_bytes_from_root(void* data, std::size_t bytes) cons
   if (t_ && size_ > 1) t_->broadcast_bytes(*this, data, bytes);
 }
 
+std::string ProcessGroup::silent_ranks(double window_s) const {
+  if (!t_ || size_ == 1) return "";
+  std::vector<int> silent;
+  try {
+    silent = t_->silent_peers(*this, window_s);
+  } catch (const std::exception&) {
+    return "";
+  }
+  std::string s;
+  for (int r : silent) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s.empty() ? "" : fmt::format("rank{} {}", silent.size() > 1 ? "s" : "", s);
+}
+
 std::vector<double> ProcessGroup::allgather(const std::vector<double>& mine) const {
   if (!t_ || size_ == 1) return mine;
   std::vector<double> all(mine.size() * static_cast<std::size_t>(size_));

@@ -47,7 +47,8 @@ class ProcessGroup {
 
   // Ends every process of the group (MPI_Abort; under Gloo this process's connections close, which
   // fails the others' next collective) so that one failing rank does not leave the others waiting;
-  // a no-op for a single process.
+  // a no-op for a single process. Under Gloo it waits for a collective in flight on another thread,
+  // which ends within the sync timeout (never, with --sync-timeout-s 0).
   void abort(int code) const;
 
   // Collectives over the group on host memory; identities for a single process. They throw SyncError
@@ -61,6 +62,11 @@ class ProcessGroup {
   // Every rank's values, rank after rank (each rank gives the same count).
   std::vector<double> allgather(const std::vector<double>& mine) const;
   std::vector<std::string> allgather(const std::string& mine) const;
+  // After a collective timed out on this process (NCCL's, whose peers the group cannot see): every
+  // rank still well exchanges a token with every other, and those whose token did not come within
+  // window_s are named ("rank 1", "ranks 1, 3"), or "" when all answered. The group may be spent
+  // afterwards (the run is ending). Every well rank must call it at about the same time.
+  std::string silent_ranks(double window_s) const;
   // Seconds a collective may take (--sync-timeout-s); 0 waits forever. Default 600.
   void set_sync_timeout(double seconds) { timeout_s_ = seconds; }
   double sync_timeout() const { return timeout_s_.load(); }

@@ -21,7 +21,8 @@ class Store {
   virtual std::optional<std::string> try_get(const std::string& key) = 0;
   // Adds delta to the number stored at key (0 when absent) in one step for every process; the new value.
   virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
-  // Removes everything this store holds (the rank that hosts it, once every rank has met).
+  // Removes what this store holds (the rank that hosts it, once every rank has met); a folder's
+  // other files stay.
   virtual void clear() {}
 
   // Waits until every key is set or timeout_s has passed (0: forever), calling poll() between

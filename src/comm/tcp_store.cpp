@@ -58,10 +58,40 @@ bool send_all(int fd, const std::string& s) {
   return true;
 }
 
-bool recv_all(int fd, char* p, std::size_t len) {
+using Clock = std::chrono::steady_clock;
+
+// Waits until fd is ready for `events` or the deadline passes (Clock::time_point::max(): never).
+bool ready(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    int ms = -1;
+    if (deadline != Clock::time_point::max()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      ms = static_cast<int>(std::min<long long>(left, 1000));
+    }
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// The client's side: every byte within the deadline (a stopped or dead server must not hang it).
+bool send_within(int fd, const std::string& s, Clock::time_point deadline) {
+  for (std::size_t done = 0; done < s.size();) {
+    if (!ready(fd, POLLOUT, deadline)) return false;
+    const ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+bool recv_within(int fd, char* p, std::size_t len, Clock::time_point deadline) {
   for (std::size_t done = 0; done < len;) {
-    const ssize_t n = ::recv(fd, p + done, len - done, 0);
-    if (n < 0 && errno == EINTR) continue;
+    if (!ready(fd, POLLIN, deadline)) return false;
+    const ssize_t n = ::recv(fd, p + done, len - done, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return false;
     done += static_cast<std::size_t>(n);
   }
@@ -188,7 +218,8 @@ class Server {
 
 class TcpStore final : public Store {
  public:
-  TcpStore(std::string host, int port, bool serve, double timeout_s) : host_(std::move(host)), port_(port) {
+  TcpStore(std::string host, int port, bool serve, double timeout_s)
+      : host_(std::move(host)), port_(port), timeout_s_(timeout_s) {
     if (serve) server_ = std::make_unique<Server>(port);
     connect(timeout_s);
   }
@@ -220,14 +251,23 @@ class TcpStore final : public Store {
         last = ::gai_strerror(gai);
       } else {
         for (addrinfo* a = res; a && fd_ < 0; a = a->ai_next) {
-          const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+          // non-blocking, at most 5 s a try: a host that drops the packets must not take minutes
+          const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
           if (fd < 0) continue;
-          if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+          if (err == EINPROGRESS) {
+            socklen_t len = sizeof err;
+            err = ready(fd, POLLOUT, Clock::now() + std::chrono::seconds(5)) &&
+                          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0
+                      ? err
+                      : ETIMEDOUT;
+          }
+          if (err == 0) {
             const int one = 1;
             ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             fd_ = fd;
           } else {
-            last = std::strerror(errno);
+            last = std::strerror(err);
             ::close(fd);
           }
         }
@@ -250,19 +290,28 @@ class TcpStore final : public Store {
     put_string(req, key);
     put_string(req, value);
     char head[5];
-    if (!send_all(fd_, req) || !recv_all(fd_, head, 5))
-      throw SyncError(fmt::format("lost the rendezvous store at {}: rank 0, which serves it, ended", address()));
+    const auto deadline =
+        timeout_s_ > 0
+            ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_))
+            : Clock::time_point::max();
+    const auto lost = [&] {
+      return SyncError(fmt::format(
+          "the rendezvous store at {} did not answer within {:g} s (--sync-timeout-s): rank 0, which serves it, "
+          "ended or stalled",
+          address(), timeout_s_));
+    };
+    if (!send_within(fd_, req, deadline) || !recv_within(fd_, head, 5, deadline)) throw lost();
     std::uint32_t n = 0;
     std::memcpy(&n, head + 1, 4);
     if (n > kMaxString) throw SyncError(fmt::format("the rendezvous store at {} answered nonsense", address()));
     std::string v(n, '\0');
-    if (n && !recv_all(fd_, v.data(), n))
-      throw SyncError(fmt::format("lost the rendezvous store at {}: rank 0, which serves it, ended", address()));
+    if (n && !recv_within(fd_, v.data(), n, deadline)) throw lost();
     return {head[0] == 0, v};
   }
 
   std::string host_;
   int port_;
+  double timeout_s_;
   std::unique_ptr<Server> server_;  // rank 0's; stopped after the destructor closed this connection
   int fd_ = -1;
   std::mutex mu_;

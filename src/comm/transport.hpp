@@ -25,6 +25,9 @@ class Transport {
   virtual void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) = 0;
   // Every rank's `bytes` bytes, in rank order, into all (size() x bytes).
   virtual void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) = 0;
+  // After a timeout: the ranks that did not answer a token within window_s (every rank that is still
+  // well calls it about then). The group may be spent afterwards.
+  virtual std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) = 0;
 };
 
 // Where this process stands, as its transport found it.

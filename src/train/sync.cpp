@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -52,10 +53,14 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
       coll_->abort();
+      const double window = std::clamp(t_.sync_timeout_s / 4, 2.0, 10.0);
+      const std::string who = t_.group.silent_ranks(window);  // the well ranks time out about now too
       throw SyncError(fmt::format(
-          "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: a peer "
-          "failed or stalled. If the step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
-          coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size()));
+          "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: {}. If the "
+          "step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
+          coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size(),
+          who.empty() ? "a peer failed or stalled"
+                      : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
     }
     std::this_thread::yield();
   }

@@ -59,6 +59,18 @@ TEST(LaunchEnv, TorchrunsVariables) {
   agent["TORCHELASTIC_RUN_ID"] = "none";  // torchrun's agent holds MASTER_PORT with its own store
   EXPECT_EQ(discover(agent).rendezvous, "tcp://node7:29501");
   EXPECT_EQ(discover(agent, "file:/shared/rdv").rendezvous, "file:/shared/rdv");  // the flag wins
+  // srun -N2 torchrun --nproc-per-node 8: the workers also see srun's variables (one task per node)
+  Vars under_srun = agent;
+  for (const auto& [k, val] : Vars{{"SLURM_PROCID", "1"},
+                                   {"SLURM_STEP_NUM_TASKS", "2"},
+                                   {"SLURM_LOCALID", "0"},
+                                   {"SLURM_NODEID", "1"},
+                                   {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}})
+    under_srun[k] = val;
+  const LaunchEnv inner = discover(under_srun);
+  EXPECT_EQ(inner.launcher, Launcher::torchrun);
+  EXPECT_EQ(inner.rank, 3);
+  EXPECT_EQ(inner.size, 8);
 }
 
 TEST(LaunchEnv, StepbenchLaunchUsesItsFolder) {
@@ -91,6 +103,9 @@ TEST(LaunchEnv, OpenMpisVariables) {
   e = discover(v, "file:/tmp/r", false);
   EXPECT_EQ(e.rendezvous, "file:/tmp/r");
   EXPECT_EQ(e.rank, 1);
+  // PMIx alone names a rank but no world size: MPI must say it, or RANK and WORLD_SIZE
+  EXPECT_EQ(discover({{"PMIX_RANK", "1"}}).rendezvous, "mpi");
+  EXPECT_NE(refusal({{"PMIX_RANK", "1"}}, "file:/tmp/r", false).find("says no world size"), std::string::npos);
 }
 
 TEST(LaunchEnv, SrunsVariables) {
@@ -165,22 +180,30 @@ TEST(LaunchEnv, MalformedOrDisagreeingVariablesAreRefusedNamingThem) {
 
 // What NCCL is told when ranks share a GPU, by the version loaded.
 TEST(GpuSharing, WhatEachNcclVersionNeeds) {
-  EXPECT_TRUE(nccl_gpu_sharing(22807, 1, 1, 8, 3, "h").env.empty());  // a GPU each: nothing
-  EXPECT_TRUE(nccl_gpu_sharing(23003, 2, 1, 1, 0, "h").how.empty());  // one rank in all: nothing to share
+  EXPECT_TRUE(nccl_gpu_sharing(23003, 2, 1, 1, 0, "h").env.empty());  // one rank in all: nothing at all
+  const auto own = nccl_gpu_sharing(22807, 1, 1, 8, 3, "h");          // a GPU each: connect at initialisation
+  ASSERT_EQ(own.env.size(), 1u);
+  EXPECT_EQ(own.env[0].name, "NCCL_RUNTIME_CONNECT");
+  EXPECT_EQ(own.env[0].value, "0");
+  EXPECT_TRUE(own.how.empty());
   const auto multi = nccl_gpu_sharing(23003, 2, 1, 2, 1, "h");
-  ASSERT_FALSE(multi.env.empty());
-  EXPECT_EQ(multi.env[0].name, "NCCL_MULTI_RANK_GPU_ENABLE");
-  EXPECT_FALSE(multi.env[0].overwrite);  // the user's own setting wins
+  ASSERT_GE(multi.env.size(), 2u);
+  EXPECT_EQ(multi.env[1].name, "NCCL_MULTI_RANK_GPU_ENABLE");
+  EXPECT_FALSE(multi.env[1].overwrite);  // the user's own setting wins
   EXPECT_NE(multi.how.find("NCCL 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1"), std::string::npos) << multi.how;
   const auto host = nccl_gpu_sharing(22807, 2, 1, 2, 1, "node7");
-  ASSERT_EQ(host.env.size(), 1u);
-  EXPECT_EQ(host.env[0].name, "NCCL_HOSTID");
-  EXPECT_EQ(host.env[0].value, "node7-stepbench-rank1");
-  EXPECT_NE(nccl_gpu_sharing(22807, 2, 1, 2, 0, "node7").env[0].value, host.env[0].value);
+  ASSERT_EQ(host.env.size(), 3u);
+  EXPECT_EQ(host.env[1].name, "NCCL_HOSTID");
+  EXPECT_EQ(host.env[1].value, "node7-stepbench-rank1");
+  EXPECT_TRUE(host.env[1].overwrite);
+  EXPECT_EQ(host.env[2].name, "NCCL_NET");  // sockets, not an InfiniBand loopback
+  EXPECT_NE(nccl_gpu_sharing(22807, 2, 1, 2, 0, "node7").env[1].value, host.env[1].value);
   EXPECT_NE(host.how.find("sockets"), std::string::npos);
   const auto one = nccl_gpu_sharing(22807, 2, 2, 1, 0, "h");  // two towers of one process on one GPU
-  EXPECT_TRUE(one.env.empty());
+  EXPECT_TRUE(one.refused);
   EXPECT_NE(one.how.find("refuses before 2.30"), std::string::npos) << one.how;
+  EXPECT_NE(one.how.find("stepbench launch --nproc 2 -- --gpus 1"), std::string::npos) << one.how;
+  EXPECT_FALSE(nccl_gpu_sharing(23003, 2, 2, 1, 0, "h").refused);  // 2.30 takes it
 }
 
 }  // namespace

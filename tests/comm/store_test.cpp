@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <thread>
@@ -71,16 +72,16 @@ std::vector<std::string> on_ranks(int size, const std::function<void(int)>& f) {
 }
 
 void exercise(Store& s) {
-  EXPECT_FALSE(s.try_get("a/b").has_value());
-  s.set("a/b", std::string("x\0y", 3));
-  EXPECT_EQ(*s.try_get("a/b"), std::string("x\0y", 3));
-  s.set("a/b", "second");
-  EXPECT_EQ(*s.try_get("a/b"), "second");
-  EXPECT_EQ(s.add("n", 1), 1);
-  EXPECT_EQ(s.add("n", 5), 6);
-  EXPECT_TRUE(s.wait({"a/b", "n"}, 1).empty());
+  EXPECT_FALSE(s.try_get("stepbench/a/b").has_value());
+  s.set("stepbench/a/b", std::string("x\0y", 3));
+  EXPECT_EQ(*s.try_get("stepbench/a/b"), std::string("x\0y", 3));
+  s.set("stepbench/a/b", "second");
+  EXPECT_EQ(*s.try_get("stepbench/a/b"), "second");
+  EXPECT_EQ(s.add("stepbench/n", 1), 1);
+  EXPECT_EQ(s.add("stepbench/n", 5), 6);
+  EXPECT_TRUE(s.wait({"stepbench/a/b", "stepbench/n"}, 1).empty());
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(s.wait({"a/b", "never"}, 0.2), std::vector<std::string>{"never"});
+  EXPECT_EQ(s.wait({"stepbench/a/b", "stepbench/never"}, 0.2), std::vector<std::string>{"stepbench/never"});
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
 
@@ -89,10 +90,21 @@ TEST(Store, AFolderKeepsKeysCountersAndWaits) {
   auto s = open_store("file:" + dir, true, 5);
   exercise(*s);
   auto other = open_store("file:" + dir, false, 5);  // another process's view of the same folder
-  EXPECT_EQ(*other->try_get("a/b"), "second");
-  EXPECT_EQ(other->add("n", 1), 7);
-  s->clear();
+  EXPECT_EQ(*other->try_get("stepbench/a/b"), "second");
+  EXPECT_EQ(other->add("stepbench/n", 1), 7);
+  s->clear();  // our keys only: a folder with nothing else goes
   EXPECT_FALSE(fs::exists(dir));
+  // a folder of the user's keeps its own files; stepbench's keys go
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "mine";
+  auto kept = open_store("file:" + dir, true, 5);
+  kept->set("stepbench/x", "1");
+  kept->set("gloo/rank_0", "2");
+  kept->add("stepbench/claim/0", 1);
+  kept->clear();
+  EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);
+  fs::remove_all(dir);
 }
 
 TEST(Store, TcpServesEveryClientAndRefusesATakenPort) {
@@ -100,8 +112,8 @@ TEST(Store, TcpServesEveryClientAndRefusesATakenPort) {
   auto host = open_store(fmt::format("tcp://127.0.0.1:{}", port), true, 5);
   exercise(*host);
   auto client = open_store(fmt::format("tcp://localhost:{}", port), false, 5);
-  EXPECT_EQ(*client->try_get("a/b"), "second");
-  EXPECT_EQ(client->add("n", 1), 7);
+  EXPECT_EQ(*client->try_get("stepbench/a/b"), "second");
+  EXPECT_EQ(client->add("stepbench/n", 1), 7);
   const std::string big(3 << 20, 'z');  // longer than one read of the server
   client->set("big", big);
   EXPECT_EQ(*host->try_get("big"), big);
@@ -210,7 +222,7 @@ TEST(GlooGroup, CollectivesGiveEveryRankTheAnswer) {
   }
 }
 
-TEST(GlooGroup, AStalledPeerTimesOutAndALostPeerFailsAtOnce) {
+TEST(GlooGroup, AStalledPeerTimesOut) {
   if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
   const std::string where = "file:" + temp_folder();
   std::promise<void> rank1_gone;
@@ -238,6 +250,53 @@ TEST(GlooGroup, AStalledPeerTimesOutAndALostPeerFailsAtOnce) {
     EXPECT_THROW(g->allreduce_sum(v.data(), v.size()), SyncError);  // ended after the failure, says so
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(GlooGroup, ALostPeerFailsTheNextCollectiveAtOnce) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  std::promise<void> rank1_gone;
+  auto gone = rank1_gone.get_future().share();
+  const auto errors = on_ranks(2, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 2, where), 30);
+    if (r == 1) {  // leaves with nothing pending: its connections close
+      g.reset();
+      rank1_gone.set_value();
+      return;
+    }
+    gone.wait();
+    std::vector<float> v(100, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      g->allreduce_sum(v.data(), v.size());
+      ADD_FAILURE() << "an all-reduce with a peer gone completed";
+    } catch (const SyncError& e) {
+      EXPECT_NE(std::string(e.what()).find("dropped its connection"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0)
+        << "a lost peer waited for the 30 s timeout";
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(GlooGroup, SilentRanksNamesTheOneThatDoesNotAnswer) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  std::promise<void> done;
+  auto over = done.get_future().share();
+  std::vector<std::string> named(3);
+  const auto errors = on_ranks(3, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 3, where), 30);
+    if (r == 2) {  // stalls: takes no part
+      over.wait();
+      return;
+    }
+    named[static_cast<std::size_t>(r)] = g->silent_ranks(1.0);
+    if (r == 0) done.set_value();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(named[0], "rank 2");
+  EXPECT_EQ(named[1], "rank 2");
 }
 
 }  // namespace
