@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tensor/error.hpp"
 
 namespace stepbench {
@@ -20,6 +23,11 @@ Shape pool_output_shape(const Shape& x, const PoolParams& p) {
     throw UsageError(
         fmt::format("a {}x{} pool does not fit a {}x{} input; use a larger image size", p.kh, p.kw, x.h, x.w));
   return {x.n, x.c, (x.h + 2 * p.pad_h - p.kh) / p.stride_h + 1, (x.w + 2 * p.pad_w - p.kw) / p.stride_w + 1};
+}
+
+void Backend::delay(Stream& s, double ms) {
+  synchronize(s);
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
 void Backend::begin_capture(Stream&) {

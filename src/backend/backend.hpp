@@ -325,10 +325,10 @@ class Backend {
   virtual void synchronize(Stream& s) = 0;
   // Whether everything launched on `s` has finished, without waiting (polling loops that must be
   // able to give up: a hung collective). Always true on the cpu backend.
-  virtual bool query(Stream& s) {
-    (void)s;
-    return true;
-  }
+  virtual bool query(Stream& /*s*/) { return true; }
+  // Holds `s` for `ms` as if it computed (--slow-tower): here, the host waits for `s` and sleeps (the
+  // cpu backend runs its work as it is launched); cuda enqueues a host function that sleeps.
+  virtual void delay(Stream& s, double ms);
   virtual double elapsed_ms(Event& start, Event& stop) = 0;
 
   // Capture (--cuda-graph): the work launched on `s`, and on streams that joined it through events,

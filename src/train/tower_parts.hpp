@@ -21,6 +21,10 @@ struct Replica {
   // Towers::set_sync_timing: per bucket, timing events beside `ready` (compute stream) and around its
   // sync (communication stream).
   std::vector<std::unique_ptr<Event>> timed_ready, sync_begin, sync_end;
+  // Towers::set_step_timing: the step's start, forward's end, backward's start and end, and where
+  // the sync released the compute stream (timeline.cpp).
+  std::unique_ptr<Event> step_begin, forward_end, backward_begin, backward_end, released;
+  double delay_ms = 0;  // --slow-tower: held at the start of every backward
 
   Stream& compute() const { return be->default_stream(); }
   // The communication stream waits for everything enqueued on the compute stream so far.

@@ -47,12 +47,15 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
       const std::string towers =
           local_size > 1 ? fmt::format("{} processes on this node with --gpus {} each", local_size, o.towers)
                          : fmt::format("--gpus {}", o.towers);
+      const int share = (o.towers * local_size + std::max(visible, 1) - 1) / std::max(visible, 1);
       throw UsageError(fmt::format(
-          "{} need{} {} GPU{}{}, but {} {} visible; use fewer towers or processes, or --ranks-per-gpu {} to share "
-          "the GPUs (a test of the multi-rank path: its times are not scaling figures)",
+          "{} need{} {} GPU{}{}, but {} {} visible; use fewer towers or processes, or share the GPUs (a test of the "
+          "multi-rank path: its times are not scaling figures): {}",
           towers, local_size > 1 ? "" : "s", need, need == 1 ? "" : "s",
           k > 1 ? fmt::format(" at {} ranks per GPU", k) : "", visible, visible == 1 ? "is" : "are",
-          (o.towers * local_size + std::max(visible, 1) - 1) / std::max(visible, 1)));
+          o.towers > 1
+              ? fmt::format("stepbench launch --nproc {} -- --gpus 1 (one rank per process)", o.towers * local_size)
+              : fmt::format("--ranks-per-gpu {}", share)));
     }
   }
   check_sync_options(o);
@@ -153,7 +156,11 @@ void Towers::forward_inference() {
   for (auto& t : towers_) t->g->forward(t->be->default_stream(), false);
 }
 void Towers::forward_train() {
-  for (auto& t : towers_) t->tr->forward(t->be->default_stream());
+  for (auto& t : towers_) {
+    record_step(*t, &Replica::step_begin);
+    t->tr->forward(t->be->default_stream());
+    record_step(*t, &Replica::forward_end);
+  }
 }
 void Towers::mark_ready(int i) {
   Replica& t = *towers_[static_cast<std::size_t>(i)];
@@ -200,14 +207,24 @@ void Towers::launch(std::size_t k) {
     comm_->push(k);
     return;
   }
+  if (stall_s_ > 0 && k == 0)  // fault injection: this process stalls before enqueuing its first sync
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::exchange(stall_s_, 0.0)));
   record_sync(k, false);
   sync_->sync_bucket(k);  // the communication streams wait for backward, then the collective is enqueued
   record_sync(k, true);
 }
 
 void Towers::backward(bool start_sync) {
+  auto begin = [this](Replica& t) {
+    record_step(t, &Replica::backward_begin);
+    if (t.delay_ms > 0) t.be->delay(t.compute(), t.delay_ms);
+  };
   if (!start_sync || !opt_.overlap || sync_->bytes() == 0 || !(sync_->enqueued() || comm_)) {
-    for (auto& t : towers_) t->tr->backward(t->be->default_stream());
+    for (auto& t : towers_) {
+      begin(*t);
+      t->tr->backward(t->be->default_stream());
+      record_step(*t, &Replica::backward_end);
+    }
     return;
   }
   // A bucket is ready when every tower has produced it. The towers of one process are launched one
@@ -216,6 +233,7 @@ void Towers::backward(bool start_sync) {
   for (std::size_t i = 0; i < towers_.size(); ++i) {
     Replica& t = *towers_[i];
     const bool last = i + 1 == towers_.size();
+    begin(t);
     t.g->backward(t.be->default_stream(), [&, last](std::size_t ready) {
       while (t.recorded < buckets_.size() && buckets_[t.recorded].first + buckets_[t.recorded].second <= ready) {
         record_ready(t, t.recorded);
@@ -223,6 +241,7 @@ void Towers::backward(bool start_sync) {
         ++t.recorded;
       }
     });
+    record_step(t, &Replica::backward_end);
     if (!last) mark_ready(static_cast<int>(i));  // its backward is all launched
   }
 }
@@ -237,7 +256,10 @@ void Towers::sync_on_host(std::size_t k) {
 }
 
 void Towers::grad_sync() {
-  if (sync_->bytes() == 0) return;
+  if (sync_->bytes() == 0) {
+    for (auto& t : towers_) record_step(*t, &Replica::released);
+    return;
+  }
   overlapped_ = launched_;
   for (int i = 0; i < size(); ++i) mark_ready(i);  // backward is all launched by now
   if (sync_->enqueued()) {
@@ -250,7 +272,10 @@ void Towers::grad_sync() {
     for (std::size_t k = 0; k < buckets_.size(); ++k) sync_on_host(k);
   }
   launched_ = 0;
-  for (auto& t : towers_) t->recorded = 0;
+  for (auto& t : towers_) {
+    t->recorded = 0;
+    record_step(*t, &Replica::released);
+  }
 }
 
 void Towers::update() { sync_->update(); }

@@ -156,6 +156,20 @@ class Towers {
   };
   void set_sync_timing(bool on);
   std::vector<BucketSpan> bucket_spans(int tower, Event& ref) const;
+  // The step's timeline per tower (bench/straggler), with step timing on (it turns sync timing on
+  // too): after a step and synchronize(), in ms since the process's reference (tower 0's start where
+  // the towers share a clock, i.e. a device or the host; else the tower's own start): when its
+  // forward began, how long forward and backward took, when each bucket was ready and its sync
+  // ended, and when the sync released the tower to update.
+  struct Timeline {
+    double begin_ms = 0, forward_ms = 0, backward_ms = 0, released_ms = 0;
+    std::vector<double> ready_ms, synced_ms;
+  };
+  void set_step_timing(bool on);
+  Timeline timeline(int tower) const;
+  // --slow-tower: tower `tower` of this process holds its stream for `ms` at the start of every
+  // backward (Backend::delay), as a GPU that computes slower would; 0 removes it.
+  void set_delay(int tower, double ms);
   // --cuda-graph: record one step (step = true) or one inference forward as a CUDA Graph, to replay
   // as a single launch from then on. Needs the cuda backend, one tower per process (NCCL across
   // processes is captured with it), the variables on the device and the graph's own input
@@ -218,6 +232,8 @@ class Towers {
   void record_ready(Replica& t, std::size_t k);  // its ready event (and timed_ready with sync timing)
   void record_sync(std::size_t k, bool end);     // sync_begin or sync_end of bucket k on every tower
   bool sync_timing_ = false;
+  bool step_timing_ = false;
+  void record_step(Replica& t, std::unique_ptr<Event> Replica::*e);  // one timeline event, with step timing on
   std::unique_ptr<CommThread> comm_;  // declared after sync_: joined before the sync it calls goes
   std::size_t launched_ = 0;          // buckets handed to the communication thread this step
   std::size_t overlapped_ = 0;

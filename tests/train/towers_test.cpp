@@ -366,6 +366,35 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
   }
 }
 
+// The step's timeline per tower: a tower held 40 ms at the start of its backward shows it there,
+// its buckets are ready after the other's (cpu towers run one after another) and the sync released
+// both after every bucket's sync ended.
+TEST(Towers, TimelinesShowADelayedTower) {
+  auto o = tiny(2, VariableUpdate::replicated, 16384);
+  Towers t(o);
+  t.set_synthetic_batch(3);
+  t.step();  // warm
+  t.set_step_timing(true);
+  t.set_delay(1, 40);
+  t.step();
+  t.synchronize();
+  const auto a = t.timeline(0), b = t.timeline(1);
+  EXPECT_GE(b.backward_ms, 40.0);
+  EXPECT_LT(a.backward_ms, b.backward_ms - 30);
+  EXPECT_GT(b.begin_ms, a.begin_ms);  // after tower 0's forward
+  ASSERT_EQ(a.ready_ms.size(), t.bucket_count());
+  ASSERT_GT(t.bucket_count(), 1u);
+  for (std::size_t k = 0; k < t.bucket_count(); ++k) {
+    EXPECT_GE(b.ready_ms[k], a.ready_ms[k]);
+    EXPECT_GE(a.synced_ms[k], b.ready_ms[k]) << "bucket " << k << " synced before tower 1 had it";
+    EXPECT_GE(a.released_ms, a.synced_ms[k]);
+  }
+  t.set_delay(1, 0);
+  t.step();
+  t.synchronize();
+  EXPECT_LT(t.timeline(1).backward_ms, 40.0);
+}
+
 TEST(Towers, BadTowerCountsAreUsageErrors) {
   EXPECT_THROW(Towers(tiny(0, VariableUpdate::replicated)), UsageError);
   auto o = tiny(2, VariableUpdate::replicated);

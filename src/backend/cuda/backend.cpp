@@ -14,8 +14,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "backend/cuda/common.hpp"
@@ -125,6 +128,11 @@ class CudaBackend final : public Backend {
         {"compute_capability", fmt::format("{}.{}", prop_.major, prop_.minor)},
         {"tf32", tf32_ ? "on" : "off"}};
     out["gpu_count"] = std::to_string(cuda_device_count_impl());
+    out["pci_bus_id"] = pci_bus_id_;  // where the straggler report says this GPU is
+    const auto* u = reinterpret_cast<const unsigned char*>(prop_.uuid.bytes);
+    out["gpu_uuid"] = fmt::format(
+        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+        u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     // the driver, power limit and clocks NVML reports for this GPU (none without NVML)
     for (const auto& [key, value] : nvml_.fingerprint(pci_bus_id_)) out[key] = value;
     // the convolution plans of this process (shared by its towers): searched now, or reused
@@ -210,6 +218,19 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Event> create_sync_event() override { return std::make_unique<CudaEvent>(dev_, false); }
   void record(Event& e, Stream& s) override { SB_CUDA(cudaEventRecord(static_cast<CudaEvent&>(e).e.get(), S(s))); }
   void wait(Stream& s, Event& e) override { SB_CUDA(cudaStreamWaitEvent(S(s), static_cast<CudaEvent&>(e).e.get(), 0)); }
+  // A host function on the stream holds it (and what waits on it) for `ms`; a CUDA Graph captures it
+  // as a host node. The milliseconds live in the backend, one slot per value asked for.
+  void delay(Stream& s, double ms) override {
+    if (ms <= 0) return;
+    auto& slot = delays_[ms];
+    slot = ms;
+    SB_CUDA(cudaLaunchHostFunc(
+        S(s),
+        [](void* p) {
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<double*>(p)));
+        },
+        &slot));
+  }
   void synchronize(Stream& s) override { SB_CUDA(cudaStreamSynchronize(S(s))); }
   bool query(Stream& s) override {
     const cudaError_t e = cudaStreamQuery(S(s));
@@ -353,6 +374,7 @@ class CudaBackend final : public Backend {
   bool own_norm_pool_ = false;                   // CudaBackendOptions::own_kernels
   FallbackNotes notes_;                          // the "cuDNN declined" lines said so far
   std::string pci_bus_id_;                       // "" where CUDA does not say
+  std::map<double, double> delays_;              // delay(): the milliseconds its host functions read
   mutable Nvml nvml_;                            // loaded on first use; answers nothing without a driver
   std::shared_ptr<ConvPlanCache> plans_;         // CudaBackendOptions::plans, or this backend's own
   std::string machine_;                          // Ctx::machine

@@ -1,0 +1,210 @@
+// The straggler report on synthetic timelines whose answer is known (a tower slowed by a known
+// delay, one slowed in some repetitions only, quiet towers, towers one after another, a sync that
+// hides part of the delay), the two-level fabric, nccl-tests' fit and the straggler tax.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "bench/fabric.hpp"
+#include "bench/straggler.hpp"
+#include "tensor/error.hpp"
+
+namespace stepbench {
+namespace {
+
+// `towers` towers stepping in parallel: forward 4 ms, backward 6 ms (x noise), 3 buckets ready at
+// 30%, 60% and 100% of backward, each synced in sync_ms from when every tower has it. slow(r, s, t):
+// the extra ms tower t spends at the start of its backward in repetition r, step s.
+StragglerInput parallel_towers(int towers, double noise, double sync_ms,
+                               const std::function<double(int, int, int)>& slow, int reps = 3, int steps = 10,
+                               std::uint64_t seed = 5) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> jitter(1.0, noise);
+  StragglerInput in;
+  for (int t = 0; t < towers; ++t) in.towers.push_back({t, t, t, "node1", fmt::format("0000:{:02x}:00.0", t), "", ""});
+  in.sync_ms = {sync_ms, sync_ms, sync_ms};
+  for (int r = 0; r < reps; ++r) {
+    in.steps.emplace_back();
+    in.step_ms.emplace_back();
+    for (int s = 0; s < steps; ++s) {
+      std::vector<TowerStep> step;
+      std::vector<std::vector<double>> ready;
+      for (int t = 0; t < towers; ++t) {
+        TowerStep ts;
+        ts.forward_ms = 4 * jitter(rng);
+        const double delay = slow(r, s, t), b = 6 * jitter(rng);
+        ts.backward_ms = delay + b;
+        for (double f : {0.3, 0.6, 1.0}) ts.ready_ms.push_back(ts.forward_ms + delay + f * b);
+        step.push_back(ts);
+      }
+      double end = 0;  // the syncs one after another from when every tower has the bucket
+      for (std::size_t k = 0; k < 3; ++k) {
+        double start = 0;
+        for (const auto& ts : step) start = std::max(start, ts.ready_ms[k]);
+        end = std::max(end, start) + sync_ms;
+      }
+      for (auto& ts : step) ts.released_ms = end;
+      in.steps.back().push_back(step);
+      in.step_ms.back().push_back(end + 1.0);  // the update
+    }
+  }
+  return in;
+}
+
+TEST(Straggler, NamesTheSlowTowerAndCostsItsDelay) {
+  const auto in = parallel_towers(4, 0.01, 0.2, [](int, int, int t) { return t == 2 ? 5.0 : 0.0; });
+  const auto r = analyze_stragglers(in);
+  ASSERT_TRUE(r.valid);
+  EXPECT_EQ(r.slowest, 2);
+  EXPECT_EQ(r.verdict, "chronic");
+  EXPECT_EQ(r.towers[2].slowest_in, 3);
+  EXPECT_NEAR(r.cost_ms, 5.0, 0.5);
+  EXPECT_NEAR(r.towers[2].relative, 10.0 / 15.0, 0.03);
+  EXPECT_GT(r.towers[0].wait_ms, 4.0);  // the others wait for it
+  const auto lines = straggler_lines(in, r, 3);
+  ASSERT_GE(lines.size(), 5u);
+  EXPECT_NE(lines[1].find("slowest: tower 2 (rank 2, node1, GPU 2 0000:02:00.0)"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("chronic"), std::string::npos);
+  for (const auto& l : lines) EXPECT_LE(l.size(), 100u + 60u) << l;  // a few prose lines wrap; the table fits
+  const auto j = straggler_json(in, r);
+  EXPECT_EQ(j["slowest"], 2);
+  EXPECT_EQ(j["verdict"], "chronic");
+}
+
+TEST(Straggler, OneSlowRepetitionIsOccasional) {
+  const auto in = parallel_towers(3, 0.01, 0.2, [](int rep, int, int t) { return rep == 1 && t == 1 ? 4.0 : 0.0; });
+  const auto r = analyze_stragglers(in);
+  EXPECT_EQ(r.verdict, "occasional");
+  EXPECT_EQ(r.flagged, 1);
+}
+
+TEST(Straggler, QuietTowersHaveNoChronicStraggler) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto in = parallel_towers(
+        8, 0.03, 0.2, [](int, int, int) { return 0.0; }, 3, 10, seed);
+    const auto r = analyze_stragglers(in);
+    EXPECT_NE(r.verdict, "chronic") << "seed " << seed;
+    EXPECT_GE(r.threshold, 0.05);
+    EXPECT_LT(r.cost_ms, 1.0) << "seed " << seed;
+  }
+}
+
+TEST(Straggler, ASyncThatHidesPartOfTheDelayCountsTheSlack) {
+  // syncs of 8 ms each: the chain of syncs, not the compute, ends the step; 2 ms more compute on one
+  // tower delays only the first bucket's sync, and the chain absorbs most of it
+  const auto in = parallel_towers(2, 0.0, 8.0, [](int, int, int t) { return t == 1 ? 2.0 : 0.0; });
+  const auto r = analyze_stragglers(in);
+  EXPECT_EQ(r.slowest, 1);
+  EXPECT_NEAR(r.cost_ms, 2.0, 1e-9);  // bucket 0 starts 2 ms later and the chain after it follows
+  const auto tight = parallel_towers(2, 0.0, 0.0, [](int, int, int t) { return t == 1 ? 2.0 : 0.0; });
+  EXPECT_NEAR(analyze_stragglers(tight).cost_ms, 2.0, 1e-9);
+}
+
+TEST(Straggler, TowersOneAfterAnotherAddTheirExtraCompute) {
+  // the cpu backend's towers in one process: tower 1 runs after tower 0; its 3 ms more are the cost
+  StragglerInput in;
+  in.sequential = true;
+  in.towers_per_process = 2;
+  in.towers = {{0, 0, -1, "h", "", "", ""}, {1, 0, -1, "h", "", "", ""}};
+  in.sync_ms = {0.1};
+  in.steps.assign(2, {});
+  in.step_ms.assign(2, {});
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 5; ++s) {
+      TowerStep a{0, 4, 6, {}, {}, 0}, b{4, 4, 9, {}, {}, 0};  // f0 f1 b0 b1, tower 1's backward 3 ms longer
+      a.ready_ms = {4 + 4 + 6};
+      b.ready_ms = {4 + 4 + 6 + 9};
+      a.released_ms = b.released_ms = 23.1;
+      in.steps[r].push_back({a, b});
+      in.step_ms[r].push_back(23.1);
+    }
+  const auto r = analyze_stragglers(in);
+  EXPECT_EQ(r.slowest, 1);
+  EXPECT_NEAR(r.cost_ms, 3.0, 1e-9);
+}
+
+TEST(Fabric, TwoLevelsWithOneNodeAreTheFlatModel) {
+  const LinkModel nv{"nvlink4", 3600, 3}, ib{"ib-ndr", 400, 5};
+  for (double bytes : {1e3, 1e6, 1e8})
+    for (int gpus : {2, 4, 8}) {
+      std::string a1, a2;
+      const double two = allreduce_ms({ib, nv, 8}, bytes, gpus, &a1),
+                   flat = allreduce_ms({nv, {}, 0}, bytes, gpus, &a2);
+      EXPECT_DOUBLE_EQ(two, flat) << bytes << " bytes, " << gpus;
+      EXPECT_EQ(a1, a2);
+    }
+  // several nodes: the fast link inside each node makes the all-reduce faster than ib alone
+  std::string alg;
+  EXPECT_LT(allreduce_ms({ib, nv, 8}, 1e8, 64, &alg), allreduce_ms({ib, {}, 0}, 1e8, 64, nullptr));
+  EXPECT_EQ(alg, "2-level");
+  EXPECT_EQ(allreduce_ms({ib, nv, 8}, 1e8, 1, &alg), 0.0);
+}
+
+TEST(Fabric, FitsAnNcclTestsRunAndRefusesOtherFiles) {
+  const std::string path = fmt::format("/tmp/stepbench-nccl-tests-{}.json", getpid());
+  const double alpha_us = 6, beta_gbs = 40, n = 16;  // two hosts of 8
+  nlohmann::json devices = nlohmann::json::array(), results = nlohmann::json::array();
+  for (int r = 0; r < 16; ++r) devices.push_back({{"rank", r}, {"hostname", r < 8 ? "a" : "b"}, {"device", r % 8}});
+  for (double s = 1024; s <= 1 << 30; s *= 4) {
+    const double us = 2 * (n - 1) * alpha_us + 2 * (n - 1) / n * s / (beta_gbs * 1e3);
+    results.push_back({{"size", s}, {"out_of_place", {{"time", us}, {"alg_bw", 0}, {"bus_bw", 0}}}});
+  }
+  std::ofstream(path) << nlohmann::json{
+      {"version", 1},
+      {"nccl_version", 22807},
+      {"config", {{"devices", devices}}},
+      {"results", results}}.dump();
+  const auto f = fit_nccl_tests(path);
+  EXPECT_EQ(f.ranks, 16);
+  EXPECT_EQ(f.hosts, 2);
+  EXPECT_NEAR(f.link.latency_us, alpha_us, 0.01 * alpha_us);
+  EXPECT_NEAR(f.link.gbps / 8, beta_gbs, 0.01 * beta_gbs);
+  EXPECT_LT(f.worst_residual, 1e-6);
+  std::ofstream(path) << "{\"results\": []}";
+  EXPECT_THROW(fit_nccl_tests(path), UsageError);
+  std::ofstream(path) << "not json";
+  EXPECT_THROW(fit_nccl_tests(path), UsageError);
+  std::remove(path.c_str());
+  EXPECT_THROW(fit_nccl_tests(path), UsageError);
+}
+
+TEST(StragglerTax, WidensWithTheCountAndTheSpread) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> d(0, 1);
+  std::vector<double> narrow, wide;
+  for (int i = 0; i < 300; ++i) {
+    const double z = d(rng);
+    narrow.push_back(20 + 0.2 * z);
+    wide.push_back(20 + 0.4 * z);
+  }
+  EXPECT_EQ(straggler_tax(narrow, 1).hi_ms, 0.0);
+  double last_hi = 0, last_width = -1;
+  for (int n : {2, 8, 64, 1024, 16384}) {
+    const auto t = straggler_tax(narrow, n);
+    EXPECT_GT(t.hi_ms, last_hi) << n;
+    EXPECT_GE(t.hi_ms - t.lo_ms, last_width - 1e-12) << n;
+    EXPECT_LE(t.lo_ms, t.hi_ms);
+    last_hi = t.hi_ms;
+    last_width = t.hi_ms - t.lo_ms;
+    const auto w = straggler_tax(wide, n);
+    EXPECT_NEAR(w.hi_ms / t.hi_ms, 2.0, 1e-9) << n;  // twice the spread, twice the tax
+    EXPECT_NEAR(w.lo_ms / t.lo_ms, 2.0, 1e-9) << n;
+  }
+  // 1024 normal draws' expected maximum is about 3.2 sigma above the median: inside the band
+  const auto t = straggler_tax(narrow, 1024);
+  EXPECT_LE(t.lo_ms, 0.2 * 3.2);
+  EXPECT_GE(t.hi_ms, 0.2 * 3.2);
+  EXPECT_LT(t.hi_ms - t.lo_ms, 0.3 * 0.2 * 3.2);  // 300 samples pin the spread to within about 15%
+  // a rare hiccup (1 step in 100 at twice the time) widens the band upward only
+  auto hiccups = narrow;
+  for (std::size_t i = 0; i < hiccups.size(); i += 100) hiccups[i] = 40;
+  EXPECT_GT(straggler_tax(hiccups, 1024).hi_ms, 3 * t.hi_ms);
+  EXPECT_NEAR(straggler_tax(hiccups, 1024).lo_ms, t.lo_ms, 0.2 * t.lo_ms);
+}
+
+}  // namespace
+}  // namespace stepbench
