@@ -1,4 +1,4 @@
-// The parts of run_benchmarks that are not the run itself (run_parts.hpp).
+// The parts of the run's stages that are not a stage (run_parts.hpp).
 #include "bench/run_parts.hpp"
 
 #include <fmt/format.h>
@@ -39,6 +39,7 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, B
   for (auto& a : keep.args) keep.argv.push_back(a.data());
   int argc = static_cast<int>(keep.argv.size());
   benchmark::Initialize(&argc, keep.argv.data());
+  keep.initialized = true;
   return !benchmark::ReportUnrecognizedArguments(argc, keep.argv.data());
 }
 
