@@ -12,6 +12,7 @@ namespace stepbench {
 
 PeerResult compare_with_peer(Run& run, const Timings& t, const Probes& p) {
   if (run.peer_python.empty()) return {};
+  run.progress.clear();  // the peer says on stderr what it runs
   const BenchConfig& c = run.c;
   Backend& be = run.towers->backend(0);
   const auto v = be.versions();

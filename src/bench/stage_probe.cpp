@@ -58,9 +58,12 @@ Probes probe(Run& run, const Timings& t) {
   const bool late_signal = run.group.allreduce_max(run.stop.local() ? 1.0 : 0.0) > 0;
   const bool wanted = c.layer_times || !run.trace.empty() || !c.project_gpus.empty();
   if (!wanted || late_signal || run.stop.signal() || !run.stop.halted().empty()) return p;
+  run.progress.set("probed steps after the timed ones (--layer-times, --trace, --project-gpus)");
   try {
     probe_steps(run, t, p);
-  } catch (const Error& e) {          // the measured rows stay as written; the run's status says it
+    run.progress.clear();
+  } catch (const Error& e) {  // the measured rows stay as written; the run's status says it
+    run.progress.clear();
     if (run.group.size() > 1) throw;  // the other processes would wait in the probed steps' syncs: end the run
     std::cerr << "stepbench: " << e.what() << "\n";
     p.failed = true;

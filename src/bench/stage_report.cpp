@@ -12,6 +12,7 @@
 #include "bench/report.hpp"
 #include "bench/stats.hpp"
 #include "bench/suggest.hpp"
+#include "bench/text.hpp"
 
 #include "bench/stages.hpp"
 
@@ -28,14 +29,17 @@ double timed_step_ms(const Run& run, const Timings& t) {
 }
 
 void print_peer_line(const Run& run, const PeerResult& peer) {
-  std::cout << fmt::format(
-      "peer: PyTorch {}{} (bench/torch_peer.py, {}), same model, batch, layout, precision, dropout, threads and "
-      "warm-up; stepbench/PT compares {}; < 1 means stepbench is faster{}\npeer settings: {}\n",
-      peer.torch, run.c.peer == PeerKind::pytorch_compile ? " with torch.compile" : "", peer.python,
-      peer.timing == "cuda events"
-          ? "device time between events on both sides (the host ratio: host wall time per call on both)"
-          : "host wall time on both sides",
-      run.gpus != 1 ? "; ratios only for --gpus 1" : "", peer.settings);
+  std::cout
+      << wrap(fmt::format(
+                  "peer: PyTorch {}{} (bench/torch_peer.py, {}), same model, batch, layout, precision, dropout, "
+                  "threads and warm-up; stepbench/PT compares {}; below 1: stepbench is faster{}",
+                  peer.torch, run.c.peer == PeerKind::pytorch_compile ? " with torch.compile" : "", peer.python,
+                  peer.timing == "cuda events"
+                      ? "device time between events on both sides (the host ratio: host wall time per call on both)"
+                      : "host wall time on both sides",
+                  run.gpus != 1 ? "; ratios only for --gpus 1" : ""),
+              6)
+      << wrap("peer settings: " + peer.settings, 15);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "bench/stages.hpp"
+#include "bench/text.hpp"
 
 namespace stepbench {
 namespace {
@@ -66,14 +67,36 @@ std::vector<Phase> phases_to_time(const BenchConfig& c) {
   return phases;
 }
 
-void print_start_line(const Run& run) {
+// "N towers x batch B" in the header: GPUs on cuda, CPU towers on the cpu, processes under MPI.
+std::string towers_text(const Run& run) {
   const auto& r = run.c.run;
-  std::cerr << fmt::format(
-      "stepbench: {} x {} on {}{}, batch {} per tower, {}x{} {} {}{}\n", run.gpus, to_string(r.model),
-      to_string(r.backend),
-      run.group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", run.group.size(), r.towers) : "",
-      r.batch_per_tower, r.model_options.image_size, r.model_options.image_size, to_string(r.precision),
-      to_string(r.layout), run.c.reduced() ? fmt::format(" [{}]", run.c.reduced_note) : "");
+  const bool gpu = r.backend == BackendKind::cuda;
+  const auto n = [](int k, const char* one, const char* many) { return fmt::format("{} {}", k, k == 1 ? one : many); };
+  const std::string per = gpu ? n(r.towers, "GPU", "GPUs") : n(r.towers, "tower", "towers");
+  if (run.group.size() > 1)
+    return fmt::format("{} x {} x batch {}", n(run.group.size(), "process", "processes"), per, r.batch_per_tower);
+  return fmt::format("{} x batch {}", per, r.batch_per_tower);
+}
+
+// The header (hyperfine's): what runs, where, how big; the reduced CPU default said once, under it.
+void print_header(const Run& run) {
+  const auto& r = run.c.run;
+  const Backend& be = run.towers->backend(0);
+  const std::string model = fmt::format("{} {} {} {}x{}", to_string(r.model), to_string(r.precision),
+                                        to_string(r.layout), r.model_options.image_size, r.model_options.image_size);
+  std::string device = short_device_name(be.device_name());
+  auto line = [&] {
+    return fmt::format("stepbench {} · {} · {}: {} · {}", STEPBENCH_VERSION, model, be.name(), device,
+                       towers_text(run));
+  };
+  if (const std::size_t w = columns(line()); w > kWidth) {  // the device's name gives way, at a word
+    const std::size_t keep = device.size() > w - kWidth + 3 ? device.size() - (w - kWidth + 3) : 0;
+    const std::size_t cut = device.rfind(' ', keep);
+    device = device.substr(0, cut == std::string::npos ? keep : cut) + "...";
+  }
+  std::cout << line() << "\n";
+  if (run.c.reduced()) std::cout << wrap(run.c.reduced_note);
+  std::cout << std::flush;  // before minutes of warm-up, also into a pipe
 }
 
 // The towers (planned, cuDNN's algorithms chosen) and what the step's input comes from.
@@ -100,7 +123,8 @@ Run::Run(const BenchConfig& config, const ProcessGroup& g, std::vector<std::stri
       gpus(config.run.towers * g.size()),
       prefix(benchmark_prefix(config, gpus)),
       peer_dirs(std::move(peer_script_dirs)),
-      stop(config.interrupt, g) {}
+      stop(config.interrupt, g),
+      progress(config.progress && g.rank() == 0) {}
 
 Exit set_up(Run& run, const char* argv0) {
   const BenchConfig& c = run.c;
@@ -109,8 +133,10 @@ Exit set_up(Run& run, const char* argv0) {
   if (Exit e = check_output_files(run)) return e;
   if (Exit e = check_single_process_flags(run)) return e;
   run.phases = phases_to_time(c);
-  if (run.root) print_start_line(run);
+  run.progress.set("setting up: planning the towers");
   build_towers(run);
+  run.progress.clear();
+  if (run.root) print_header(run);
   if (c.list) {
     if (run.root) list_names(c, *run.towers, run.phases, run.prefix, *run.feeder, run.data_step);
     return 0;

@@ -33,18 +33,24 @@ void register_fixture(Run& run, const std::string& name, Body body) {
   Interrupt& stop = run.stop;
   Towers& towers = *run.towers;
   const ProcessGroup& group = run.group;
-  benchmark::RegisterBenchmark(name.c_str(),
-                               [&stop, &towers, &group, body = std::move(body), name](benchmark::State& st) {
-                                 if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
-                                 body(st);
-                                 // outside the timed loop: did this phase blow the numbers up?
-                                 const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
-                                 if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
-                                   const std::string why = bad.empty() ? "on another process" : bad;
-                                   st.SkipWithError(("not finite: " + why).c_str());
-                                   stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
-                                 }
-                               })
+  Progress& progress = run.progress;
+  const std::string shown = name.substr(run.prefix.size() + 1);  // the phase, on the progress line
+  const int repetitions = run.c.repetitions;
+  ++run.fixtures;
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [&stop, &towers, &group, &progress, body = std::move(body), name, shown, repetitions](benchmark::State& st) {
+        if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
+        progress.repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
+        body(st);
+        // outside the timed loop: did this phase blow the numbers up?
+        const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
+        if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
+          const std::string why = bad.empty() ? "on another process" : bad;
+          st.SkipWithError(("not finite: " + why).c_str());
+          stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
+        }
+      })
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(run.c.repetitions);  // mean, median, stddev and cv aggregates
@@ -203,8 +209,9 @@ Timings run_fixtures(Run& run) {
   const BenchConfig& c = run.c;
   Timings t;
   // Colour only on a terminal: logs and CI output stay plain text.
-  t.reporter = std::make_unique<SummaryReporter>(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular
-                                                                        : benchmark::ConsoleReporter::OO_Tabular);
+  t.reporter = std::make_unique<SummaryReporter>(
+      isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_ColorTabular : benchmark::ConsoleReporter::OO_Tabular,
+      c.verbose, &run.progress);
   if (!run.root) {  // one report, from process 0 (every process times the same, slowest-rank figures)
     t.devnull = std::make_unique<std::ofstream>("/dev/null");
     t.reporter->SetOutputStream(t.devnull.get());
@@ -213,7 +220,9 @@ Timings run_fixtures(Run& run) {
   PartialJson partial;
   t.json_in_place = !c.json.empty() && json_partial(c) == c.json;  // a FIFO or /dev/stdout
   if (!c.json.empty() && run.root && !t.json_in_place) partial.path = json_partial(c);
+  run.progress.set_total(run.fixtures);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(t.reporter.get());  // its --json file is closed on return
+  run.progress.clear();
   if (ran == 0) {
     if (run.root) std::cerr << "stepbench: no benchmark ran: --benchmark_filter matched none of them (see --list)\n";
     t.exit = 2;
@@ -241,7 +250,8 @@ Timings time_phases(Run& run) {
   if (run.c.per_layer)
     per_layer = std::make_unique<PerLayerBench>(run.towers->backend(0), run.towers->graph(0), run.c.run.layout,
                                                 run.c.run.dtype(), run.prefix, run.c.repetitions, run.group,
-                                                run.c.run.fault_slow_conv, run.stop);
+                                                run.c.run.fault_slow_conv, run.stop, &run.progress);
+  if (per_layer) run.fixtures += per_layer->fixtures();
   return run_fixtures(run);
 }
 

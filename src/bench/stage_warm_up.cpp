@@ -1,6 +1,8 @@
 // The run's second stage (stages.hpp): untimed steps, so that algorithm choice, the first touch of
 // every buffer and the caches are out of the timing; then the check that the numbers are finite
 // (timing NaN arithmetic measures something else) and the configuration into the JSON context.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <iostream>
 
@@ -14,11 +16,13 @@ Exit warm_up(Run& run) {
   const BenchConfig& c = run.c;
   Towers& towers = *run.towers;
   for (int i = 0; i < std::max(c.warmup, 1) && !(run.group.size() == 1 && run.stop.local()); ++i) {
+    run.progress.set(fmt::format("warm-up step {}/{}", i + 1, std::max(c.warmup, 1)));
     NvtxRange nv("warmup");
     towers.step();
     towers.forward_inference();
   }
   towers.synchronize();
+  run.progress.clear();
   if (run.stop.agreed()) {
     if (run.root)
       std::cerr << "stepbench: cut short by " << run.stop.name() << " during warm-up: nothing was measured\n";

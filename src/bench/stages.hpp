@@ -24,6 +24,7 @@
 #include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
 #include "bench/peer.hpp"
+#include "bench/progress.hpp"
 #include "bench/projection.hpp"
 #include "bench/reporter.hpp"
 #include "bench/run_parts.hpp"
@@ -55,6 +56,8 @@ struct Run {
   double images = 0;       // per step, over every tower
   bool data_step = false;  // the step:data=... fixture: the step fed by the feeder
   Interrupt stop;          // a signal, or numbers that stopped being finite
+  Progress progress;       // the live line on a terminal (off elsewhere and off the root process)
+  int fixtures = 0;        // the benchmarks time_phases registered, for the progress line
 };
 
 // What time_phases measured.

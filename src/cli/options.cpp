@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include "bench/projection.hpp"
 #include "data/records.hpp"
@@ -176,6 +179,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "on cuda sees a GPU) of $VIRTUAL_ENV/bin/python, $CONDA_PREFIX/bin/python, python3, "
                  "/usr/bin/python3, /opt/torch/.venv/bin/python]");
   app.add_flag("--list", b.list, "print the benchmark names this configuration registers, then exit");
+  app.add_flag("--verbose", b.verbose, "also Google Benchmark's context (the machine, the libraries) and tables");
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;
   for (const auto& extra : app.remaining()) {
@@ -363,10 +367,12 @@ void resolve(Options& o) {
       changed.emplace_back("--repetitions 3");
     }
     if (!changed.empty())
-      b.reduced_note =
-          fmt::format("cpu backend: reduced configuration {} (set these flags to change it)", fmt::join(changed, " "));
+      b.reduced_note = fmt::format("reduced CPU run: {} (give these flags to change it)", fmt::join(changed, " "));
   }
   if (o.batch_size == 0) o.batch_size = 32;
+  // the live progress line: on a terminal only (never into a log, a pipe or CI's output)
+  const char* term = std::getenv("TERM");
+  b.progress = isatty(fileno(stderr)) && !(term && std::string_view(term) == "dumb");
   if (m.model == ModelKind::tiny && m.image_size == 299 && !o.given("--image-size")) m.image_size = 64;
 
   r.backend = m.backend;

@@ -218,7 +218,7 @@ class Presets(unittest.TestCase):
                                    "--batch-size", "2", "--precision", "fp32", "--warmup", "1", "--repetitions", "1",
                                    "--gpus", "2", "--json", path, *FAST)
                 self.assertEqual(rc, 0, f"{p}\n{out}\n{err}")
-                self.assertIn("stepbench summary", out)
+                self.assertRegex(out, r"\nphase +median ms ")  # the summary's table
                 self.assertIn("step ", out)
                 with open(p, "rb") as f:
                     preset = tomllib.load(f)
@@ -291,6 +291,102 @@ class Json(unittest.TestCase):
         self.assertIn("grad_sync:", out)
 
 
+class Output(unittest.TestCase):
+    """The terminal as a user reads it: a header line, one table of the phases with the units in its
+    header, the answer lines, each note and warning once, at most 100 columns; Google Benchmark's own
+    table and context only with --verbose; a live progress line on a terminal and nowhere else."""
+    TINY = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+            "--repetitions", "3", *FAST]
+    SI = r"\d(\.\d+)?[munkMG](/s)?(?=\s|$)|\d/s(?=\s|$)"  # Google Benchmark's "6.3m", "0.2/s", "559.2M/s"
+
+    def check_layout(self, out, err, towers):
+        lines = out.splitlines()
+        widths = {l: len(l) for l in lines}
+        self.assertLessEqual(max(widths.values()), 100, max(widths, key=widths.get))
+        self.assertRegex(lines[0], r"^stepbench \d+\.\d+\.\d+ · tiny fp32 nchw 32x32 · cpu: .+ · "
+                                   + (r"1 tower" if towers == 1 else f"{towers} towers") + r" x batch 4$")
+        head = next(l for l in lines if l.startswith("phase "))
+        for col in ("median ms", "cv %", "images/s", "host ms", "gap ms", "% of step"):
+            self.assertIn(col, head)
+        for answer in ("inside the step ", "backward:forward ", "images/s "):
+            self.assertTrue(any(l.startswith(answer) for l in lines), answer)
+        # the answer comes before any section: within the first screen
+        self.assertLess(next(i for i, l in enumerate(lines) if l.startswith("images/s ")), 24, out)
+        said = [l for l in lines if l.strip()]
+        self.assertEqual(len(said), len(set(said)), "a line said twice")
+        self.assertNotRegex(out, self.SI)  # figures in their own units, never an SI suffix
+        for gb in ("Benchmark ", "Run on (", "***WARNING***", "repeats:", "manual_time"):
+            self.assertNotIn(gb, out + err)  # Google Benchmark's table and context: --verbose only
+        if towers == 1:  # nothing to synchronise: no sync time beside it
+            self.assertIn("nothing to synchronise", out)
+            self.assertNotRegex(out, r"sync [0-9.]+ ms")
+        else:
+            self.assertRegex(out, r"inside the step +forward [0-9.]+ ms, backward [0-9.]+ ms, sync [0-9.]+ ms")
+            self.assertRegex(out, r"\nsync share +[0-9.]+% of the step")
+
+    def test_the_summary_reads_first_and_fits_100_columns(self):
+        for towers in (1, 2):
+            with self.subTest(towers=towers):
+                rc, out, err = run(*self.TINY, "--gpus", str(towers))
+                self.assertEqual(rc, 0, f"{out}\n{err}")
+                self.check_layout(out, err, towers)
+
+    def test_per_layer_table_and_the_reduced_default_said_once(self):
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--per-layer", *FAST)
+        self.assertEqual(rc, 0, f"{out}\n{err}")
+        self.assertEqual((out + err).count("reduced CPU run: --batch-size 32 --warmup 2 --repetitions"), 1, out + err)
+        self.assertLessEqual(max(len(l) for l in out.splitlines()), 100)
+        self.assertRegex(out, r"\nshape +layers +fwd ms +bwd_data ms +bwd_filter ms\n")
+        self.assertRegex(out, r"\nconv:32x3x32x32>16:k3x3:s2x2:p0x0 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+\n")
+
+    def test_verbose_adds_google_benchmarks_table_in_plain_units(self):
+        rc, out, err = run(*self.TINY, "--phases", "forward,update", "--verbose")
+        self.assertEqual(rc, 0, f"{out}\n{err}")
+        table = out[out.index("Benchmark "):out.index("\nphase ")]
+        self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/forward", table)
+        self.assertIn("batch_size_per_gpu: 4", out)  # the context
+        self.assertNotRegex(table, self.SI)
+        self.assertRegex(table, r"TFLOP/s +gap_ms +host_ms +images/s\n")
+        if "Library was built as DEBUG" in out:  # Debian's libbenchmark: said once, and why it does not matter
+            self.assertEqual(out.count("built as DEBUG"), 1)
+            self.assertIn("Debian's libbenchmark package", out)
+            self.assertNotIn("***WARNING***", out + err)
+
+    def test_no_progress_line_off_a_terminal(self):
+        rc, out, err = run(*self.TINY, "--phases", "forward,step")
+        self.assertEqual(rc, 0, err)
+        for stream in (out, err):
+            self.assertNotIn("\r", stream)
+            self.assertNotIn("\x1b", stream)
+            self.assertNotIn("repetition 1/", stream)
+
+    def test_a_progress_line_on_a_terminal(self):
+        import pty
+        master, slave = pty.openpty()
+        p = subprocess.Popen([STEPBENCH, *self.TINY, "--phases", "forward,step"], stdout=subprocess.PIPE,
+                             stderr=slave, env={**os.environ, "TERM": "xterm"})
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out, _ = p.communicate(timeout=120)
+        os.close(master)
+        self.assertEqual(p.returncode, 0, seen)
+        tty = seen.decode(errors="replace")
+        self.assertRegex(tty, r"\r\x1b\[K  \[1/2\] forward · repetition 1/3 · [0-9]+ s")
+        self.assertIn("[2/2] step · repetition 3/3", tty)
+        self.assertTrue(tty.endswith("\r\x1b[K"), repr(tty[-80:]))  # erased at the end
+        self.assertNotIn(b"\r", out)  # stdout is a pipe here: the summary only
+        rc, _, _ = run(*self.TINY, "--phases", "forward")
+        self.assertEqual(rc, 0)
+
+
 class Interrupted(unittest.TestCase):
     """SIGINT or SIGTERM mid-run: what was measured is reported and written whole to --json, the rest is
     marked cut short, the exit status is 128 + the signal, and no partial file is left."""
@@ -327,14 +423,14 @@ class Interrupted(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             p, path = self.start(d, "--warmup", "100000")
             deadline = time.time() + 120
-            err = ""
-            while "stepbench: 1 x tiny" not in err and time.time() < deadline:  # the line before warm-up
-                err += os.read(p.stderr.fileno(), 4096).decode()
+            head = ""
+            while "· 1 tower x batch 4" not in head and time.time() < deadline:  # the header, before warm-up
+                head += os.read(p.stdout.fileno(), 4096).decode()
             time.sleep(1)
             p.send_signal(signal.SIGINT)
-            out, rest = p.communicate(timeout=120)
-            self.assertEqual(p.returncode, 130, f"{out}\n{err}{rest}")
-            self.assertIn("during warm-up: nothing was measured", err + rest)
+            out, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 130, f"{head}{out}\n{err}")
+            self.assertIn("during warm-up: nothing was measured", err)
             self.assertFalse(os.path.exists(path))
             self.assertEqual(glob.glob(path + ".partial.*"), [])
 
@@ -394,8 +490,9 @@ class Peer(unittest.TestCase):
         self.assertEqual(rc, 0, f"{out}\n{err}")
         self.assertIn("PyTorch ms", out)
         self.assertIn("stepbench/PT", out)
-        self.assertIn("compares host wall time on both sides", out)
-        self.assertRegex(out, r"peer settings: fp32 on the CPU, autocast=off, 1 threads, dropout 0.5, eager, "
+        said = " ".join(out.split())  # the lines are wrapped at 100 columns
+        self.assertIn("compares host wall time on both sides", said)
+        self.assertRegex(said, r"peer settings: fp32 on the CPU, autocast=off, 1 threads, dropout 0.5, eager, "
                               r"calls per repetition [0-9]+/[0-9]+ \(forward,step\)")
         self.assertRegex(err, r"--dropout 0.5 .*--min-time 0.01 --phases forward,step --threads 1")
         for phase in ("forward", "step"):
@@ -451,7 +548,7 @@ class Peer(unittest.TestCase):
         self.assertEqual(rc, 2, err)
         self.assertIn("/nonexistent/python: not found", err)
         self.assertIn("point --peer-python at one", err)
-        self.assertNotIn("stepbench summary", out)  # nothing was timed
+        self.assertNotIn("median ms", out)  # nothing was timed
         rc, _, err = run(*base, "--peer", "pytorch", "--precision", "bf16")
         self.assertEqual(rc, 2, err)
         self.assertIn("compares fp32 only", err)
@@ -706,7 +803,7 @@ class Mpi(unittest.TestCase):
         rc, out, _ = self.mpirun(*TINY, "--phases", "step,grad_sync", "--variable-update", "parameter_server",
                                  "--ps-device", "cpu")
         self.assertEqual(rc, 0, out)
-        self.assertIn("host memory (parameter server on the CPU) + MPI over 2 processes", out)
+        self.assertIn("host memory (parameter server on the CPU) + MPI over 2 processes", " ".join(out.split()))
 
 
 if __name__ == "__main__":
