@@ -117,8 +117,7 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
             st.SetLabel(label);
           })
           ->UseManualTime()
-          ->Unit(benchmark::kMillisecond)
-          ->Repetitions(repetitions);
+          ->Unit(benchmark::kMillisecond);
     }
   }
 }

@@ -30,6 +30,10 @@ std::string json_partial(const BenchConfig& c) {
 
 bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
   keep.args = {argv0};
+  // every benchmark's repetitions (mean, median, stddev and cv aggregates) as Google Benchmark's flag,
+  // not each benchmark's Repetitions(): that would put "repeats:N" in every name, and runs with
+  // different counts would not match in compare.py
+  keep.args.push_back(fmt::format("--benchmark_repetitions={}", c.repetitions));
   for (const auto& a : c.benchmark_args) keep.args.push_back(a);
   if (!c.json.empty() && root) {
     keep.args.push_back("--benchmark_out=" + json_partial(c));  // renamed to --json once whole

@@ -52,8 +52,7 @@ void register_fixture(Run& run, const std::string& name, Body body) {
         }
       })
       ->UseManualTime()
-      ->Unit(benchmark::kMillisecond)
-      ->Repetitions(run.c.repetitions);  // mean, median, stddev and cv aggregates
+      ->Unit(benchmark::kMillisecond);  // --repetitions: Google Benchmark's flag (run_parts.cpp), not in the name
 }
 
 // A model phase of the phase table: its device time, split at the table's points (forward |

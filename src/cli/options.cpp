@@ -183,6 +183,11 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;
   for (const auto& extra : app.remaining()) {
+    if (extra.rfind("--benchmark_repetitions", 0) == 0) {
+      std::cerr << "stepbench: give --repetitions N instead of --benchmark_repetitions (the summary, the probes "
+                   "and --history count them)\n";
+      return 2;
+    }
     if (extra.rfind("--benchmark_", 0) == 0 && extra.find('=') != std::string::npos) {
       b.benchmark_args.push_back(extra);
     } else {
@@ -200,6 +205,14 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
 
 void resolve(Options& o) {
   ModelFlags& m = o.model;
+  // asking for GPUs where there are none is an error, not a quiet run on CPU towers
+  if (m.backend == BackendKind::automatic && (o.given("--gpus") || o.given("--sweep-gpus"))) {
+    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+      const std::string flag = o.given("--gpus") ? fmt::format("--gpus {}", o.gpus) : "--sweep-gpus";
+      throw UsageError(
+          fmt::format("{} asks for GPUs: {}. Add --backend cpu to run {} on CPU towers instead", flag, why, flag));
+    }
+  }
   if (m.backend == BackendKind::automatic) {
     const std::string why = cuda_unavailable_reason();
     m.backend = resolve(BackendKind::automatic);
@@ -362,9 +375,9 @@ void resolve(Options& o) {
       b.warmup = 2;
       changed.emplace_back("--warmup 2");
     }
-    if (!o.given("--repetitions")) {
-      b.repetitions = 3;
-      changed.emplace_back("--repetitions 3");
+    if (!o.given("--repetitions")) {  // enough for stepbench compare: Holm over the 5 phases needs 5 a side
+      b.repetitions = 5;
+      changed.emplace_back("--repetitions 5");
     }
     if (!changed.empty())
       b.reduced_note = fmt::format("reduced CPU run: {} (give these flags to change it)", fmt::join(changed, " "));

@@ -81,6 +81,21 @@ class Flags(unittest.TestCase):
         self.assertEqual(rc, 2, err)
         self.assertIn("--backend cpu", err)
 
+    def test_asking_for_gpus_without_one_is_a_clear_error(self):
+        if run("--backend", "cuda", "--model", "tiny", "--list")[0] == 0:
+            self.skipTest("a GPU is visible here")
+        rc, out, err = run("--gpus", "2", "--list")
+        self.assertEqual(rc, 2, f"{out}\n{err}")  # never two CPU towers quietly
+        self.assertIn("--gpus 2 asks for GPUs: ", err)
+        self.assertIn("Add --backend cpu to run --gpus 2 on CPU towers", err)
+        self.bad(["--sweep-gpus", "1,2"], "--sweep-gpus asks for GPUs", "--backend cpu")
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--gpus", "2", "--list")
+        self.assertEqual(rc, 0, err)  # asked for: CPU towers
+        self.assertIn("tiny/fp32/nchw/gpus:2/batch:32/step\n", out)
+
+    def test_repetitions_are_stepbenchs_flag(self):
+        self.bad(["--backend", "cpu", "--benchmark_repetitions=3"], "--repetitions N")
+
     def test_auto_says_what_it_picked(self):
         rc, out, err = run("--backend", "auto", "--model", "tiny", "--list")
         self.assertEqual(rc, 0, err)
@@ -254,7 +269,7 @@ class Json(unittest.TestCase):
         runs = {}
         for b in j["benchmarks"]:
             if b.get("run_type") == "iteration":
-                runs.setdefault(b["run_name"].split("/repeats")[0], []).append(b)
+                runs.setdefault(b["run_name"].removesuffix("/manual_time"), []).append(b)
         prefix = "tiny/fp32/nchw/gpus:2/batch:2/"
         want = {
             "forward": ["images/s", "TFLOP/s", "host_ms", "gap_ms"],
@@ -279,6 +294,8 @@ class Json(unittest.TestCase):
             for r in runs[prefix + phase]:  # images/s is the global batch over the repetition's time
                 self.assertEqual(r["time_unit"], "ms")
                 self.assertAlmostEqual(r["images/s"], 4 / (r["real_time"] / 1e3), delta=1e-6 * r["images/s"])
+        # names without "repeats:N", so that runs with other --repetitions match (compare.py, stepbench compare)
+        self.assertFalse([b["name"] for b in j["benchmarks"] if "repeats" in b["name"]])
         aggregates = {b["aggregate_name"] for b in j["benchmarks"] if b.get("run_type") == "aggregate"}
         self.assertTrue({"median", "stddev", "mean"} <= aggregates, aggregates)
         layers = [n for n in runs if "/conv:" in n]
@@ -599,6 +616,27 @@ class Compare(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             self.assertIn("insufficient data (no earlier run", out)
 
+    def test_google_benchmarks_compare_matches_runs_of_different_repetitions(self):
+        tool = "/usr/share/benchmark/compare.py"
+        if not os.path.exists(tool):
+            self.skipTest("Google Benchmark's compare.py is not installed (Debian: libbenchmark-tools)")
+        with tempfile.TemporaryDirectory() as d:
+            paths = []
+            for n in (2, 3):
+                paths.append(os.path.join(d, f"r{n}.json"))
+                rc, _, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "1",
+                                 "--repetitions", str(n), "--phases", "forward", "--batch-size", "4", "--json",
+                                 paths[-1], *FAST)
+                self.assertEqual(rc, 0, err)
+            p = subprocess.run(["/usr/bin/python3", tool, "benchmarks", *paths], capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            import re
+            said = re.sub(r"\x1b\[[0-9;]*m", "", p.stdout)
+            # the two runs' benchmark matched by name, its repetitions tested against each other
+            self.assertRegex(said, r"\ntiny/fp32/nchw/gpus:1/batch:4/forward/manual_time_pvalue +[0-9.]+ +[0-9.]+ +U Test, "
+                                   r"Repetitions: 2 vs 3", said)
+
     def test_bad_input_is_a_usage_error(self):
         with tempfile.TemporaryDirectory() as d:
             a = os.path.join(d, "a.json")
@@ -660,7 +698,7 @@ class Data(unittest.TestCase):
             self.assertIn("zz_corrupt.jpg", out)
             self.assertIn("skipped", out)
             with open(path) as f:
-                names = {b["run_name"].split("/repeats")[0] for b in json.load(f)["benchmarks"]}
+                names = {b["run_name"].removesuffix("/manual_time") for b in json.load(f)["benchmarks"]}
             self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/input_pipeline", names)
             self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step:data=images", names)
 
