@@ -139,6 +139,10 @@ int main(int argc, char** argv) {
     }
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
+    if (o.version) {
+      print_version();
+      return 0;
+    }
     group = ProcessGroup::create(under_mpi_launcher());
     cli::resolve(o);
     if (!o.given("--peer-python")) o.bench.peer_pythons = peer_pythons();

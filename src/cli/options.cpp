@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "bench/projection.hpp"
+#include "cli/help.hpp"
 #include "data/records.hpp"
 #include "tensor/error.hpp"
 
@@ -180,6 +181,8 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "/usr/bin/python3, /opt/torch/.venv/bin/python]");
   app.add_flag("--list", b.list, "print the benchmark names this configuration registers, then exit");
   app.add_flag("--verbose", b.verbose, "also Google Benchmark's context (the machine, the libraries) and tables");
+  app.add_flag("--version", o.version, "print the version and the backends this build has, then exit");
+  use_grouped_help(app);  // every flag in its group with a short line (cli/help.cpp)
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;
   for (const auto& extra : app.remaining()) {

@@ -25,11 +25,28 @@ class Flags(unittest.TestCase):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)
         for flag in ["--backend", "--gpus", "--batch-size", "--global-batch-size", "--model", "--image-size",
-                     "--aux-logits", "--precision", "--format", "--variable-update", "--optimizer", "--warmup",
-                     "--repetitions", "--json", "--per-layer", "--config", "--phases"]:
+                     "--no-aux-logits", "--precision", "--format", "--variable-update", "--optimizer", "--warmup",
+                     "--repetitions", "--json", "--per-layer", "--config", "--phases", "--version", "--verbose"]:
             self.assertIn(flag, out)
-        for default in ["=auto", "=inception_v3", "=299", "=fp32", "=nchw", "=replicated", "=momentum", "=10", "=5"]:
+        for default in ["[auto]", "[inception_v3]", "[299]", "[fp32]", "[nchw]", "[replicated]", "[momentum]", "[10]",
+                        "[5]"]:
             self.assertIn(default, out)
+        groups = ["What to run:", "Model and precision:", "Towers and sync:", "Data:", "Timing:", "Output:", "GPU:",
+                  "Subcommands"]
+        at = [out.index("\n" + g) for g in groups]
+        self.assertEqual(at, sorted(at), "the groups in their order")
+        for sub in ("check", "compare", "make-dataset", "make-records"):
+            self.assertRegex(out, rf"\n  {sub} +\S")
+        self.assertNotIn("--aux-logits ", out)  # the old on|off spelling: still read, no longer listed
+        rc, out, _ = run("--version")
+        self.assertEqual(rc, 0)
+        self.assertRegex(out, r"^stepbench \d+\.\d+\.\d+ ")
+
+    def test_booleans_are_bare_flags_and_the_old_switch_still_reads(self):
+        for args in (["--no-aux-logits"], ["--aux-logits", "off"]):
+            rc, out, err = run("--backend", "cpu", "--image-size", "150", *args, "--list")
+            self.assertEqual(rc, 0, f"{args}: {err}")
+        self.bad(["--backend", "cpu", "--image-size", "150", "--list"], "--image-size 150")
 
     def bad(self, args, *expect):
         rc, out, err = run(*args)
