@@ -217,10 +217,13 @@ void resolve(Options& o) {
     }
   }
   if (m.backend == BackendKind::automatic) {
-    const std::string why = cuda_unavailable_reason();
+    std::string why = cuda_unavailable_reason();
     m.backend = resolve(BackendKind::automatic);
+    // the CUDA error's name, not its sentence: one short line (--backend cuda says it all)
+    if (const auto colon = why.find(": "), close = why.rfind(')'); colon != std::string::npos && close > colon)
+      why.erase(colon, close - colon);
     fmt::print(stderr, "stepbench: --backend auto picked {}{}\n", to_string(m.backend),
-               why.empty() ? "" : fmt::format(" ({})", why));
+               why.empty() ? "" : fmt::format(": {}", why));
   }
   const bool cuda = m.backend == BackendKind::cuda;
   if (cuda) {

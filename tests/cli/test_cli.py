@@ -117,6 +117,7 @@ class Flags(unittest.TestCase):
         rc, out, err = run("--backend", "auto", "--model", "tiny", "--list")
         self.assertEqual(rc, 0, err)
         self.assertIn("--backend auto picked", err)
+        self.assertLessEqual(max(len(l) for l in (out + err).splitlines()), 100, err)  # one short line
 
     def test_missing_or_broken_config_file(self):
         self.bad(["--config", "/nonexistent/x.toml"], "x.toml")
