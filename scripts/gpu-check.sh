@@ -238,7 +238,7 @@ for err in sorted(glob.glob(os.path.join(tmp, "inception_v3-*.err"))):  # one pe
     for b in d["benchmarks"]:
         if b.get("run_type") != "iteration":
             continue
-        phase = b["run_name"].split("/repeats")[0].split("/")[-1]
+        phase = b["run_name"].replace("/manual_time", "").split("/repeats")[0].split("/")[-1]
         med.setdefault(phase, []).append(b["real_time"])
         if "host_ms" in b:
             host.setdefault(phase, []).append(b["host_ms"])

@@ -13,7 +13,7 @@ BUILD=${1:?usage: scripts/lint.sh BUILD_DIR (a configured build with compile_com
 cd "$ROOT"
 fail=0
 
-if grep -rnE '#include "[^"]*\.\./' src tests --include='*.cpp' --include='*.hpp' --include='*.cu'; then
+if grep -rnE '#include "[^"]*\.\./' src tests include --include='*.cpp' --include='*.hpp' --include='*.cu'; then
   echo "lint: includes with '..' (include by the path below src/, e.g. \"graph/graph.hpp\")" >&2
   fail=1
 fi
@@ -28,7 +28,7 @@ if grep -rnE '\b(getenv|exit|_Exit|quick_exit)\s*\(' src --include='*.cpp' --inc
   fail=1
 fi
 
-mapfile -t fmt_files < <(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' | sort)
+mapfile -t fmt_files < <(find src tests include -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 if ! clang-format --dry-run --Werror "${fmt_files[@]}"; then
   echo "lint: not formatted; run: clang-format -i \$(find src tests -name '*.cpp' -o -name '*.hpp' -o -name '*.cu')" >&2
   fail=1

@@ -88,6 +88,8 @@ struct BenchConfig {
   std::vector<std::string> peer_pythons = {"/usr/bin/python3"};
   std::vector<std::string> benchmark_args;  // --benchmark_* flags for Google Benchmark
   std::string reduced_note;                 // non-empty: the reduced CPU default was applied, and how
+  bool verbose = false;                     // --verbose: Google Benchmark's context and table on the console too
+  bool progress = false;                    // a live progress line on stderr (the command line found it a terminal)
 
   bool reduced() const { return !reduced_note.empty(); }
   bool data_files() const { return data == DataKind::image_folder || data == DataKind::records; }

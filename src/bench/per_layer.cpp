@@ -70,7 +70,8 @@ struct PerLayerBench::Rig {
 };
 
 PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                             const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop) {
+                             const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop,
+                             Progress* progress) {
   for (const auto& c : distinct_convs(g)) {
     rigs_.push_back(std::make_unique<Rig>(be, c, l, t, fault));
     Rig* rig = rigs_.back().get();
@@ -78,43 +79,45 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
     const std::string label = fmt::format("{}", fmt::join(c.layers, ", "));  // the model's layers of this shape
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [&be, &group, &stop, rig, kind, macs, label, count = c.count](benchmark::State& st) {
-                                     if (stop.skip(st)) return;
-                                     auto& s = be.default_stream();
-                                     auto run = [&] {
-                                       const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
-                                       if (kind == "fwd")
-                                         rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
-                                       else if (kind == "bwd_data")
-                                         rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
-                                       else
-                                         rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
-                                     };
-                                     run();  // warm-up
-                                     be.synchronize(s);
-                                     auto e0 = be.create_event(), e1 = be.create_event();
-                                     GpuStateProbe gpu;
-                                     gpu.read(be);
-                                     for (auto _ : st) {
-                                       if (stop.stop_in_loop(st)) break;
-                                       be.record(*e0, s);
-                                       run();
-                                       be.record(*e1, s);
-                                       be.synchronize(s);
-                                       st.SetIterationTime(group.allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
-                                     }
-                                     st.counters["MACs"] = macs;
-                                     st.counters["GFLOP/s"] = benchmark::Counter(
-                                         2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-                                     st.counters["layers"] = count;
-                                     gpu.read(be);
-                                     gpu.report(st);
-                                     st.SetLabel(label);
-                                   })
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [&be, &group, &stop, rig, kind, macs, label, count = c.count, progress, shown = c.name() + "/" + kind,
+           repetitions](benchmark::State& st) {
+            if (stop.skip(st)) return;
+            if (progress) progress->repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
+            auto& s = be.default_stream();
+            auto run = [&] {
+              const Tensor x{rig->x.get(), rig->xd}, y{rig->y.get(), rig->yd};
+              if (kind == "fwd")
+                rig->op->forward(s, x, rig->w.get(), y, rig->ws.get());
+              else if (kind == "bwd_data")
+                rig->op->backward_data(s, y, rig->w.get(), x, 0.0f, rig->ws.get());
+              else
+                rig->op->backward_filter(s, x, y, rig->dw.get(), rig->ws.get());
+            };
+            run();  // warm-up
+            be.synchronize(s);
+            auto e0 = be.create_event(), e1 = be.create_event();
+            GpuStateProbe gpu;
+            gpu.read(be);
+            for (auto _ : st) {
+              if (stop.stop_in_loop(st)) break;
+              be.record(*e0, s);
+              run();
+              be.record(*e1, s);
+              be.synchronize(s);
+              st.SetIterationTime(group.allreduce_max(be.elapsed_ms(*e0, *e1)) / 1e3);
+            }
+            st.counters["MACs"] = macs;
+            st.counters["GFLOP/s"] =
+                benchmark::Counter(2.0 * macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+            st.counters["layers"] = count;
+            gpu.read(be);
+            gpu.report(st);
+            st.SetLabel(label);
+          })
           ->UseManualTime()
-          ->Unit(benchmark::kMillisecond)
-          ->Repetitions(repetitions);
+          ->Unit(benchmark::kMillisecond);
     }
   }
 }

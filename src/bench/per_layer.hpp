@@ -9,6 +9,7 @@
 #include "backend/backend.hpp"
 #include "backend/slow_conv.hpp"
 #include "bench/interrupt.hpp"
+#include "bench/progress.hpp"
 #include "comm/process_group.hpp"
 #include "graph/graph.hpp"
 
@@ -33,8 +34,11 @@ class PerLayerBench {
  public:
   // Registers prefix/<shape>/{fwd,bwd_data,bwd_filter} for every distinct conv shape of g; after a
   // signal (stop) they are marked cut short instead of run. stop must outlive the benchmarks.
+  // progress (may be null): told of every call.
   PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, const std::string& prefix, int repetitions,
-                const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop);
+                const ProcessGroup& group, const SlowConvFault& fault, const Interrupt& stop,
+                Progress* progress = nullptr);
+  int fixtures() const { return 3 * static_cast<int>(rigs_.size()); }
   ~PerLayerBench();
 
  private:

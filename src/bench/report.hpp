@@ -1,6 +1,7 @@
 // What a run reports besides Google Benchmark's table: the JSON context and the summary.
 #pragma once
 #include <map>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,8 @@ void add_context(const BenchConfig& c, const Towers& t);
 // One line for c.history (compare::history_record): the context and every repetition.
 void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter& rep);
 
+// --per-layer: every distinct convolution shape's fwd, bwd_data and bwd_filter medians.
+void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const std::string& prefix);
 // Medians per phase, the step's inside, the sync's bandwidths, the input verdict and the peer's ratios.
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
                    const PeerResult& peer, const Feeder& feeder);

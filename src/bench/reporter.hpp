@@ -1,5 +1,7 @@
-// Google Benchmark's console output as usual, and every repetition of every benchmark kept for the
-// summary.
+// What Google Benchmark reports to: every repetition of every benchmark kept for the summary; on
+// the console nothing by default (the summary is the answer), and with --verbose Google
+// Benchmark's context and table, its counters printed in their own units. The --json file is Google
+// Benchmark's own file reporter, whole either way.
 #pragma once
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -10,9 +12,14 @@
 
 namespace stepbench {
 
+class Progress;
+
 class SummaryReporter final : public benchmark::ConsoleReporter {
  public:
-  explicit SummaryReporter(OutputOptions opts) : ConsoleReporter(opts) {}
+  // verbose: Google Benchmark's context and table too. progress (may be null): erased before the
+  // table's lines, and told when a benchmark is done.
+  SummaryReporter(OutputOptions opts, bool verbose, Progress* progress = nullptr)
+      : ConsoleReporter(opts), verbose_(verbose), progress_(progress) {}
   struct Rep {
     double device_ms;
     std::map<std::string, double> counters;
@@ -23,26 +30,21 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
   std::vector<std::string> errors;
   std::map<std::string, int> cut_short;  // repetitions not run after a signal or a blow-up (Interrupt), by name
 
-  void ReportRuns(const std::vector<Run>& runs) override {
-    std::vector<Run> shown;  // the console gets one line per benchmark cut short, not one per repetition
-    for (const auto& r : runs) {
-      const bool cut = r.error_occurred && (r.error_message.rfind("cut short by ", 0) == 0 ||
-                                            r.error_message.rfind("not run: ", 0) == 0);  // Interrupt::message
-      if (!cut || ++cut_short[r.run_name.function_name] == 1) shown.push_back(r);
-      if (r.error_occurred) {
-        if (!cut) errors.push_back(fmt::format("{}: {}", r.run_name.function_name, r.error_message));
-        continue;
-      }
-      if (r.run_type != Run::RT_Iteration) continue;
-      Rep rep{r.GetAdjustedRealTime(), {}};  // manual time, in the benchmark's unit (ms)
-      for (const auto& [k, c] : r.counters) rep.counters[k] = c.value;
-      const std::string& name = r.run_name.function_name;
-      if (!reps.count(name)) order.push_back(name);
-      if (!r.report_label.empty()) labels[name] = r.report_label;
-      reps[name].push_back(std::move(rep));
-    }
-    if (!shown.empty()) ConsoleReporter::ReportRuns(shown);
-  }
+  bool ReportContext(const Context& context) override;
+  void ReportRuns(const std::vector<Run>& runs) override;
+
+ protected:
+  // Google Benchmark's row with the counters as plain numbers (its own prints 0.0063 ms as "6.3m"
+  // and a rate named TFLOP/s as "0.2/s").
+  void PrintRunData(const Run& run) override;
+  void PrintHeader(const Run& run) override;
+
+ private:
+  bool verbose_;
+  Progress* progress_;
 };
+
+// A counter's value for a table: plain digits, no SI suffix (the unit is in the counter's name).
+std::string counter_text(double v);
 
 }  // namespace stepbench

@@ -1,4 +1,4 @@
-// The parts of run_benchmarks that are not the run itself (run_parts.hpp).
+// The parts of the run's stages that are not a stage (run_parts.hpp).
 #include "bench/run_parts.hpp"
 
 #include <fmt/format.h>
@@ -30,6 +30,10 @@ std::string json_partial(const BenchConfig& c) {
 
 bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, BenchmarkArgv& keep) {
   keep.args = {argv0};
+  // every benchmark's repetitions (mean, median, stddev and cv aggregates) as Google Benchmark's flag,
+  // not each benchmark's Repetitions(): that would put "repeats:N" in every name, and runs with
+  // different counts would not match in compare.py
+  keep.args.push_back(fmt::format("--benchmark_repetitions={}", c.repetitions));
   for (const auto& a : c.benchmark_args) keep.args.push_back(a);
   if (!c.json.empty() && root) {
     keep.args.push_back("--benchmark_out=" + json_partial(c));  // renamed to --json once whole
@@ -39,6 +43,7 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, B
   for (auto& a : keep.args) keep.argv.push_back(a.data());
   int argc = static_cast<int>(keep.argv.size());
   benchmark::Initialize(&argc, keep.argv.data());
+  keep.initialized = true;
   return !benchmark::ReportUnrecognizedArguments(argc, keep.argv.data());
 }
 
@@ -84,12 +89,6 @@ void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, doub
       break;
     case Phase::input_pipeline: break;
   }
-}
-
-std::string processes_note(const ProcessGroup& g, int towers) {
-  return g.size() > 1 ? fmt::format(" ({} processes x {} towers, {}, started by {})", g.size(), towers,
-                                    g.transport_name(), g.launcher_name())
-                      : "";
 }
 
 }  // namespace stepbench

@@ -1,5 +1,5 @@
-// The parts of run_benchmarks (bench.cpp) that are not the run itself: Google Benchmark's command
-// line and --json file, the counters, the names for --list, the numeric health check. Internal to
+// The parts of the run's stages (stages.hpp) that are not a stage: Google Benchmark's command line
+// and --json file, the counters, the names for --list, the numeric health check. Internal to
 // src/bench.
 #pragma once
 #include <benchmark/benchmark.h>
@@ -30,10 +30,17 @@ struct Flops {
 
 // The command line handed to Google Benchmark. Initialize keeps a pointer to argv[0]
 // (BenchmarkReporter::Context::executable_name, which the reporters print), so the storage must
-// outlive the run: run_benchmarks owns it until it returns.
+// outlive the run: run_benchmarks owns it until it returns, and its end shuts Google Benchmark down.
 struct BenchmarkArgv {
   std::vector<std::string> args;
   std::vector<char*> argv;
+  bool initialized = false;
+  BenchmarkArgv() = default;
+  BenchmarkArgv(const BenchmarkArgv&) = delete;
+  BenchmarkArgv& operator=(const BenchmarkArgv&) = delete;
+  ~BenchmarkArgv() {
+    if (initialized) benchmark::Shutdown();
+  }
 };
 
 // Removes the partial --json file unless the run renamed it (a run that throws leaves nothing behind).
@@ -58,8 +65,6 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, B
 // The names this configuration registers, without running anything (--list).
 void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
                 const Feeder& feeder, bool data_step);
-// " (2 processes x 1 towers, Gloo, started by torchrun)", or "" for one process.
-std::string processes_note(const ProcessGroup& g, int towers);
 void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl);
 
 }  // namespace stepbench

@@ -23,7 +23,10 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
   add_enum(app, "--model", m.model, "inception_v3 or tiny", user_models());
   add_enum(app, "--format", m.layout, "activation layout: nchw or nhwc", names_of<Layout>());
   add_enum(app, "--precision", m.precision, "fp32, tf32 (cuda), bf16 or fp16");
-  add_switch(app, "--aux-logits", m.aux_logits, "Inception's auxiliary head in training: on or off");
+  app.add_flag_callback(
+      "--no-aux-logits", [&m] { m.aux_logits = false; }, "leave out Inception's auxiliary head (training only)");
+  // the old spelling, still read (presets, scripts), no longer listed
+  add_switch(app, "--aux-logits", m.aux_logits, "Inception's auxiliary head in training: on or off")->group("");
   app.add_option("--image-size", m.image_size, "input height and width (inception_v3: >= 75, 299 with the aux head)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));

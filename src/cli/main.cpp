@@ -157,6 +157,10 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return cli::launch_main(argc, argv);
     cli::Options o;
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
+    if (o.version) {
+      print_version();
+      return 0;
+    }
     const LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, o.rendezvous, built_with_mpi());
     group = ProcessGroup::create(env, o.sync_timeout_s);
     cli::resolve(o, group->local_size(), env.launcher == Launcher::stepbench);

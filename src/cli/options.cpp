@@ -2,12 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include "bench/projection.hpp"
+#include "cli/help.hpp"
 #include "data/records.hpp"
 #include "tensor/error.hpp"
 
@@ -183,9 +187,17 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "on cuda sees a GPU) of $VIRTUAL_ENV/bin/python, $CONDA_PREFIX/bin/python, python3, "
                  "/usr/bin/python3, /opt/torch/.venv/bin/python]");
   app.add_flag("--list", b.list, "print the benchmark names this configuration registers, then exit");
+  app.add_flag("--verbose", b.verbose, "also Google Benchmark's context (the machine, the libraries) and tables");
+  app.add_flag("--version", o.version, "print the version and the backends this build has, then exit");
+  use_grouped_help(app);  // every flag in its group with a short line (cli/help.cpp)
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;
   for (const auto& extra : app.remaining()) {
+    if (extra.rfind("--benchmark_repetitions", 0) == 0) {
+      std::cerr << "stepbench: give --repetitions N instead of --benchmark_repetitions (the summary, the probes "
+                   "and --history count them)\n";
+      return 2;
+    }
     if (extra.rfind("--benchmark_", 0) == 0 && extra.find('=') != std::string::npos) {
       b.benchmark_args.push_back(extra);
     } else {
@@ -203,11 +215,22 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
 
 void resolve(Options& o, int local_processes, bool share_gpus) {
   ModelFlags& m = o.model;
+  // asking for GPUs where there are none is an error, not a quiet run on CPU towers
+  if (m.backend == BackendKind::automatic && (o.given("--gpus") || o.given("--sweep-gpus"))) {
+    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+      const std::string flag = o.given("--gpus") ? fmt::format("--gpus {}", o.gpus) : "--sweep-gpus";
+      throw UsageError(
+          fmt::format("{} asks for GPUs: {}. Add --backend cpu to run {} on CPU towers instead", flag, why, flag));
+    }
+  }
   if (m.backend == BackendKind::automatic) {
-    const std::string why = cuda_unavailable_reason();
+    std::string why = cuda_unavailable_reason();
     m.backend = resolve(BackendKind::automatic);
+    // the CUDA error's name, not its sentence: one short line (--backend cuda says it all)
+    if (const auto colon = why.find(": "), close = why.rfind(')'); colon != std::string::npos && close > colon)
+      why.erase(colon, close - colon);
     fmt::print(stderr, "stepbench: --backend auto picked {}{}\n", to_string(m.backend),
-               why.empty() ? "" : fmt::format(" ({})", why));
+               why.empty() ? "" : fmt::format(": {}", why));
   }
   const bool cuda = m.backend == BackendKind::cuda;
   if (cuda) {
@@ -375,15 +398,17 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
       b.warmup = 2;
       changed.emplace_back("--warmup 2");
     }
-    if (!o.given("--repetitions")) {
-      b.repetitions = 3;
-      changed.emplace_back("--repetitions 3");
+    if (!o.given("--repetitions")) {  // enough for stepbench compare: Holm over the 5 phases needs 5 a side
+      b.repetitions = 5;
+      changed.emplace_back("--repetitions 5");
     }
     if (!changed.empty())
-      b.reduced_note =
-          fmt::format("cpu backend: reduced configuration {} (set these flags to change it)", fmt::join(changed, " "));
+      b.reduced_note = fmt::format("reduced CPU run: {} (give these flags to change it)", fmt::join(changed, " "));
   }
   if (o.batch_size == 0) o.batch_size = 32;
+  // the live progress line: on a terminal only (never into a log, a pipe or CI's output)
+  const char* term = std::getenv("TERM");
+  b.progress = isatty(fileno(stderr)) && !(term && std::string_view(term) == "dumb");
   if (m.model == ModelKind::tiny && m.image_size == 299 && !o.given("--image-size")) m.image_size = 64;
 
   r.backend = m.backend;

@@ -30,6 +30,7 @@ struct Options {
   int device_memory_mb = 0;        // 0: what the device has
   std::string data = "synthetic";  // synthetic, synthetic-host, an image folder or a record file
   std::string peer_python;         // --peer-python: the only Python the peer tries
+  bool version = false;            // --version: print it and exit
 
   std::vector<std::string> explicitly_set;  // flag names given on the command line or in --config
   bool given(const std::string& flag) const;

@@ -87,7 +87,8 @@ struct Row {
   double noise = 0;                   // the noise floor: the larger side's relative spread
   int throttled_base = 0, throttled_head = 0;
   bool per_layer = false;
-  std::vector<LayerMove> layers;  // regressions (and unstable) of a phase: what moved most
+  std::size_t repetitions_needed = 0;  // insufficient for too few repetitions: how many per side would do
+  std::vector<LayerMove> layers;       // regressions (and unstable) of a phase: what moved most
 };
 
 struct Report {
@@ -96,6 +97,9 @@ struct Report {
   std::vector<Row> rows;           // phases, then per-layer benchmarks
   std::vector<std::string> notes;  // fingerprint or configuration differences, ...
   int exit_code() const;           // 1 when a benchmark regressed, else 0
+  // "" or what to rerun when a phase had too few repetitions to decide: "rerun both runs with
+  // --repetitions N" (N: the most any row needs).
+  std::string rerun_hint() const;
 };
 
 Report compare_runs(const Run& base, const Run& head, const Options& o);

@@ -26,6 +26,12 @@ int Report::exit_code() const {
   return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.status == Status::regression; }) ? 1 : 0;
 }
 
+std::string Report::rerun_hint() const {
+  std::size_t n = 0;
+  for (const auto& r : rows) n = std::max(n, r.status == Status::insufficient ? r.repetitions_needed : 0);
+  return n == 0 ? "" : fmt::format("to decide, rerun both runs with --repetitions {} (or more)", n);
+}
+
 namespace {
 
 bool is_per_layer(const std::string& key) { return key.find("/conv:") != std::string::npos; }
@@ -171,10 +177,11 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
         r.reason = "different machines";
       else if (!config.empty())
         r.reason = "different configurations";
-      else if (std::min(r.n_base, r.n_head) < static_cast<std::size_t>(o.min_repetitions))
+      else if (std::min(r.n_base, r.n_head) < static_cast<std::size_t>(o.min_repetitions)) {
         r.reason = fmt::format("{} and {} repetitions; at least {} per side (--repetitions)", r.n_base, r.n_head,
                                o.min_repetitions);
-      else
+        r.repetitions_needed = static_cast<std::size_t>(o.min_repetitions);
+      } else
         r.status = Status::no_change;  // eligible so far: the family's size decides below
     }
     rep.rows.push_back(r);
@@ -190,11 +197,21 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
         std::size_t n = 2;
         while (static_cast<double>(m) * smallest_p(n, n) >= o.alpha) ++n;
         r.status = Status::insufficient;
+        r.repetitions_needed = n;
         r.reason =
             fmt::format("{} and {} repetitions cannot reach p < {:g} after Holm over {} {}; at least {} per side",
                         r.n_base, r.n_head, o.alpha, m, layer_family ? "per-layer benchmarks" : "phases", n);
       }
     }
+    // what a rerun needs, for every row short of repetitions: Holm over the rows that would then count
+    std::size_t family = 0;
+    for (const auto& r : rep.rows)
+      family += r.per_layer == layer_family && (r.status != Status::insufficient || r.repetitions_needed > 0);
+    std::size_t need = 2;
+    while (static_cast<double>(family) * smallest_p(need, need) >= o.alpha) ++need;
+    for (auto& r : rep.rows)
+      if (r.per_layer == layer_family && r.repetitions_needed > 0)
+        r.repetitions_needed = std::max(r.repetitions_needed, need);
     std::vector<std::size_t> idx;
     std::vector<double> ps, pf;
     for (std::size_t i = 0; i < rep.rows.size(); ++i) {

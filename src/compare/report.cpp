@@ -70,6 +70,7 @@ std::string format_text(const Report& r) {
     for (const auto& m : row.layers) s += "    moved: " + layer_line(m) + "\n";
   }
   if (hidden) s += fmt::format("({} per-layer benchmarks without a change not shown)\n", hidden);
+  if (const std::string h = r.rerun_hint(); !h.empty()) s += h + "\n";
   return s + verdict(r) + "\n";
 }
 
@@ -89,6 +90,7 @@ std::string format_markdown(const Report& r) {
                      bad ? "**" : "", to_string(row.status), bad ? "**" : "",
                      row.reason.empty() ? "" : ": " + row.reason);
   }
+  if (const std::string h = r.rerun_hint(); !h.empty()) s += "\n" + h + "\n";
   for (const auto& row : r.rows) {
     if (row.layers.empty()) continue;
     s += fmt::format("\n**What moved in `{}`** (per-layer benchmarks, change x layers of that shape):\n\n", row.key);
@@ -105,6 +107,7 @@ std::string format_json(const Report& r) {
   j["alpha"] = r.options.alpha;
   j["notes"] = r.notes;
   j["regression"] = r.exit_code() == 1;
+  j["rerun"] = r.rerun_hint();
   auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   for (const auto& row : r.rows) {
     nlohmann::json b = {{"benchmark", row.key},

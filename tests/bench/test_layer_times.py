@@ -12,7 +12,7 @@ SCRIPTS = None
 FAST = ["--benchmark_min_time=0.01"]
 TINY = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "8", "--warmup", "1"]
 # Inception-v3 at its smallest size, without the aux head (which needs 299x299): every layer kind
-INCEPTION = ["--backend", "cpu", "--model", "inception_v3", "--image-size", "75", "--aux-logits", "off",
+INCEPTION = ["--backend", "cpu", "--model", "inception_v3", "--image-size", "75", "--no-aux-logits",
              "--batch-size", "2", "--warmup", "1"]
 TINY_LAYERS = {"conv1", "conv2", "maxpool", "block.branch1x1", "block.branch5x5_1", "block.branch5x5_2",
                "block.branch3x3_1", "block.branch3x3_2", "block.avg_pool", "block.branch_pool", "avgpool", "dropout",

@@ -154,9 +154,16 @@ TEST(CompareGate, DifferentMachinesOrTooFewRepetitionsAreInsufficientData) {
       EXPECT_NE(r.reason.find("cannot reach p < 0.05 after Holm over 5 phases; at least 5 per side"), std::string::npos)
           << r.reason;
     }
+    // and the report says exactly what to rerun
+    EXPECT_EQ(few.rerun_hint(), "to decide, rerun both runs with --repetitions 5 (or more)");
+    EXPECT_NE(format_text(few).find("rerun both runs with --repetitions 5"), std::string::npos);
   }
+  // below Options::min_repetitions on one side: the rerun needs what Holm over the family needs
+  const Report two = compare_runs(synthetic(rng, 2, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), Options{});
+  EXPECT_EQ(two.rerun_hint(), "to decide, rerun both runs with --repetitions 5 (or more)");
   const Report five = compare_runs(synthetic(rng, 5, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), Options{});
   EXPECT_EQ(five.rows[3].status, Status::regression) << five.rows[3].reason;
+  EXPECT_EQ(five.rerun_hint(), "");
   CRun e = synthetic(rng, 10, 0.01, 1.0);
   e.context["precision"] = "bf16";
   EXPECT_EQ(compare_runs(a, e, Options{}).rows[0].reason, "different configurations");

@@ -4,7 +4,7 @@
 every parameter gradient by max|a - b| / max|b| per tensor.
 
 Exit 0 on agreement, 1 on a mismatch, 77 (skip) when PyTorch or torchvision is missing.
-Also usable by hand to check a user's own weights: see README ("Checking numerics")."""
+Also usable by hand to check a user's own weights: see docs/usage.md ("Checking numerics against PyTorch")."""
 import argparse, copy, json, os, struct, subprocess, sys, tempfile
 
 try:

@@ -1,0 +1,74 @@
+// The run's fourth stage (stages.hpp): --layer-times, --trace and --project-gpus run probed steps
+// after the timed repetitions (every process together), once the measured --json is in place:
+// nothing here can take it away. A signal that came after the last benchmark skips them without
+// counting as agreed (the summary says it came after them).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "bench/stages.hpp"
+
+namespace stepbench {
+namespace {
+
+void write_trace(const Run& run, const std::vector<ProbedStep>& steps, bool activity, const std::string& note) {
+  const Towers& towers = *run.towers;
+  write_json_file(run.trace,
+                  trace_json(steps, towers,
+                             {{"stepbench", run.prefix},
+                              {"revision", run.c.revision},
+                              {"backend", towers.backend(0).name()},
+                              {"device", towers.backend(0).device_name()},
+                              {"steps", steps.size()},
+                              {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"},
+                              {"kernels", activity ? note : "none on the cpu backend"}}));
+}
+
+void probe_steps(Run& run, const Timings& t, Probes& p) {
+  const BenchConfig& c = run.c;
+  Towers& towers = *run.towers;
+  const bool activity = (c.layer_times || !run.trace.empty()) && towers.backend(0).name() != "cpu";  // CUPTI
+  std::string note;
+  const int n = c.layer_times || !c.project_gpus.empty() ? std::max(c.repetitions, 3) : 1;
+  const auto steps = run_probed_steps(towers, n, activity, &note, run.feeder.get());
+  if (activity && run.root && note != "CUPTI activity records")
+    std::cerr << "stepbench: no kernel names in the probed steps: " << note << "\n";
+  if (!c.project_gpus.empty()) {
+    p.projection = projection_input(steps, towers, c.run.overlap);
+    add_json_section(run, t, "projection",
+                     projection_json(*p.projection, p.link, project(*p.projection, p.link, c.project_gpus)));
+  }
+  if (c.layer_times) {
+    p.layer_times = summarize_layer_times(
+        steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(c.run.precision))));
+    p.layer_times->activity = note;
+    summarize_activity(*p.layer_times, steps, towers);
+    add_json_section(run, t, "layer_times", layer_times_json(*p.layer_times));
+  }
+  if (!run.trace.empty()) write_trace(run, steps, activity, note);
+}
+
+}  // namespace
+
+Probes probe(Run& run, const Timings& t) {
+  const BenchConfig& c = run.c;
+  Probes p;
+  p.link = LinkModel{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
+  const bool late_signal = run.group.allreduce_max(run.stop.local() ? 1.0 : 0.0) > 0;
+  const bool wanted = c.layer_times || !run.trace.empty() || !c.project_gpus.empty();
+  if (!wanted || late_signal || run.stop.signal() || !run.stop.halted().empty()) return p;
+  run.progress.set("probed steps after the timed ones (--layer-times, --trace, --project-gpus)");
+  try {
+    probe_steps(run, t, p);
+    run.progress.clear();
+  } catch (const Error& e) {  // the measured rows stay as written; the run's status says it
+    run.progress.clear();
+    if (run.group.size() > 1) throw;  // the other processes would wait in the probed steps' syncs: end the run
+    std::cerr << "stepbench: " << e.what() << "\n";
+    p.failed = true;
+  }
+  return p;
+}
+
+}  // namespace stepbench

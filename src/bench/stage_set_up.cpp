@@ -1,0 +1,149 @@
+// The run's first stage (stages.hpp): what can fail fast fails before minutes of set-up (Google
+// Benchmark's flags, the files the run writes, the peer's Python), then the towers and the feeder.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "bench/stages.hpp"
+#include "bench/text.hpp"
+
+namespace stepbench {
+namespace {
+
+std::string benchmark_prefix(const BenchConfig& c, int gpus) {
+  const auto& r = c.run;
+  return fmt::format("{}/{}/{}/gpus:{}/batch:{}", to_string(r.model), to_string(r.precision), to_string(r.layout), gpus,
+                     r.batch_per_tower);
+}
+
+// --history and --trace: a path that cannot be written fails now, not after the run.
+Exit check_output_files(const Run& run) {
+  const BenchConfig& c = run.c;
+  if (!c.history.empty() && run.root) {
+    std::ofstream h(c.history, std::ios::app);
+    if (!h) {
+      std::cerr << "stepbench: --history " << c.history << " cannot be appended to; give a file in a writable folder\n";
+      return 2;
+    }
+  }
+  if (!run.trace.empty()) {  // a test file beside it, removed
+    std::ofstream t(run.trace + ".partial");
+    if (!t) {
+      std::cerr << "stepbench: --trace " << run.trace << " cannot be written; give a file in a writable folder\n";
+      return 2;
+    }
+    std::remove((run.trace + ".partial").c_str());
+  }
+  return std::nullopt;
+}
+
+// What runs in one process only, and the peer's Python: a missing torch is found before the
+// benchmarks, not after.
+Exit check_single_process_flags(Run& run) {
+  const BenchConfig& c = run.c;
+  if (!c.project_gpus.empty() && run.group.size() > 1) {
+    if (run.root)
+      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it for several\n";
+    return 2;
+  }
+  if (c.peer != PeerKind::none && run.group.size() > 1) {
+    if (run.root) std::cerr << "stepbench: --peer runs PyTorch in one process; drop it with several processes\n";
+    return 2;
+  }
+  if (c.peer != PeerKind::none && !c.list) {
+    run.peer_python = choose_peer_python(c);
+    if (run.peer_python.empty()) return 2;
+  }
+  return std::nullopt;
+}
+
+std::vector<Phase> phases_to_time(const BenchConfig& c) {
+  std::vector<Phase> phases = c.phases;
+  if (phases.empty())
+    for (const auto& n : names_of<Phase>()) phases.push_back(*try_parse_enum<Phase>(n));
+  if (c.data == DataKind::synthetic) std::erase(phases, Phase::input_pipeline);
+  return phases;
+}
+
+// "N towers x batch B" in the header: GPUs on cuda, CPU towers on the cpu, several processes with
+// their transport and launcher.
+std::string towers_text(const Run& run) {
+  const auto& r = run.c.run;
+  const bool gpu = r.backend == BackendKind::cuda;
+  const auto n = [](int k, const char* one, const char* many) { return fmt::format("{} {}", k, k == 1 ? one : many); };
+  const std::string per = gpu ? n(r.towers, "GPU", "GPUs") : n(r.towers, "tower", "towers");
+  if (run.group.size() > 1)
+    return fmt::format("{} ({}, started by {}) x {} x batch {}", n(run.group.size(), "process", "processes"),
+                       run.group.transport_name(), run.group.launcher_name(), per, r.batch_per_tower);
+  return fmt::format("{} x batch {}", per, r.batch_per_tower);
+}
+
+// The header (hyperfine's): what runs, where, how big; the reduced CPU default said once, under it.
+void print_header(const Run& run) {
+  const auto& r = run.c.run;
+  const Backend& be = run.towers->backend(0);
+  const std::string model = fmt::format("{} {} {} {}x{}", to_string(r.model), to_string(r.precision),
+                                        to_string(r.layout), r.model_options.image_size, r.model_options.image_size);
+  std::string device = short_device_name(be.device_name());
+  auto line = [&] {
+    return fmt::format("stepbench {} · {} · {}: {} · {}", STEPBENCH_VERSION, model, be.name(), device,
+                       towers_text(run));
+  };
+  if (const std::size_t w = columns(line()); w > kWidth) {  // the device's name gives way, at a word
+    const std::size_t keep = device.size() > w - kWidth + 3 ? device.size() - (w - kWidth + 3) : 0;
+    const std::size_t cut = device.rfind(' ', keep);
+    device = device.substr(0, cut == std::string::npos ? keep : cut) + "...";
+  }
+  std::cout << line() << "\n";
+  if (run.c.reduced()) std::cout << wrap(run.c.reduced_note);
+  std::cout << std::flush;  // before minutes of warm-up, also into a pipe
+}
+
+// The towers (planned, cuDNN's algorithms chosen) and what the step's input comes from.
+void build_towers(Run& run) {
+  const BenchConfig& c = run.c;
+  const auto& r = c.run;
+  run.towers = std::make_unique<Towers>(r);
+  if (!c.plan_cache.empty() && r.plans && run.root) r.plans->save(c.plan_cache);  // kept even if the run fails later
+  run.towers->set_synthetic_batch(42);
+  const Graph& g0 = run.towers->graph(0);
+  run.flops = Flops{2.0 * static_cast<double>(g0.forward_macs_per_image(false)),
+                    2.0 * static_cast<double>(g0.forward_macs_per_image(true))};
+  run.images = static_cast<double>(r.batch_per_tower * run.gpus);
+  run.feeder = std::make_unique<Feeder>(c, *run.towers);
+  run.data_step = run.feeder->active() && has(run.phases, Phase::step);
+}
+
+}  // namespace
+
+Run::Run(const BenchConfig& config, const ProcessGroup& g, std::vector<std::string> peer_script_dirs)
+    : c(config),
+      group(g),
+      root(g.rank() == 0),
+      gpus(config.run.towers * g.size()),
+      prefix(benchmark_prefix(config, gpus)),
+      peer_dirs(std::move(peer_script_dirs)),
+      stop(config.interrupt, g),
+      progress(config.progress && g.rank() == 0) {}
+
+Exit set_up(Run& run, const char* argv0) {
+  const BenchConfig& c = run.c;
+  if (!init_google_benchmark(c, run.root, argv0, run.benchmark_argv)) return 2;
+  run.trace = c.trace.empty() || run.root ? c.trace : fmt::format("{}.rank{}", c.trace, run.group.rank());
+  if (Exit e = check_output_files(run)) return e;
+  if (Exit e = check_single_process_flags(run)) return e;
+  run.phases = phases_to_time(c);
+  run.progress.set("setting up: planning the towers");
+  build_towers(run);
+  run.progress.clear();
+  if (run.root) print_header(run);
+  if (c.list) {
+    if (run.root) list_names(c, *run.towers, run.phases, run.prefix, *run.feeder, run.data_step);
+    return 0;
+  }
+  return std::nullopt;
+}
+
+}  // namespace stepbench

@@ -1,0 +1,107 @@
+// The benchmark run as its stages, in the order run_benchmarks (bench.cpp) calls them:
+//
+//   set_up            stage_set_up.cpp        the checks that fail fast, the towers, the feeder
+//   warm_up           stage_warm_up.cpp       untimed steps; the non-finite check; the JSON context
+//   time_phases       stage_time_phases.cpp   the Google Benchmark fixtures, one per phase
+//   probe             stage_probe.cpp         --layer-times, --trace, --project-gpus: probed steps
+//   report_cut_short  stage_report.cpp        a signal or a blow-up: what was measured, said as such
+//   keep_run          stage_report.cpp        --history, the plan cache, --suggest, input_stages
+//   compare_with_peer stage_peer.cpp          --peer: the same phases in PyTorch
+//   report            stage_report.cpp        the summary and the sections the flags asked for
+//
+// Each stage takes the Run (what set_up built) and the plain results of the stages before it, and
+// returns its own. To add a stage: a struct for what it finds, a function here, a file, a line in
+// run_benchmarks. Internal to src/bench.
+#pragma once
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "bench/config.hpp"
+#include "bench/feeder.hpp"
+#include "bench/interrupt.hpp"
+#include "bench/layer_times.hpp"
+#include "bench/peer.hpp"
+#include "bench/progress.hpp"
+#include "bench/projection.hpp"
+#include "bench/reporter.hpp"
+#include "bench/run_parts.hpp"
+#include "comm/process_group.hpp"
+#include "train/towers.hpp"
+
+namespace stepbench {
+
+// A stage's early end of the run: the process exit status (nullopt: go on to the next stage).
+using Exit = std::optional<int>;
+
+// What every stage reads: the configuration, the process group, and what set_up built.
+struct Run {
+  Run(const BenchConfig& config, const ProcessGroup& g, std::vector<std::string> peer_script_dirs);
+
+  const BenchConfig& c;
+  const ProcessGroup& group;
+  const bool root;           // process 0: the one that reports
+  const int gpus;            // towers over every process (names, images/s and the summary count them all)
+  const std::string prefix;  // the benchmarks' names: <model>/<precision>/<layout>/gpus:N/batch:B
+  const std::vector<std::string> peer_dirs;  // where bench/torch_peer.py may be
+  std::vector<Phase> phases;                 // the phases to time, in run order
+  std::string trace;                         // --trace for this process ("" none; FILE.rankN off the root)
+  std::string peer_python;                   // the interpreter that runs --peer ("" none)
+  BenchmarkArgv benchmark_argv;              // Google Benchmark's command line, alive until the run ends
+  std::unique_ptr<Towers> towers;
+  std::unique_ptr<Feeder> feeder;
+  Flops flops{};
+  double images = 0;       // per step, over every tower
+  bool data_step = false;  // the step:data=... fixture: the step fed by the feeder
+  Interrupt stop;          // a signal, or numbers that stopped being finite
+  Progress progress;       // the live line on a terminal (off elsewhere and off the root process)
+  int fixtures = 0;        // the benchmarks time_phases registered, for the progress line
+};
+
+// What time_phases measured.
+struct Timings {
+  std::unique_ptr<SummaryReporter> reporter;  // every repetition by name, the errors, what was cut short
+  std::unique_ptr<std::ostream> devnull;      // the reporter's streams off the root process
+  bool json_in_place = false;                 // --json is a FIFO or /dev/stdout: nothing can be added to it
+  Exit exit;                                  // the run ends here (no benchmark ran, --json not written)
+};
+
+// What probe found in the probed steps after the timed repetitions.
+struct Probes {
+  std::optional<LayerTimes> layer_times;      // --layer-times
+  std::optional<ProjectionInput> projection;  // --project-gpus
+  LinkModel link;                             // the link --project-gpus projects over
+  bool failed = false;                        // a probed step threw (said on stderr); the exit status is 1
+};
+
+// Shared by the stages: adds key: v to --json on the root process, or says on stderr why it cannot
+// (--json is a FIFO or /dev/stdout). Error when the file cannot be rewritten.
+void add_json_section(const Run& run, const Timings& t, const std::string& key, const nlohmann::json& v);
+// The exit status of a process other than the root, which reports nothing.
+int other_process_exit(const Run& run, const Timings& t, const Probes& p);
+
+// Google Benchmark's flags, the files the run will write, the peer's Python, then the towers and
+// the feeder. Ends the run with 2 on a usage error, with 0 after --list.
+Exit set_up(Run& run, const char* argv0);
+// --warmup untimed steps (never fewer than one), then the JSON context. Ends the run after a signal
+// (nothing was measured) or numbers that stopped being finite.
+Exit warm_up(Run& run);
+// Registers one fixture per phase (and --cuda-graph's, the input's, --per-layer's) and runs them;
+// --json is whole once it returns.
+Timings time_phases(Run& run);
+// --layer-times, --trace, --project-gpus: probed steps after the timed repetitions (every process
+// together), their results added to --json.
+Probes probe(Run& run, const Timings& t);
+// After a signal or a blow-up: the summary of what was measured, what was not, and the exit status.
+Exit report_cut_short(Run& run, const Timings& t, const Probes& p);
+// A whole run: appended to --history, the plan cache saved, --suggest's remedies measured, the
+// input stages added to --json.
+void keep_run(Run& run, const Timings& t);
+// --peer: the same phases in PyTorch (an empty result without --peer, or with the reason on stderr).
+PeerResult compare_with_peer(Run& run, const Timings& t, const Probes& p);
+// The summary, then the sections the flags asked for; returns the exit status.
+int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer);
+
+}  // namespace stepbench
