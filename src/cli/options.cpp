@@ -367,7 +367,13 @@ void resolve(Options& o) {
           fmt::format("cpu backend: reduced configuration {} (set these flags to change it)", fmt::join(changed, " "));
   }
   if (o.batch_size == 0) o.batch_size = 32;
-  if (m.model == ModelKind::tiny && m.image_size == 299 && !o.given("--image-size")) m.image_size = 64;
+  if (!o.given("--image-size")) m.image_size = default_image_size(m.model);
+  if (m.model != ModelKind::inception_v3) {
+    if (o.given("--aux-logits") && m.aux_logits)
+      throw UsageError(
+          fmt::format("--aux-logits is Inception-v3's auxiliary head; {} has none: drop it", to_string(m.model)));
+    m.aux_logits = false;
+  }
 
   r.backend = m.backend;
   r.towers = o.gpus;

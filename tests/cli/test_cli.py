@@ -42,7 +42,7 @@ class Flags(unittest.TestCase):
     def test_bad_values_name_the_flag_and_the_choices(self):
         self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
         self.bad(["--format", "nchwc"], "--format", "nhwc")
-        self.bad(["--model", "resnet50"], "--model", "inception_v3", "tiny")
+        self.bad(["--model", "resnet101"], "--model", "inception_v3", "resnet50", "tiny")
         self.bad(["--variable-update", "ring"], "--variable-update", "parameter_server")
         self.bad(["--optimizer", "adam"], "--optimizer", "rmsprop")
         self.bad(["--backend", "tpu"], "--backend", "cuda")
@@ -65,6 +65,8 @@ class Flags(unittest.TestCase):
         self.bad(["--backend", "cpu", "--precision", "bf16"], "bf16", "--precision fp32")
         self.bad(["--backend", "cpu", "--image-size", "150"], "--image-size 150", "aux")
         self.bad(["--backend", "cpu", "--image-size", "40", "--aux-logits", "off"], "--image-size 40")
+        self.bad(["--backend", "cpu", "--model", "resnet50", "--image-size", "16"], "--image-size 16", "resnet50")
+        self.bad(["--backend", "cpu", "--model", "resnet50", "--aux-logits", "on"], "--aux-logits", "resnet50 has none")
         self.bad(["--backend", "cpu", "--batch-size", "100000"], "batch size 100000", "GiB", "--batch-size")
         self.bad(["--backend", "cpu", "--ps-device", "cpu"], "--ps-device cpu", "parameter_server")
         self.bad(["--ps-device", "gpu0"], "--ps-device", "device", "cpu")
