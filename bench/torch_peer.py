@@ -6,6 +6,7 @@ last line: {"phase": median_ms, ..., "timing": "cuda events" | "host"}; on CUDA 
 device time between events (as stepbench's), and "host_ms" holds the host wall times.
 
   bench/torch_peer.py --model inception_v3 --batch-size 8 --image-size 299 --format nchw
+  bench/torch_peer.py --model resnet50 --batch-size 32 --image-size 224 --format nhwc
   bench/torch_peer.py --device cuda --batch-size 128 --format nhwc --precision bf16 [--compile]
 
 Precision as stepbench's: fp32 (TF32 off for convolutions and matmuls), tf32 (on for both), bf16 and
@@ -15,9 +16,11 @@ call sets the count), or exactly --calls; the median is per call.
 
 --layer-times N: after the phases, N more steps under PyTorch's profiler (CPU activities), with each
 of torchvision's layers (BasicConv2d = conv + BN + ReLU, the pooling, dropout and fc modules, and the
-functional pools inside the Inception blocks) as a record_function range: per layer, the median
-forward time (its range) and backward time (the autograd functions whose sequence numbers its
-forward ops recorded), named as stepbench names its layers; under "layers" in the JSON.
+functional pools inside the Inception blocks; ResNet-50's conv1 + bn1 + relu, each bottleneck's
+conv + BN (+ ReLU) units, downsample and its `out += identity; relu(out)`) as a record_function
+range: per layer, the median forward time (its range) and backward time (the autograd functions
+whose sequence numbers its forward ops recorded), named as stepbench names its layers; under
+"layers" in the JSON.
 
 Exit 77 when torch or torchvision is missing."""
 import argparse, contextlib, json, math, os, statistics, sys, time
@@ -34,17 +37,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "tiny"])
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "tiny"])
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=299)
     ap.add_argument("--format", default="nchw", choices=["nchw", "nhwc"])
-    ap.add_argument("--aux-logits", default="on", choices=["on", "off"])
+    ap.add_argument("--aux-logits", default="on", choices=["on", "off"], help="inception_v3's auxiliary head")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads; 0: OMP_NUM_THREADS when set, else every core (as OpenMP's default)")
-    ap.add_argument("--dropout", type=float, default=0.5, help="before the final fc in training, as stepbench's model")
+    ap.add_argument("--dropout", type=float, default=0.5,
+                    help="before the final fc in training, as stepbench's model (resnet50 has none)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
@@ -78,6 +82,9 @@ def main():
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
         model = Tiny(dropout=args.dropout)
+    elif args.model == "resnet50":  # v1.5, torchvision's initialisation (as src/models/resnet50.cpp)
+        model = torchvision.models.resnet50(weights=None)
+        args.dropout = 0.0
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=args.aux_logits == "on",
                                                 init_weights=True, dropout=args.dropout)
@@ -159,7 +166,7 @@ def main():
         out[name] = statistics.median(ms)
         host[name] = statistics.median(hs)
     if args.layer_times:
-        out["layers"] = layer_times(model, step, sync, args.layer_times)
+        out["layers"] = layer_times(model, step, sync, args.layer_times, args.model)
     out["timing"] = "cuda events" if dev.type == "cuda" else "host"
     out["host_ms"] = host
     out["calls"] = calls
@@ -179,7 +186,8 @@ def main():
                            f"{', GradScaler' if args.precision == 'fp16' else ''}, {out['threads']} threads")
     else:
         out["settings"] = f"fp32 on the CPU, autocast=off, {out['threads']} threads"
-    out["settings"] += (f", dropout {args.dropout:g}, {'torch.compile' if args.compile else 'eager'}, "
+    dropout = "none (resnet50 has none)" if args.model == "resnet50" else f"{args.dropout:g}"
+    out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
 
@@ -188,7 +196,26 @@ def main():
 POOL_OPS = {"aten::avg_pool2d": "avg_pool", "aten::max_pool2d": "max_pool", "aten::adaptive_avg_pool2d": "adaptive_avg_pool"}
 
 
-def layer_times(model, step, sync, steps):
+def resnet_block_forward(self, x):
+    """torchvision's Bottleneck.forward, the same ops, with each of stepbench's units a range."""
+    rf, name = torch.autograd.profiler.record_function, self.stepbench_name
+    identity = x
+    with rf(f"layer:{name}.conv1"):
+        out = self.relu(self.bn1(self.conv1(x)))
+    with rf(f"layer:{name}.conv2"):
+        out = self.relu(self.bn2(self.conv2(out)))
+    with rf(f"layer:{name}.conv3"):
+        out = self.bn3(self.conv3(out))
+    if self.downsample is not None:
+        with rf(f"layer:{name}.downsample"):
+            identity = self.downsample(x)
+    with rf(f"layer:{name}.add_relu"):
+        out += identity
+        out = self.relu(out)
+    return out
+
+
+def layer_times(model, step, sync, steps, model_name):
     """Per layer, {"forward_ms", "backward_ms"}: medians over `steps` profiled steps (host time of the
     CPU ops; on CUDA the launches, not the kernels)."""
     leaves = ("BasicConv2d", "MaxPool2d", "AdaptiveAvgPool2d", "Dropout", "Linear")
@@ -209,10 +236,22 @@ def layer_times(model, step, sync, steps):
     containers = {name for name, mod in model.named_modules()
                   if name and type(mod).__name__ not in leaves
                   and any(type(ch).__name__ == "BasicConv2d" for ch in mod.children())}
-    handles = []
-    for name, mod in model.named_modules():
-        if type(mod).__name__ in leaves or name in containers:
+    handles, blocks = [], []
+    if model_name == "resnet50":
+        # the stem's conv1 + bn1 + relu is one unit; each bottleneck runs its units as ranges
+        handles += [model.conv1.register_forward_pre_hook(enter("conv1")), model.relu.register_forward_hook(leave)]
+        for name in ("maxpool", "avgpool", "fc"):
+            mod = getattr(model, name)
             handles += [mod.register_forward_pre_hook(enter(name)), mod.register_forward_hook(leave)]
+        for name, mod in model.named_modules():
+            if type(mod).__name__ == "Bottleneck":
+                mod.stepbench_name = name
+                mod.forward = resnet_block_forward.__get__(mod)
+                blocks.append(mod)
+    else:
+        for name, mod in model.named_modules():
+            if type(mod).__name__ in leaves or name in containers:
+                handles += [mod.register_forward_pre_hook(enter(name)), mod.register_forward_hook(leave)]
     per_step = []
     try:
         for _ in range(steps):
@@ -223,6 +262,8 @@ def layer_times(model, step, sync, steps):
     finally:
         for h in handles:
             h.remove()
+        for mod in blocks:
+            del mod.forward  # torchvision's own again
     names = sorted({n for d in per_step for n in d})
     return {n: {k: statistics.median(d.get(n, {}).get(k, 0.0) for d in per_step) for k in ("forward_ms", "backward_ms")}
             for n in names}

@@ -4,7 +4,8 @@
 #   gpu-check.sh tests OUT    every GPU test, then the cuda op and step tests again with batch norm and
 #                             pooling on stepbench's own kernels (STEPBENCH_CUDA_OWN_KERNELS=1)
 #   gpu-check.sh bench OUT    Inception-v3, batch 128 per GPU: fp32 NCHW, tf32 NHWC, bf16 NHWC, fp16 NHWC,
-#                             forward, forward_backward and step, each also replayed as a CUDA Graph
+#                             forward, forward_backward and step, each also replayed as a CUDA Graph;
+#                             then ResNet-50 bf16 NHWC at batch 256 the same way (MLPerf's configuration)
 #   gpu-check.sh peer OUT [BENCH_JSON]
 #                             the same configurations in PyTorch on the same GPU (eager with autocast or
 #                             TF32 as stepbench, then torch.compile); images/s ratios against OUT/bench.json
@@ -217,6 +218,21 @@ stage_bench() {
     fi
     sed -n '/^phase/,$p' "$tmp/$name.txt" | head -20
   done
+  # ResNet-50 v1.5 as the published figures run it (MLPerf Training, NVIDIA's DeepLearningExamples):
+  # bf16 NHWC, batch 256, CUDA Graph replay; its summary here, its JSON in the tar.gz
+  local rn=resnet50-bf16-nhwc-b256
+  if [ $((SECONDS - start)) -gt 330 ]; then
+    echo "== $rn skipped: the bench stage's 8-minute budget"
+  else
+    echo "== $rn"
+    if ! timeout 150 "$BIN/stepbench" --backend cuda --model resnet50 --batch-size 256 --precision bf16 --format nhwc \
+        --phases forward,forward_backward,step --cuda-graph --warmup 5 --repetitions 5 \
+        --plan-cache "$tmp/plans.json" --json "$tmp/$rn.json" > "$tmp/$rn.txt" 2> "$tmp/$rn.err"; then
+      rc=1
+      echo "failed:"; tail -5 "$tmp/$rn.err"
+    fi
+    sed -n '/^phase/,$p' "$tmp/$rn.txt" | head -20
+  fi
   "$PY" - "$tmp" "$OUT_DIR/bench.json" "$BATCH" <<'PY' || rc=1
 import glob, json, os, statistics, sys
 tmp, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/image_decode.hpp"
 #include "tensor/tensor.hpp"
 
 namespace stepbench {
@@ -157,6 +158,19 @@ class ReluOp {
   virtual void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) = 0;
 };
 
+// A residual connection's sum and the ReLU after it, fused (ResNet's `relu(out + identity)`):
+// y = max(a + b, 0). Backward sends g = dy where y > 0 (else 0) to both inputs: da = g + beta_a da
+// and db = g + beta_b db; an input whose tensor has no data (Tensor{}) gets nothing. a, b and y
+// (and dy, da, db) share one shape and layout; any strides.
+class AddReluOp {
+ public:
+  virtual ~AddReluOp() = default;
+  virtual std::string implementation() const { return "stepbench kernel"; }  // for reports
+  virtual void forward(Stream&, const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& da, float beta_a, const Tensor& db,
+                        float beta_b) = 0;
+};
+
 // Fully connected: x is N x K (an N x K x 1 x 1 tensor), w is M x K row-major (PyTorch's Linear),
 // b has M entries, y is N x M.
 class LinearOp {
@@ -212,44 +226,6 @@ struct DeviceState {
   unsigned long long throttle_reasons = 0;  // NVML's clocks-throttle-reason bits
   bool throttled = false;                   // a power cap, thermal or hardware slowdown was active
   std::string throttle_text;                // e.g. "sw_power_cap, hw_thermal"; "" when none
-};
-
-// ---- images decoded on the device (--decode gpu) ---------------------------------------------------
-// The input pipeline's per-image transforms (src/data/augment.hpp) in the R x R image its resize
-// makes: torchvision's RandomResizedCrop box, resized to S x S, and the horizontal flip.
-struct ImageCrop {
-  int x = 0, y = 0, w = 0, h = 0;
-  bool flip = false;
-};
-struct ImageDecodeParams {
-  int batch = 1;  // images per call, at most
-  int store = 0;  // R: the shorter side resized to it, the longer centred
-  int size = 0;   // S: the crop's output
-  float mean[3] = {0, 0, 0}, stddev[3] = {1, 1, 1};
-  bool hardware = true;  // cuda: nvJPEG's hardware decoder where the GPU has one (else its hybrid backend)
-};
-// An 8-bit RGB image in host memory, rows packed.
-struct HostRgb {
-  const unsigned char* px = nullptr;
-  int w = 0, h = 0;
-};
-// Decodes JPEG files on the device and runs the pipeline's transforms there with its arithmetic
-// (from the same decoded pixels, the same floats as src/data/augment.cpp), writing image i into
-// slot i of a batch tensor (N x 3 x S x S, f32, NCHW or NHWC, dense). Planned once: device buffers
-// grow to the largest images seen, and then stay.
-class ImageDecodeOp {
- public:
-  virtual ~ImageDecodeOp() = default;
-  virtual std::string library() const = 0;  // what decodes, for reports ("nvJPEG 13.0.4, hybrid backend")
-  // files[i] (host memory, JPEG) into slot i of out; per file "" or why the device could not decode
-  // it (that slot is left as it was). Returns when out is written (s synchronised).
-  virtual std::vector<std::string> decode(Stream& s,
-                                          const std::vector<std::pair<const unsigned char*, std::size_t>>& files,
-                                          const std::vector<ImageCrop>& crops, const Tensor& out) = 0;
-  // The same transforms from images already decoded (host memory, read before it returns) into the
-  // slots given: a file the device refused, decoded on the CPU; the check against the CPU's transforms.
-  virtual void transform(Stream& s, const std::vector<HostRgb>& images, const std::vector<ImageCrop>& crops,
-                         const std::vector<int>& slots, const Tensor& out) = 0;
 };
 
 // One piece of work the device ran, from the backend's activity records (CUPTI on cuda): a kernel,
@@ -376,6 +352,7 @@ class Backend {
                                                        const BatchNormParams& p) = 0;
   virtual std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) = 0;
   virtual std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc& y) = 0;
+  virtual std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) = 0;
   virtual std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) = 0;
   virtual std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) = 0;
   virtual std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDesc& logits) = 0;

@@ -63,17 +63,19 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   // what ran the convolutions, batch norm and pooling, counted per distinct choice (after warm-up:
   // a library that declined a configuration has been replaced by then)
   const auto layers = t.graph(0).layers();
-  auto tally = [&](const char* key, const char* kind, std::string LayerInfo::*what) {
+  auto tally = [&](const char* key, auto counted, std::string LayerInfo::*what) {
     std::map<std::string, int> n;
     for (const auto& l : layers)
-      if (l.kind == kind) ++n[l.*what];
+      if (counted(l)) ++n[l.*what];
     std::string v;
     for (const auto& [impl, count] : n) v += fmt::format("{}{} x {}", v.empty() ? "" : "; ", count, impl);
     if (!v.empty()) add(key, v);
   };
-  tally("conv_algorithms", "conv_bn_relu", &LayerInfo::conv_algorithm);
-  tally("batch_norm_kernels", "conv_bn_relu", &LayerInfo::implementation);
-  tally("pool_kernels", "pool", &LayerInfo::implementation);
+  const auto conv_bn = [](const LayerInfo& l) { return l.is_conv_bn(); };
+  tally("conv_algorithms", conv_bn, &LayerInfo::conv_algorithm);
+  tally("batch_norm_kernels", conv_bn, &LayerInfo::implementation);
+  tally(
+      "pool_kernels", [](const LayerInfo& l) { return l.kind == "pool"; }, &LayerInfo::implementation);
   return ctx;
 }
 

@@ -23,6 +23,8 @@ namespace {
 std::string work_kind(const LayerTimes::Row& r) {
   if (r.part.rfind("conv_", 0) == 0) return "convolution";
   if (r.part.rfind("bn_relu", 0) == 0) return "batch norm + ReLU";
+  if (r.part.rfind("bn_", 0) == 0) return "batch norm";
+  if (r.kind == "add_relu") return "residual add + ReLU";
   if (r.kind == "pool") return "pooling";
   if (r.kind == "linear") return "fully connected";
   if (r.kind == "cross_entropy") return "loss";

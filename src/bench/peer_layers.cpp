@@ -12,6 +12,8 @@ namespace {
 
 std::string kind_name(const std::string& kind) {
   if (kind == "conv_bn_relu") return "conv + BN + ReLU";
+  if (kind == "conv_bn") return "conv + BN";
+  if (kind == "add_relu") return "residual add + ReLU";
   if (kind == "pool") return "pooling";
   if (kind == "linear") return "fully connected";
   return kind;

@@ -20,14 +20,16 @@ CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool& v, const s
 
 void add_model_flags(CLI::App& app, ModelFlags& m) {
   add_enum(app, "--backend", m.backend, "auto (cuda when a GPU is visible, else cpu), cpu or cuda");
-  add_enum(app, "--model", m.model, "inception_v3 or tiny", user_models());
+  add_enum(app, "--model", m.model, "inception_v3, resnet50 or tiny", user_models());
   add_enum(app, "--format", m.layout, "activation layout: nchw or nhwc", names_of<Layout>());
   add_enum(app, "--precision", m.precision, "fp32, tf32 (cuda), bf16 or fp16");
   app.add_flag_callback(
       "--no-aux-logits", [&m] { m.aux_logits = false; }, "leave out Inception's auxiliary head (training only)");
   // the old spelling, still read (presets, scripts), no longer listed
   add_switch(app, "--aux-logits", m.aux_logits, "Inception's auxiliary head in training: on or off")->group("");
-  app.add_option("--image-size", m.image_size, "input height and width (inception_v3: >= 75, 299 with the aux head)")
+  app.add_option("--image-size", m.image_size,
+                 "input height and width [default: 299 for inception_v3 (>= 75, 299 with the aux head), 224 for "
+                 "resnet50 (>= 32), 64 for tiny]")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
 }

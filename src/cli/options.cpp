@@ -409,7 +409,13 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
   // the live progress line: on a terminal only (never into a log, a pipe or CI's output)
   const char* term = std::getenv("TERM");
   b.progress = isatty(fileno(stderr)) && !(term && std::string_view(term) == "dumb");
-  if (m.model == ModelKind::tiny && m.image_size == 299 && !o.given("--image-size")) m.image_size = 64;
+  if (!o.given("--image-size")) m.image_size = default_image_size(m.model);
+  if (m.model != ModelKind::inception_v3) {
+    if (o.given("--aux-logits") && m.aux_logits)
+      throw UsageError(
+          fmt::format("--aux-logits is Inception-v3's auxiliary head; {} has none: drop it", to_string(m.model)));
+    m.aux_logits = false;
+  }
 
   r.backend = m.backend;
   r.towers = o.gpus;

@@ -20,7 +20,9 @@ namespace stepbench {
 
 using ValueId = int;
 
-enum class ParamInit { trunc_normal, ones, zeros, linear_bias };
+// normal: N(0, init_std) (kaiming_normal_ with the std its caller derives); uniform_fan_in:
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)), nn.Linear's default for its weight and bias.
+enum class ParamInit { trunc_normal, normal, ones, zeros, uniform_fan_in };
 
 struct ParamEntry {
   std::string name;                 // torchvision's state_dict name
@@ -31,7 +33,7 @@ struct ParamEntry {
   bool is_filter = false;           // stored in `format` (or `storage`) rather than O,I,KH,KW
   FilterFormat format = FilterFormat::oihw;
   ParamInit init = ParamInit::zeros;
-  float init_std = 0.1f;  // trunc_normal; linear_bias uses 1/sqrt(fan_in)
+  float init_std = 0.1f;  // trunc_normal and normal
   std::int64_t fan_in = 0;
   // A filter in its backend's own storage (Backend::conv_filter_storage; `format` is then unused).
   std::shared_ptr<const FilterStorage> storage = nullptr;
@@ -44,8 +46,8 @@ struct ParamEntry {
 
 // What a layer is, for listings and for checking a layer in place.
 struct LayerInfo {
-  std::string kind;   // conv_bn_relu, pool, dropout, linear, cross_entropy
-  std::string name;   // parameter prefix; empty for layers without parameters
+  std::string kind;   // conv_bn_relu, conv_bn (no ReLU), add_relu, pool, dropout, linear, cross_entropy
+  std::string name;   // the layer's module name (linear: its parameters' prefix); empty for layers without parameters
   std::string label;  // what reports call it: the name, else the builder's label, else <kind>_<index>
   std::vector<ValueId> in;
   ValueId out = -1;  // -1 for the loss
@@ -55,9 +57,24 @@ struct LayerInfo {
   std::size_t ready_after = 0;  // after plan(): the gradient-arena prefix (floats) final once its backward ran
   float loss_weight = 0;        // cross_entropy: its term's weight in the loss
   std::int64_t macs = 0;        // whole batch
+  // conv_bn_relu and conv_bn: the convolution's weight and the batch norm's prefix (ConvBnSpec), its eps
+  std::string weight, bn;
+  double bn_eps = 0;
+  bool is_conv_bn() const { return kind == "conv_bn_relu" || kind == "conv_bn"; }
   // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
   // pooling's implementation.
   std::string conv_algorithm, implementation;
+};
+
+// A convolution (no bias) -> BatchNorm2d -> ReLU (optional) unit: its parameters' torchvision names,
+// batch norm's eps and the weight's initialisation.
+struct ConvBnSpec {
+  std::string weight;  // the convolution's weight, "layer1.0.conv1.weight"
+  std::string bn;      // the batch norm's prefix, "layer1.0.bn1": .weight, .bias, .running_mean, .running_var
+  bool relu = true;    // the ReLU after the batch norm, fused into it
+  double eps = 1e-3;   // BatchNorm2d's eps: 1e-3 in torchvision's BasicConv2d, PyTorch's default 1e-5
+  ParamInit init = ParamInit::trunc_normal;  // the weight's: trunc_normal or normal, with init_std
+  float init_std = 0.1f;
 };
 
 struct GraphConfig {
@@ -84,6 +101,12 @@ class Graph {
   // named <name>.conv.weight and <name>.bn.{weight,bias,running_mean,running_var}.
   ValueId conv_bn_relu(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p,
                        float init_std = 0.1f);
+  // Conv2d(bias=False) -> BatchNorm2d -> ReLU if spec.relu (kind conv_bn_relu, else conv_bn), the
+  // parameters named by spec; name: what reports call it (torchvision's module name).
+  ValueId conv_bn(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p, const ConvBnSpec& spec);
+  // A residual connection: relu(a + b), a and b of one shape (two different values). Backward sends
+  // the masked gradient to both (fan-out: accumulated where they have other consumers).
+  ValueId add_relu(ValueId a, ValueId b, const std::string& label = {});
   // label: what reports call the layer (torchvision's module name where it has one, "maxpool1").
   ValueId pool(ValueId x, const PoolParams& p, const std::string& label = {});
   ValueId global_avg_pool(ValueId x, const std::string& label = {});
@@ -91,8 +114,10 @@ class Graph {
   // Each part must be produced by a layer and not already be part of a concat.
   ValueId concat(const std::vector<ValueId>& parts);
   ValueId dropout(ValueId x, double p, const std::string& label = {});
-  // Linear (with bias) over the flattened N x C x 1 x 1 input. <name>.weight, <name>.bias.
-  ValueId linear(const std::string& name, ValueId x, std::int64_t out, float init_std = 0.1f);
+  // Linear (with bias) over the flattened N x C x 1 x 1 input. <name>.weight, <name>.bias. The weight
+  // from a truncated normal of init_std, or as weight_init says (uniform_fan_in: nn.Linear's default).
+  ValueId linear(const std::string& name, ValueId x, std::int64_t out, float init_std = 0.1f,
+                 ParamInit weight_init = ParamInit::trunc_normal);
   // Adds weight * cross_entropy(logits, labels) to the loss and names the logits as an output.
   void cross_entropy(ValueId logits, float weight, const std::string& output_name);
   // Layers added while this is set run only in training (torchvision's aux head).
@@ -209,8 +234,9 @@ class Graph {
 void filter_to_storage(const float* oihw, float* dst, const ParamEntry& e);
 void filter_from_storage(const float* src, float* oihw, const ParamEntry& e);
 
-// torchvision's initialisation from a seed: truncated normal (std per parameter, cut at +-2),
-// BN weight 1 and bias 0, Linear bias uniform(+-1/sqrt(fan_in)), running mean 0 and var 1.
+// torchvision's initialisation from a seed: truncated normal (std per parameter, cut at +-2) or
+// normal, BN weight 1 and bias 0, Linear bias (and weight, where asked) uniform(+-1/sqrt(fan_in)),
+// running mean 0 and var 1.
 // Writes through host memory, so it works on every backend.
 void init_parameters(Graph& g, std::uint64_t seed);
 

@@ -38,9 +38,12 @@ void init_parameters(Graph& g, std::uint64_t seed) {
           v = static_cast<float>(x);
         }
         break;
+      case ParamInit::normal:  // torch.nn.init.kaiming_normal_: the std comes with the entry
+        for (auto& v : logical) v = static_cast<float>(rng.normal() * e.init_std);
+        break;
       case ParamInit::ones: logical.assign(e.numel(), 1.0f); break;
       case ParamInit::zeros: break;
-      case ParamInit::linear_bias: {
+      case ParamInit::uniform_fan_in: {
         const double bound = 1.0 / std::sqrt(static_cast<double>(e.fan_in));
         for (auto& v : logical) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
         break;

@@ -1,5 +1,5 @@
 // Convolution forward, backward data (overwriting and accumulating) and backward filter against the
-// oracle, over the kernel shapes Inception uses.
+// oracle, over the kernel shapes Inception and ResNet use.
 #include <fmt/format.h>
 
 #include "backend/ops_common.hpp"
@@ -13,7 +13,7 @@ struct ConvCase {
   std::int64_t cout;
   ConvParams p;
 };
-// The kernel shapes Inception uses, on small inputs.
+// The kernel shapes Inception and ResNet use, on small inputs.
 const ConvCase kConvCases[] = {
     {"3x3_s1_p1", {2, 5, 9, 9}, 6, {3, 3, 1, 1, 1, 1}},
     {"3x3_s2_p0", {2, 4, 11, 11}, 5, {3, 3, 2, 2, 0, 0}},
@@ -25,6 +25,9 @@ const ConvCase kConvCases[] = {
     {"3x1_p1_0", {2, 6, 5, 5}, 3, {3, 1, 1, 1, 1, 0}},
     {"5x5_p2", {2, 3, 8, 8}, 4, {5, 5, 1, 1, 2, 2}},
     {"5x5_p0_aux", {2, 6, 5, 5}, 7, {5, 5, 1, 1, 0, 0}},
+    // and ResNet's: the 7x7 stem and the strided 1x1 downsample
+    {"7x7_s2_p3_stem", {2, 3, 16, 16}, 8, {7, 7, 2, 2, 3, 3}},
+    {"1x1_s2_downsample", {3, 4, 10, 10}, 5, {1, 1, 2, 2, 0, 0}},
 };
 
 TEST_P(Ops, Convolution) {

@@ -59,7 +59,7 @@ class Flags(unittest.TestCase):
     def test_bad_values_name_the_flag_and_the_choices(self):
         self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
         self.bad(["--format", "nchwc"], "--format", "nhwc")
-        self.bad(["--model", "resnet50"], "--model", "inception_v3", "tiny")
+        self.bad(["--model", "resnet101"], "--model", "inception_v3", "resnet50", "tiny")
         self.bad(["--variable-update", "ring"], "--variable-update", "parameter_server")
         self.bad(["--optimizer", "adam"], "--optimizer", "rmsprop")
         self.bad(["--backend", "tpu"], "--backend", "cuda")
@@ -82,6 +82,8 @@ class Flags(unittest.TestCase):
         self.bad(["--backend", "cpu", "--precision", "bf16"], "bf16", "--precision fp32")
         self.bad(["--backend", "cpu", "--image-size", "150"], "--image-size 150", "aux")
         self.bad(["--backend", "cpu", "--image-size", "40", "--aux-logits", "off"], "--image-size 40")
+        self.bad(["--backend", "cpu", "--model", "resnet50", "--image-size", "16"], "--image-size 16", "resnet50")
+        self.bad(["--backend", "cpu", "--model", "resnet50", "--aux-logits", "on"], "--aux-logits", "resnet50 has none")
         self.bad(["--backend", "cpu", "--batch-size", "100000"], "batch size 100000", "GiB", "--batch-size")
         self.bad(["--backend", "cpu", "--ps-device", "cpu"], "--ps-device cpu", "parameter_server")
         self.bad(["--ps-device", "gpu0"], "--ps-device", "device", "cpu")
@@ -575,6 +577,34 @@ class Peer(unittest.TestCase):
         c = rows["conv1"]
         gap = c["forward_ms"] + c["backward_ms"] - c["peer_forward_ms"] - c["peer_backward_ms"]
         self.assertAlmostEqual(float(line.split()[-1]), gap, delta=2e-3, msg=line)
+
+    def test_resnet50s_layers_are_named_alike_on_both_sides(self):
+        """The peer builds torchvision's resnet50 and times each of stepbench's units under its name:
+        conv1, the bottlenecks' conv1-3, downsample and add_relu, the pools, fc."""
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
+            self.skipTest("python3-torch and python3-torchvision are not installed")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            p = subprocess.run([STEPBENCH, "--backend", "cpu", "--model", "resnet50", "--image-size", "32",
+                                "--batch-size", "2", "--warmup", "1", "--repetitions", "1", "--phases", "step",
+                                "--layer-times", "--peer", "pytorch", "--peer-python", "/usr/bin/python3", "--json",
+                                path, *FAST],
+                               capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            self.assertEqual(p.returncode, 0, f"{p.stdout}\n{p.stderr}")
+            with open(path) as f:
+                j = json.load(f)
+        self.assertRegex(p.stderr, r"--model resnet50 .*--aux-logits off")
+        labels = {q["layer"] for q in j["layer_times"]["pieces"] if q["layer"]}
+        rows = {r["layer"]: r for r in j["peer_layer_times"]["layers"]}
+        blocks = [f"layer{s}.{b}" for s, n in ((1, 3), (2, 4), (3, 6), (4, 3)) for b in range(n)]
+        want = {"conv1", "maxpool", "avgpool", "fc"} | {f"{b}.{u}" for b in blocks for u in ("conv1", "conv2", "conv3",
+                                                                                               "add_relu")}
+        want |= {f"layer{s}.0.downsample" for s in (1, 2, 3, 4)}
+        self.assertEqual(set(rows), want)
+        self.assertEqual(labels - want, {"loss(logits)"} & labels)  # every layer but the loss has its peer
+        for name, r in rows.items():
+            self.assertGreater(r["peer_forward_ms"], 0, name)
+            self.assertGreater(r["peer_backward_ms"], 0, name)
 
     def test_a_peer_that_cannot_run_is_a_usage_error_before_the_benchmarks(self):
         base = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",

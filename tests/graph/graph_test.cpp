@@ -1,5 +1,6 @@
 // The graph: planning (arenas, concat slices, fan-out accumulation), and a small
-// conv-BN-ReLU-pool-concat-FC-loss network against the oracle, end to end and unit by unit.
+// conv-BN-ReLU-pool-concat-FC-loss network against the oracle, end to end and unit by unit (with
+// Inception's block E, or with ResNet's residual blocks in front).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,7 +18,13 @@ namespace {
 class GraphTest : public testing::TestWithParam<test::Config> {};
 
 // input -> unit -> fan-out into three branches (1x1 conv, 3x3 conv, 3x3 max pool) -> concat ->
-// avg pool 3 s2 -> 1x1 conv -> global average pool -> FC -> softmax cross-entropy
+// avg pool 3 s2 -> 1x1 conv -> global average pool -> FC -> softmax cross-entropy, with block E
+// after the first unit where asked; or input -> unit -> two residual blocks -> global average
+// pool -> FC -> softmax cross-entropy
+enum class Variant { plain, block_e, residual };
+std::string variant_name(Variant v) {
+  return v == Variant::block_e ? "with block E" : v == Variant::residual ? "with residual blocks" : "plain";
+}
 struct SmallNet {
   struct Unit {
     std::string name;
@@ -32,25 +39,40 @@ struct SmallNet {
     units.push_back({name, in, out, p});
     return out;
   }
-  SmallNet(Backend& be, Layout l, DType t, bool block_e = false) {
+  // Conv + BN without the ReLU (ResNet's last unit of a block, its downsample), eps 1e-5.
+  ValueId unit_no_relu(const std::string& name, ValueId in, std::int64_t cout, ConvParams p) {
+    return g->conv_bn(name, in, cout, p, {name + ".weight", name + ".bn", false, 1e-5, ParamInit::normal, 0.3f});
+  }
+  SmallNet(Backend& be, Layout l, DType t, Variant variant = Variant::plain) {
     g = std::make_unique<Graph>(be, GraphConfig{3, l, t, 7});
     x = g->input(3, 10, 10);
     stem = unit("stem", x, 4, {3, 3, 1, 1, 1, 1});
-    if (block_e) {  // Inception's block E: a value fans out into 1x3 and 3x1, all concatenated
-      auto b1 = unit("b1", stem, 2, {1, 1});
-      auto b3 = unit("b3", stem, 3, {1, 1});
-      auto b3a = unit("b3a", b3, 2, {1, 3, 1, 1, 0, 1});
-      auto b3b = unit("b3b", b3, 2, {3, 1, 1, 1, 1, 0});
-      auto bp = unit("bp", g->pool(stem, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}), 2, {1, 1});
-      stem = g->concat({b1, b3a, b3b, bp});
+    ValueId f = -1;
+    if (variant == Variant::residual) {
+      // ResNet's blocks, one unit deep (the chain oracle's bounds grow with depth): the identity
+      // shortcut (the block input fans out into the unit and the addition), then a strided one
+      // through a downsample unit, global average pool, FC
+      stem = g->add_relu(unit_no_relu("r1", stem, 4, {3, 3, 1, 1, 1, 1}), stem, "r1.add_relu");
+      stem = g->add_relu(unit_no_relu("r2", stem, 5, {3, 3, 2, 2, 1, 1}),
+                         unit_no_relu("r2.downsample", stem, 5, {1, 1, 2, 2, 0, 0}), "r2.add_relu");
+      f = g->linear("fc", g->global_avg_pool(stem), 5);
+    } else {
+      if (variant == Variant::block_e) {  // Inception's block E: a value fans out into 1x3 and 3x1, all concatenated
+        auto b1 = unit("b1", stem, 2, {1, 1});
+        auto b3 = unit("b3", stem, 3, {1, 1});
+        auto b3a = unit("b3a", b3, 2, {1, 3, 1, 1, 0, 1});
+        auto b3b = unit("b3b", b3, 2, {3, 1, 1, 1, 1, 0});
+        auto bp = unit("bp", g->pool(stem, {PoolKind::avg_include_pad, 3, 3, 1, 1, 1, 1}), 2, {1, 1});
+        stem = g->concat({b1, b3a, b3b, bp});
+      }
+      auto a = unit("a", stem, 3, {1, 1});
+      auto b = unit("b", stem, 2, {3, 3, 1, 1, 1, 1});
+      auto c = g->pool(stem, {PoolKind::max, 3, 3, 1, 1, 1, 1});
+      cat = g->concat({a, b, c});
+      auto p = g->pool(cat, {PoolKind::avg_include_pad, 3, 3, 2, 2, 0, 0});
+      auto d = unit("d", p, 6, {1, 1});
+      f = g->linear("fc", g->global_avg_pool(d), 5);
     }
-    auto a = unit("a", stem, 3, {1, 1});
-    auto b = unit("b", stem, 2, {3, 3, 1, 1, 1, 1});
-    auto c = g->pool(stem, {PoolKind::max, 3, 3, 1, 1, 1, 1});
-    cat = g->concat({a, b, c});
-    auto p = g->pool(cat, {PoolKind::avg_include_pad, 3, 3, 2, 2, 0, 0});
-    auto d = unit("d", p, 6, {1, 1});
-    auto f = g->linear("fc", g->global_avg_pool(d), 5);
     g->cross_entropy(f, 1.0f, "logits");
     g->plan();
     init_parameters(*g, 1234);
@@ -75,12 +97,12 @@ struct SmallNet {
 // parameter's gradient, then the inference logits, each within the bound the error model carries
 // through the network from the graph's input and weights. The bounds must leave room to see a fault: every gradient
 // tensor's largest bound stays under half its largest value, so a gradient that is zero or doubled fails.
-void check_whole_net(const test::Config& cfg, bool with_block_e) {
-  SCOPED_TRACE(with_block_e ? "with block E" : "without block E");
+void check_whole_net(const test::Config& cfg, Variant variant) {
+  SCOPED_TRACE(variant_name(variant));
   std::string why;
   auto be = test::try_backend(cfg, why);
   if (!be) GTEST_SKIP() << why;
-  SmallNet net(*be, cfg.layout, cfg.dtype, with_block_e);
+  SmallNet net(*be, cfg.layout, cfg.dtype, variant);
   const double loss = net.loss();
   net.g->backward(be->default_stream());
   const test::ChainOracle oracle(*net.g);
@@ -104,7 +126,7 @@ void check_whole_net(const test::Config& cfg, bool with_block_e) {
     // and a TF32 or 16-bit network's bounds carry its operand rounding (2^-11, 2^-8) through every
     // layer, ReLU masks that may flip included: there the end-to-end bounds are loose (on an H200
     // TF32's reached 45x the largest gradient), and the in-place unit and op checks are the sharp ones.
-    if (!with_block_e && cfg.dtype == DType::f32 && !cfg.tf32) {
+    if (variant != Variant::block_e && cfg.dtype == DType::f32 && !cfg.tf32) {
       std::string algos;
       for (const auto& l : net.g->layers())
         if (!l.conv_algorithm.empty()) algos += "\n  " + l.name + ": " + l.conv_algorithm;
@@ -120,23 +142,29 @@ void check_whole_net(const test::Config& cfg, bool with_block_e) {
                 infer.logits_bound.at("logits"));
   EXPECT_GT(test::rel_error(infer.logits.at("logits"), want.logits.at("logits")), 0.0) << "inference = training?";
 }
-TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNet) { check_whole_net(GetParam(), false); }
-TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithBlockE) { check_whole_net(GetParam(), true); }
+TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNet) { check_whole_net(GetParam(), Variant::plain); }
+TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithBlockE) {
+  check_whole_net(GetParam(), Variant::block_e);
+}
+TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithResidualBlocks) {
+  check_whole_net(GetParam(), Variant::residual);
+}
 
 // Each conv-BN-ReLU unit inside the graph, checked locally against the oracle: from the unit's
 // input value and the gradient arriving at its output (both read back from the graph after
 // backward), the oracle recomputes the forward and the weight, gamma and beta gradients.
-void check_units(const test::Config& cfg, bool with_block_e) {
+void check_units(const test::Config& cfg, Variant variant) {
   std::string sb_why_;
   auto be = test::try_backend(cfg, sb_why_);
   if (!be) GTEST_SKIP() << sb_why_;
-  SmallNet net(*be, cfg.layout, cfg.dtype, with_block_e);
+  SmallNet net(*be, cfg.layout, cfg.dtype, variant);
   net.loss();
   net.g->backward(be->default_stream());
   test::expect_units_match_oracle(*net.g, test::error_model(cfg));
 }
-TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlace) { check_units(GetParam(), false); }
-TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlaceWithBlockE) { check_units(GetParam(), true); }
+TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlace) { check_units(GetParam(), Variant::plain); }
+TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlaceWithBlockE) { check_units(GetParam(), Variant::block_e); }
+TEST_P(GraphTest, UnitGradientsMatchTheOracleInPlaceWithResidualBlocks) { check_units(GetParam(), Variant::residual); }
 
 TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
   SB_BACKEND_OR_SKIP(be, GetParam());
@@ -228,9 +256,9 @@ TEST_P(GraphTest, FiltersInTheBackendsOwnStorage) {
     return h;
   };
   for (const auto& l : net.g->layers()) {
-    if (l.kind != "conv_bn_relu") continue;
+    if (!l.is_conv_bn()) continue;
     SCOPED_TRACE(l.name + ": " + l.conv_algorithm);
-    const auto& e = net.g->param(l.name + ".conv.weight");
+    const auto& e = net.g->param(l.weight);
     EXPECT_EQ(l.conv_algorithm.find("(filter kept in oneDNN's format)") != std::string::npos, e.storage != nullptr);
     if (be->kind() == DeviceKind::cpu) {
       const std::string fwd = l.conv_algorithm.substr(0, l.conv_algorithm.find(" / "));
@@ -269,9 +297,9 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, GraphTest, testing::ValuesIn(test::all_con
 // measure both.
 TEST(Graph, OracleGradientsMatchFiniteDifferences) {
   auto be = make_cpu_backend();
-  for (bool block_e : {false, true}) {
-    SCOPED_TRACE(block_e ? "with block E" : "without block E");
-    SmallNet net(*be, Layout::nchw, DType::f32, block_e);
+  for (Variant variant : {Variant::plain, Variant::block_e, Variant::residual}) {
+    SCOPED_TRACE(variant_name(variant));
+    SmallNet net(*be, Layout::nchw, DType::f32, variant);
     test::ChainOracle o(*net.g);
     const auto r = o.run(test::ErrorModel{});  // the oracle's gradients (bounds unused)
     const auto p0 = o.params;
@@ -377,7 +405,7 @@ namespace {
 TEST(Graph, BackwardLeavesForwardValuesIntact) {
   auto be = make_cpu_backend();
   for (Layout l : {Layout::nchw, Layout::nhwc}) {
-    SmallNet net(*be, l, DType::f32, true);
+    SmallNet net(*be, l, DType::f32, Variant::block_e);
     net.loss();
     // Dense values only: concat parts are slices, covered by their (dense) root.
     auto contents = [](const Tensor& t) { return std::vector<float>(t.as<float>(), t.as<float>() + t.desc.numel()); };

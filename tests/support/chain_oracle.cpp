@@ -146,7 +146,6 @@ struct ChainOracle::Fwd {
 
 ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool training) const {
   if (backward && !training) throw std::invalid_argument("ChainOracle::run: backward needs training");
-  const double eps = BatchNormParams{}.eps;
   const double uo = m.u_out, ua = m.u_acc;
   // the 16-bit copies a mixed-precision graph convolves and multiplies with
   auto weights = [&](const std::string& name) {
@@ -184,9 +183,20 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
     if (l.training_only && !training) continue;
     const Vec x = value(l.in[0], val), ex = value(l.in[0], err);
     const Shape xs = shapes_.at(l.in[0]);
-    if (l.kind == "conv_bn_relu") {
+    if (l.kind == "add_relu") {
+      // y = max(a + b, 0): the sum rounded in fp32, stored; the inputs' errors add (the ReLU is 1-Lipschitz)
+      const Vec b = value(l.in[1], val), eb = value(l.in[1], err);
+      Vec y;
+      ref::add_relu_forward(x, b, y);
+      err[l.out] = plus_rounding(axpby(ua, absv(plus(x, b)), 1, plus(ex, eb)), y, uo);
+      val[l.out] = std::move(y);
+      continue;
+    }
+    if (l.is_conv_bn()) {
       const Shape ys = shapes_.at(l.out);
-      const std::string wn = l.name + ".conv.weight", gn = l.name + ".bn.weight", bn = l.name + ".bn.bias";
+      const bool relu = l.kind == "conv_bn_relu";
+      const double eps = l.bn_eps;
+      const std::string wn = l.weight, gn = l.bn + ".weight", bn = l.bn + ".bias";
       const Vec w = weights(wn);
       Fwd& f = kept[li];
       ref::conv_forward(xs, x, w, ys, f.z, l.conv);
@@ -201,9 +211,9 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       if (!training) {
         // y = relu(gamma (z - mean) / sqrt(var + eps) + beta), the ReLU 1-Lipschitz: the errors of
         // z, of the parameters, and the op's own
-        const Vec &rm = state.at(l.name + ".bn.running_mean"), &rv = state.at(l.name + ".bn.running_var");
+        const Vec &rm = state.at(l.bn + ".running_mean"), &rv = state.at(l.bn + ".running_var");
         const Vec &gamma = params.at(gn), &beta = params.at(bn), eg = pbound(gn), eb = pbound(bn);
-        ref::bn_forward_inference(ys, f.z, gamma, beta, rm, rv, eps, true, f.y);
+        ref::bn_forward_inference(ys, f.z, gamma, beta, rm, rv, eps, relu, f.y);
         Vec e = bn_inference_bound(ys, f.z, gamma, beta, rm, rv, {}, {}, eps, f.y, m);
         for (std::int64_t n = 0; n < ys.n; ++n)
           for (std::int64_t c = 0; c < ys.c; ++c)
@@ -217,10 +227,10 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
         err[l.out] = std::move(e);
         continue;
       }
-      ref::bn_forward_training(ys, f.z, params.at(gn), params.at(bn), eps, true, f.y, f.saved);
+      ref::bn_forward_training(ys, f.z, params.at(gn), params.at(bn), eps, relu, f.y, f.saved);
       val[l.out] = f.y;
       err[l.out] =
-          bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, true, {}, f.saved, m, {}, pbound(gn), pbound(bn))
+          bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, relu, {}, f.saved, m, {}, pbound(gn), pbound(bn))
               .y;
     } else if (l.kind == "pool") {
       const Shape ys = shapes_.at(l.out);
@@ -367,13 +377,30 @@ ChainOracle::Result ChainOracle::run(const ErrorModel& m, bool backward, bool tr
       set_grad(wn, dw, plus(plus_rounding(axpby(m.batch_sum(N), adw, 1, e1w), dw, uo), e3w));
       set_grad(bn, db, plus_rounding(axpby(m.batch_sum(N), adb, 1, e1b), db, uo));
       add(l.in[0], dx, plus(plus_rounding(axpby(m.sum(M), adx, 1, e1x), dx, uo), e2x));
-    } else if (l.kind == "conv_bn_relu") {
+    } else if (l.kind == "add_relu") {
+      // the masked gradient to both inputs; where the sum lies within its error of zero the
+      // backend's mask may differ from the oracle's: dy or 0 there
+      const Vec b = value(l.in[1], val), eb = value(l.in[1], err);
+      Vec g;
+      ref::add_relu_backward(val.at(l.out), dy, g);
+      Vec e = edy;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const double sum = x[i] + b[i];
+        if (std::abs(sum) <= ex[i] + eb[i] + ua * std::abs(sum))
+          e[i] += std::abs(dy[i]);
+        else if (sum < 0)
+          e[i] = 0;
+      }
+      for (ValueId v : l.in) add(v, g, e);
+    } else if (l.is_conv_bn()) {
       const Fwd& f = kept[li];
-      const std::string wn = l.name + ".conv.weight", gn = l.name + ".bn.weight", bn = l.name + ".bn.bias";
+      const bool relu = l.kind == "conv_bn_relu";
+      const double eps = l.bn_eps;
+      const std::string wn = l.weight, gn = l.bn + ".weight", bn = l.bn + ".bias";
       const Vec w = weights(wn);
       Vec dz, dgamma, dbeta;
-      ref::bn_backward(ys, f.z, f.y, dy, params.at(gn), f.saved, true, dz, dgamma, dbeta);
-      const auto eb = bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, true, dy, f.saved, m, edy, pbound(gn),
+      ref::bn_backward(ys, f.z, f.y, dy, params.at(gn), f.saved, relu, dz, dgamma, dbeta);
+      const auto eb = bn_bounds(ys, f.z, f.ez, params.at(gn), params.at(bn), eps, relu, dy, f.saved, m, edy, pbound(gn),
                                 pbound(bn));
       Vec dw, from_x;
       ref::conv_backward_filter(xs, x, ys, dz, dw, l.conv);

@@ -15,8 +15,10 @@
 // expect_units_match_oracle checks each unit from the graph's own (already rounded) inputs; this
 // checks the network end to end, so a fault anywhere in it shows in the loss or some gradient.
 //
-// Where rounding can flip a discrete choice (a ReLU's input within its error of zero, two max-pool
-// inputs within their errors of each other), the bound allows either outcome. Dropout is not
+// Where rounding can flip a discrete choice (a ReLU's input within its error of zero, a residual
+// addition's sum within its error of zero, two max-pool inputs within their errors of each other),
+// the bound allows either outcome. The bounds compound through every batch norm (about 4x each, worst
+// case): they stay useful for a few layers (graph_test's nets), not through ResNet-50's 53. Dropout is not
 // modelled (throws): build the graph without it. Inference (training = false) uses the running
 // statistics the graph held when the oracle was made, and skips training-only layers.
 #pragma once

@@ -1,5 +1,6 @@
 #include "support/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -121,6 +122,16 @@ void bn_backward(const Shape& s, const Vec& x, const Vec& y, const Vec& dy, cons
           dx[i] = gamma[c] * saved.invstd[c] / M * (M * g(i) - sg - xhat * sgx);
         }
   }
+}
+
+void add_relu_forward(const Vec& a, const Vec& b, Vec& y) {
+  y.resize(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) y[i] = std::max(a[i] + b[i], 0.0);
+}
+
+void add_relu_backward(const Vec& y, const Vec& dy, Vec& dx) {
+  dx.resize(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0;
 }
 
 namespace {

@@ -28,6 +28,10 @@ void bn_forward_inference(const Shape& s, const Vec& x, const Vec& gamma, const 
 void bn_backward(const Shape& s, const Vec& x, const Vec& y, const Vec& dy, const Vec& gamma, const BnSaved& saved,
                  bool relu, Vec& dx, Vec& dgamma, Vec& dbeta);
 
+// The residual add + ReLU: y = max(a + b, 0); both inputs' gradient is dy where y > 0, else 0.
+void add_relu_forward(const Vec& a, const Vec& b, Vec& y);
+void add_relu_backward(const Vec& y, const Vec& dy, Vec& dx);
+
 void pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y, const PoolParams& p);
 void pool_backward(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dx, const PoolParams& p);
 

@@ -115,29 +115,38 @@ void expect_units_match_oracle(Graph& g, const ErrorModel& model, const std::fun
       add_to(u.in[0], dx, plus_rounding(axpby(m.sum(M), adx, 0, {}), dx, m.u_out));
       continue;
     }
-    if (u.kind != "conv_bn_relu") {
+    if (u.kind == "add_relu") {  // the masked gradient, as it is, to both inputs
+      const auto y = read_nchw(be, g.value(u.out)), dy = read_nchw(be, g.grad(u.out));
+      ref::Vec dx;
+      ref::add_relu_backward(y, dy, dx);
+      for (ValueId v : u.in)
+        if (v != g.layers().front().in[0]) add_to(v, dx, ref::Vec(dx.size(), 0.0));
+      continue;
+    }
+    if (!u.is_conv_bn()) {
       if (u.kind != "cross_entropy") unknown.insert(u.in[0]);
       continue;
     }
     SCOPED_TRACE(u.name);
     const Tensor xt = g.value(u.in[0]), yt = g.value(u.out), dyt = g.grad(u.out);
     const Shape xs = xt.shape(), ys = yt.shape();
-    const auto& we = g.param(u.name + ".conv.weight");
-    const auto& ge = g.param(u.name + ".bn.weight");
-    const auto& be_ = g.param(u.name + ".bn.bias");
+    const bool relu = u.kind == "conv_bn_relu";
+    const auto& we = g.param(u.weight);
+    const auto& ge = g.param(u.bn + ".weight");
+    const auto& be_ = g.param(u.bn + ".bias");
     const auto w = round_to(t, read_filter(be, g.data_of(we), we));
     const auto gamma = read_floats(be, g.data_of(ge), ge.count), beta = read_floats(be, g.data_of(be_), be_.count);
     const auto x = read_nchw(be, xt), y = read_nchw(be, yt), dy = read_nchw(be, dyt);
     ref::Vec z, y_ref, dz, dgamma, dbeta, dw, dx;
     ref::BnSaved saved;
     ref::conv_forward(xs, x, w, ys, z, u.conv);
-    ref::bn_forward_training(ys, z, gamma, beta, BatchNormParams{}.eps, true, y_ref, saved);
-    ref::bn_backward(ys, z, y_ref, dy, gamma, saved, true, dz, dgamma, dbeta);
+    ref::bn_forward_training(ys, z, gamma, beta, u.bn_eps, relu, y_ref, saved);
+    ref::bn_backward(ys, z, y_ref, dy, gamma, saved, relu, dz, dgamma, dbeta);
     // z carries the convolution's error into batch norm, dz carries batch norm's into the filter
     // gradient and the input gradient
     const auto ez =
         conv_forward_bound(xs, x, {}, w, ys, z, u.conv, for_conv(m, u.conv_algorithm, ConvDirection::forward));
-    const auto eb = bn_bounds(ys, z, ez, gamma, beta, BatchNormParams{}.eps, true, dy, saved, m);
+    const auto eb = bn_bounds(ys, z, ez, gamma, beta, u.bn_eps, relu, dy, saved, m);
     EXPECT_WITHIN(y, y_ref, eb.y);
     ref::conv_backward_filter(xs, x, ys, dz, dw, u.conv);
     EXPECT_WITHIN(read_filter(be, g.grad_of(we), we), dw,

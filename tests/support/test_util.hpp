@@ -237,10 +237,11 @@ class DevVec {
 // Any tensor (fp32, bf16, fp16) in backend memory (dense or a strided slice) as dense NCHW doubles.
 std::vector<double> read_nchw(Backend& be, const Tensor& t);
 
-// After forward(training) and backward: every conv-BN-ReLU unit of g, checked in place against the
+// After forward(training) and backward: every conv-BN(-ReLU) unit of g, checked in place against the
 // oracle from its input value and the gradient at its output (the weight, gamma, beta gradients).
-// Every conv-BN-ReLU unit's output and parameter gradients, and the gradient of every value, against
-// the oracle recomputed from the unit's own inputs in the graph; bounds from the error model.
+// Every conv-BN(-ReLU) unit's output and parameter gradients, and the gradient of every value (the
+// sum of what its consumers send it: units, pools, the FC, residual additions), against the oracle
+// recomputed from the unit's own inputs in the graph; bounds from the error model.
 // With `only`, just the layers it selects (their inputs' gradient sums are then not checked where
 // an unselected layer also consumes them).
 void expect_units_match_oracle(Graph& g, const ErrorModel& m, const std::function<bool(const LayerInfo&)>& only = {});

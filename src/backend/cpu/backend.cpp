@@ -164,6 +164,7 @@ class CpuBackend final : public Backend {
     return cpu::make_pool(x, y, p);
   }
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return cpu::make_relu(x); }
+  std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) override { return cpu::make_add_relu(y); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
     return cpu::make_dnnl_linear(eng_, strm_, x, y);
   }

@@ -1,5 +1,5 @@
 // What several files of the cpu backend share: the op factories backend.cpp calls (one op per
-// file: batch_norm.cpp, pool.cpp, elementwise.cpp, dropout.cpp, loss.cpp; convolution and linear in
+// file: batch_norm.cpp, pool.cpp, elementwise.cpp, add_relu.cpp, dropout.cpp, loss.cpp; convolution and linear in
 // onednn.hpp), the kernels more than one file calls, and the small helpers of the hand-written
 // kernels (their parallel loops are in loops.hpp; isa.hpp says why).
 //
@@ -34,6 +34,8 @@ std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDe
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p);          \
   /* elementwise.cpp */                                                                                      \
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x);                                                    \
+  /* add_relu.cpp */                                                                                         \
+  std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y);                                             \
   void add(const Tensor& src, const Tensor& dst, float beta); /* dst = src + beta * dst */                   \
   void scale(float* x, float alpha, std::size_t n);                                                          \
   void fill(float* x, float v, std::size_t n);                                                               \

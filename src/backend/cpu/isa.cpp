@@ -67,6 +67,7 @@ std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, cons
   STEPBENCH_CPU_CALL(make_pool, x, y, p);
 }
 std::unique_ptr<ReluOp> make_relu(const TensorDesc& x) { STEPBENCH_CPU_CALL(make_relu, x); }
+std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) { STEPBENCH_CPU_CALL(make_add_relu, y); }
 void add(const Tensor& src, const Tensor& dst, float beta) { STEPBENCH_CPU_CALL(add, src, dst, beta); }
 void scale(float* x, float alpha, std::size_t n) { STEPBENCH_CPU_CALL(scale, x, alpha, n); }
 void fill(float* x, float v, std::size_t n) { STEPBENCH_CPU_CALL(fill, x, v, n); }

@@ -2,7 +2,7 @@
 //
 // The project compiles for plain x86-64 (SSE2), so that one binary runs on every machine; GCC then
 // vectorises the kernels' loops 4 floats (2 doubles) wide. batch_norm.cpp, pool.cpp,
-// elementwise.cpp and optimizer.cpp are therefore compiled three times (CMakeLists.txt): as
+// elementwise.cpp, add_relu.cpp and optimizer.cpp are therefore compiled three times (CMakeLists.txt): as
 // themselves, and through generated files that define STEPBENCH_CPU_ISA as avx2 or avx512 first.
 // Each file's code between STEPBENCH_CPU_ISA_BEGIN and STEPBENCH_CPU_ISA_END is compiled for that
 // set (GCC's target pragma) in a namespace of its own: isa_base, isa_avx2, isa_avx512. The

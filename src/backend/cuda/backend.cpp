@@ -312,6 +312,7 @@ class CudaBackend final : public Backend {
     return make_cuda_pool(ctx(), x, y, p);
   }
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return make_cuda_relu(ctx()); }
+  std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc&) override { return make_cuda_add_relu(ctx()); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
     blas_.reserve(dev_);
     return make_cuda_linear(ctx(), x, y);

@@ -150,10 +150,13 @@ class CudaBatchNorm final : public BatchNormOp {
         drop_fused("backward", st);
         skip_ex = true;
       }
-      // the gradient cuDNN reads: dy masked by the ReLU (y > 0), or dy copied dense
-      const Tensor g{ws, x_};
+      // the gradient cuDNN reads: dy masked by the ReLU (y > 0); without the ReLU dy itself where it
+      // is dense (ResNet's conv3 and downsample units), else dy copied dense
+      Tensor g{ws, x_};
       if (p_.relu)
         SB_CUDA(cuda::launch_relu_backward(view(y), view(dy), view(g), 0.0f, S(s)));
+      else if (dy.desc == x_)
+        g = dy;
       else
         SB_CUDA(cuda::launch_add(view(dy), view(g), 0.0f, S(s)));
       if (ex_bn_ && !skip_ex) {

@@ -1,7 +1,7 @@
 // What the cuda backend's op files share: the context every op of one backend gets (Ctx), the
 // stream type, conversions from stepbench's tensors to cuDNN/cuBLAS types and kernel views, the
 // "cuDNN declined" fallback check, and the factory of each op (one op per file: conv.cpp,
-// linear.cpp, batch_norm.cpp, pool.cpp, relu.cpp, dropout.cpp, softmax_cross_entropy.cpp).
+// linear.cpp, batch_norm.cpp, pool.cpp, relu.cpp, add_relu.cpp, dropout.cpp, softmax_cross_entropy.cpp).
 // Internal to src/backend/cuda.
 #pragma once
 #include <cublas_v2.h>
@@ -126,6 +126,7 @@ std::unique_ptr<BatchNormOp> make_cuda_batch_norm(const Ctx& c, const TensorDesc
                                                   const BatchNormParams& p);
 std::unique_ptr<PoolOp> make_cuda_pool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p);
 std::unique_ptr<ReluOp> make_cuda_relu(const Ctx& c);
+std::unique_ptr<AddReluOp> make_cuda_add_relu(const Ctx& c);
 std::unique_ptr<DropoutOp> make_cuda_dropout(const Ctx& c, const TensorDesc& x, double p);
 std::unique_ptr<SoftmaxCrossEntropyOp> make_cuda_softmax_cross_entropy(const Ctx& c, const TensorDesc& logits);
 

@@ -43,6 +43,10 @@ cudaError_t launch_scale(float* x, float alpha, std::size_t n, cudaStream_t s);
 cudaError_t launch_add(View src, View dst, float beta, cudaStream_t s);
 cudaError_t launch_relu_forward(View x, View y, cudaStream_t s);
 cudaError_t launch_relu_backward(View y, View dy, View dx, float beta, cudaStream_t s);
+// The residual add + ReLU: y = max(a + b, 0); backward g = dy where y > 0 (else 0),
+// da = g + beta_a * da and db = g + beta_b * db in one pass
+cudaError_t launch_add_relu_forward(View a, View b, View y, cudaStream_t s);
+cudaError_t launch_add_relu_backward(View y, View dy, View da, float beta_a, View db, float beta_b, cudaStream_t s);
 
 // Batch norm over (N, H, W) per channel, deterministic. Where x, y (and dy, dx) are rows in one order
 // (dense tensors and channel slices: kernels_rows.cuh) the statistics are multi-block reductions,

@@ -41,6 +41,26 @@ __global__ void rows_k(RowArgs a) {
       for (int k = 0; k < V; ++k)
         d.v[k] = from_f<T>(a.beta == 0.0f ? to_f(x.v[k]) : to_f(x.v[k]) + a.beta * to_f(d.v[k]));
       *dp = d;
+    } else if (OP == kAddRelu) {
+      const Pack<T, V> x = *at<T, V>(a.a, row, j), z = *at<T, V>(a.b, row, j);
+      Pack<T, V> y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = from_f<T>(fmaxf(to_f(x.v[k]) + to_f(z.v[k]), 0.0f));
+      *at<T, V>(a.c, row, j) = y;
+    } else if (OP == kAddReluBwd) {
+      const Pack<T, V> y = *at<T, V>(a.a, row, j), dy = *at<T, V>(a.b, row, j);
+      Pack<T, V>*dap = at<T, V>(a.c, row, j), *dbp = at<T, V>(a.d, row, j);
+      Pack<T, V> da, db;
+      if (a.beta != 0.0f) da = *dap;
+      if (a.beta2 != 0.0f) db = *dbp;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float g = to_f(y.v[k]) > 0.0f ? to_f(dy.v[k]) : 0.0f;
+        da.v[k] = from_f<T>(a.beta == 0.0f ? g : g + a.beta * to_f(da.v[k]));
+        db.v[k] = from_f<T>(a.beta2 == 0.0f ? g : g + a.beta2 * to_f(db.v[k]));
+      }
+      *dap = da;
+      *dbp = db;
     } else if (OP == kBnApply) {
       const Pack<T, V> x = *at<T, V>(a.a, row, j);
       Pack<T, V> y;
@@ -162,5 +182,7 @@ template bool launch_rows<kAdd>(RowArgs, const View*, int, cudaStream_t, cudaErr
 template bool launch_rows<kBnInfer>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 template bool launch_rows<kBnApply>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 template bool launch_rows<kBnBwdApply>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
+template bool launch_rows<kAddRelu>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
+template bool launch_rows<kAddReluBwd>(RowArgs, const View*, int, cudaStream_t, cudaError_t&);
 
 }  // namespace stepbench::cuda

@@ -18,11 +18,13 @@ struct Rows {
 // kBnApply: y = coef[c].x * (x - coef[c].z) + coef[c].y (then the ReLU); kBnBwdApply: with g = dy masked by y > 0
 // (or dy), dx = k1 (g - k2 - (x - mean) k3) + beta dx, coef[c] = {k1, k2, k3, mean}: the last passes
 // of batch norm's training forward and backward once the statistics are known (kernels_batch_norm.cu).
-enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer, kBnApply, kBnBwdApply };
+// kAddRelu: y = max(a + b, 0); kAddReluBwd: g = dy masked by y > 0 into da (beta) and db (beta2).
+enum RowOp : int { kRelu, kReluBwd, kAdd, kBnInfer, kBnApply, kBnBwdApply, kAddRelu, kAddReluBwd };
 struct RowArgs {
   Rows a, b, c, d;  // relu: x, y; relu backward: y, dy, dx; add: src, dst; bn inference and apply: x, y;
-                    // bn backward apply: x, y, dy, dx
-  float beta;       // accumulate into the destination (kReluBwd, kAdd, kBnBwdApply)
+                    // bn backward apply: x, y, dy, dx; add + relu: a, b, y; its backward: y, dy, da, db
+  float beta;       // accumulate into the destination (kReluBwd, kAdd, kBnBwdApply, kAddReluBwd's da)
+  float beta2;      // kAddReluBwd's db
   const float *gamma, *bnbeta, *mean, *var;
   const float4* coef;  // kBnApply, kBnBwdApply
   float eps;

@@ -1,4 +1,5 @@
-// The conv_bn_relu layer: torchvision's BasicConv2d (Conv2d without bias -> BatchNorm2d -> ReLU).
+// The conv_bn_relu layer: torchvision's BasicConv2d (Conv2d without bias -> BatchNorm2d -> ReLU), and
+// without the ReLU (kind conv_bn: the last convolution of a ResNet bottleneck, its downsample).
 // Declared here rather than only in conv_bn_relu.cpp because planning (plan.cpp) and
 // Graph::activation_bytes() count its pre-norm convolution output z, which no value owns.
 #pragma once
@@ -13,6 +14,7 @@ namespace stepbench {
 
 struct ConvBnReluLayer final : Layer {
   ConvParams p;
+  ConvBnSpec spec;  // parameter names, eps, the ReLU
   std::int64_t cout;
   std::size_t w, gamma, beta, rmean, rvar;
   Slot z, saved, bn_reserve;  // conv output (dense), saved mean + invstd, what the BN op keeps

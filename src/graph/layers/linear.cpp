@@ -36,7 +36,7 @@ struct LinearLayer final : Layer {
 
 }  // namespace
 
-ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, float init_std) {
+ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, float init_std, ParamInit weight_init) {
   auto& g = *impl_;
   const Shape xs = g.values.at(x).shape;
   SB_CHECK(xs.h == 1 && xs.w == 1, "linear needs a N x C x 1 x 1 input (pool first)");
@@ -46,11 +46,14 @@ ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, floa
   l->m = out;
   l->batch = xs.n;
   ParamEntry w{name + ".weight", {out, xs.c}};
-  w.init = ParamInit::trunc_normal;
+  SB_CHECK(weight_init == ParamInit::trunc_normal || weight_init == ParamInit::uniform_fan_in,
+           "linear: the weight is initialised from a truncated normal or nn.Linear's uniform");
+  w.init = weight_init;
   w.init_std = init_std;
+  w.fan_in = xs.c;
   l->w = g.add_param(w);
   ParamEntry b{name + ".bias", {out}};
-  b.init = ParamInit::linear_bias;
+  b.init = ParamInit::uniform_fan_in;
   b.fan_in = xs.c;
   l->b = g.add_param(b);
   l->trainable = {l->w, l->b};
