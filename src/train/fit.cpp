@@ -8,6 +8,12 @@
 
 namespace stepbench {
 
+GraphConfig graph_config(const TowerOptions& o, std::int64_t batch, std::uint64_t seed) {
+  GraphConfig c{batch, o.layout, o.dtype(), seed};
+  c.optimizer_state_arenas = optimizer_state_arenas(o.optimizer.kind);
+  return c;
+}
+
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   BackendOptions bo;
   bo.kind = resolve(o.backend);
@@ -23,7 +29,7 @@ BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap) {
   fit.budget = be->memory_budget();
   // bytes needed, or 0 when planning refuses the batch for its memory
   auto needs = [&](std::int64_t batch, bool quick) -> std::size_t {
-    Graph g(*be, GraphConfig{batch, o.layout, o.dtype(), 0});
+    Graph g(*be, graph_config(o, batch, 0));
     build_model(g, o.model, o.model_options);  // a bad model option throws here, whatever the batch
     try {
       return g.plan_dry(quick);

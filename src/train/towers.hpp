@@ -81,6 +81,10 @@ struct TowerOptions {
   DType dtype() const { return storage_dtype(precision); }
 };
 
+// A tower's graph for these options: its batch, layout, dtype, dropout seed, and room for the
+// optimizer's state in its arena (the plan counts it).
+GraphConfig graph_config(const TowerOptions& o, std::int64_t batch, std::uint64_t seed);
+
 // The largest batch per tower that planning accepts on this process's first device for these
 // options (model, image size, precision, layout, memory limit): bisection on planning's quick
 // estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false) on a
