@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -89,6 +90,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         group.size() > 1 ? fmt::format(" ({} processes x {} towers, MPI)", group.size(), r.towers) : "",
         r.batch_per_tower, r.model_options.image_size, r.model_options.image_size, to_string(r.precision),
         to_string(r.layout), c.reduced() ? fmt::format(" [{}]", c.reduced_note) : "");
+  const ResidentMemory resident_before = resident_memory();
   Towers towers(r);
   if (!c.plan_cache.empty() && r.plans && root) r.plans->save(c.plan_cache);  // kept even if the run fails later
   towers.set_synthetic_batch(42);
@@ -289,6 +291,14 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   PartialJson partial;
   const bool json_in_place = !c.json.empty() && json_partial(c) == c.json;  // a FIFO or /dev/stdout
   if (!c.json.empty() && root && !json_in_place) partial.path = json_partial(c);
+  // A section added to --json once it is in place (said instead where --json is a FIFO or /dev/stdout).
+  auto add_json = [&](const char* key, const std::function<nlohmann::json()>& make) {
+    if (c.json.empty() || !root) return;
+    if (json_in_place)
+      std::cerr << "stepbench: --json " << c.json << " is not a regular file: its " << key << " section is not in it\n";
+    else
+      add_to_json_file(c.json, key, make());
+  };
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&reporter);  // its --json file is closed on return
   if (ran == 0) {
     if (root) std::cerr << "stepbench: no benchmark ran: --benchmark_filter matched none of them (see --list)\n";
@@ -323,21 +333,15 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
         std::cerr << "stepbench: no kernel names in the probed steps: " << activity_note << "\n";
       if (!c.project_gpus.empty()) {
         projection = projection_input(steps, towers, r.overlap);
-        if (json_in_place && root)
-          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its projection is not in it\n";
-        else if (!c.json.empty() && root)
-          add_to_json_file(c.json, "projection",
-                           projection_json(*projection, link, project(*projection, link, c.project_gpus)));
+        add_json("projection",
+                 [&] { return projection_json(*projection, link, project(*projection, link, c.project_gpus)); });
       }
       if (c.layer_times) {
         layer_times = summarize_layer_times(
             steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(r.precision))));
         layer_times->activity = activity_note;
         summarize_activity(*layer_times, steps, towers);
-        if (json_in_place && root)
-          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its layer_times are not in it\n";
-        else if (!c.json.empty() && root)
-          add_to_json_file(c.json, "layer_times", layer_times_json(*layer_times));
+        add_json("layer_times", [&] { return layer_times_json(*layer_times); });
       }
       if (!trace.empty())
         write_json_file(trace,
@@ -362,7 +366,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
                                                                                : 1;
   }
   if (!stop.signal() && stop.local()) {  // after the last benchmark's check: all measured, but stop here
-    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
+    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder, memory_report(towers, resident_before));
     std::cout << fmt::format(
         "interrupted by signal {} after the benchmarks: every row above was measured; no peer "
         "ran{}\n",
@@ -371,7 +375,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     return 128 + stop.local();
   }
   if (stop.signal() || !stop.halted().empty()) {  // what was measured, said as such; no history record, no peer
-    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder);
+    print_summary(c, towers, reporter, prefix, PeerResult{}, feeder, memory_report(towers, resident_before));
     int cut = 0;
     for (const auto& [name, n] : reporter.cut_short) cut += n;
     std::cout << fmt::format(
@@ -386,15 +390,12 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   if (!c.history.empty()) append_history(c, towers, reporter);
   if (!c.plan_cache.empty() && r.plans) r.plans->save(c.plan_cache);  // with the per-layer rigs' plans
   if (c.suggest && feeder.pipeline()) feeder.set_remedies(run_suggest(feeder, towers.backend(0)));
-  if (feeder.pipeline() && (feeder.measure().images > 0 || c.suggest) && !c.json.empty()) {
-    if (json_in_place)
-      std::cerr << "stepbench: --json " << c.json << " is not a regular file: its input_stages are not in it\n";
-    else
-      try {
-        add_to_json_file(c.json, "input_stages", input_stages_json(feeder));
-      } catch (const Error& e) {
-        std::cerr << "stepbench: " << e.what() << "\n";
-      }
+  if (feeder.pipeline() && (feeder.measure().images > 0 || c.suggest)) {
+    try {
+      add_json("input_stages", [&] { return input_stages_json(feeder); });
+    } catch (const Error& e) {
+      std::cerr << "stepbench: " << e.what() << "\n";
+    }
   }
   PeerResult peer;
   if (!peer_python.empty()) {
@@ -404,18 +405,17 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
     const bool peer_layers = layer_times && towers.backend(0).name() == "cpu";
     peer = run_peer(c, peer_dirs, peer_python, th == v.end() ? 0 : std::atoi(th->second.c_str()),
                     peer_layers ? std::max(c.repetitions, 3) : 0);
-    if (peer_layers && !peer.layers.empty() && !c.json.empty() && root) {
+    if (peer_layers && !peer.layers.empty()) {
       try {
-        if (json_in_place)
-          std::cerr << "stepbench: --json " << c.json << " is not a regular file: its peer_layer_times are not in it\n";
-        else
-          add_to_json_file(c.json, "peer_layer_times", peer_layers_json(match_peer_layers(*layer_times, peer), peer));
+        add_json("peer_layer_times", [&] { return peer_layers_json(match_peer_layers(*layer_times, peer), peer); });
       } catch (const Error& e) {
         std::cerr << "stepbench: " << e.what() << "\n";
       }
     }
   }
-  print_summary(c, towers, reporter, prefix, peer, feeder);
+  const MemoryReport memory = memory_report(towers, resident_before);
+  add_json("memory_plan", [&] { return memory_json(memory); });
+  print_summary(c, towers, reporter, prefix, peer, feeder, memory);
   if (layer_times) {
     const auto it = reporter.reps.find(prefix + "/step");
     std::vector<double> v;

@@ -7,6 +7,7 @@
 
 #include "bench/config.hpp"
 #include "bench/feeder.hpp"
+#include "bench/memory_report.hpp"
 #include "bench/peer.hpp"
 #include "bench/reporter.hpp"
 #include "train/towers.hpp"
@@ -21,8 +22,9 @@ void add_context(const BenchConfig& c, const Towers& t);
 // One line for c.history (compare::history_record): the context and every repetition.
 void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter& rep);
 
-// Medians per phase, the step's inside, the sync's bandwidths, the input verdict and the peer's ratios.
+// Medians per phase, the step's inside, the sync's bandwidths, the memory plan, the input verdict
+// and the peer's ratios.
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder);
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory);
 
 }  // namespace stepbench

@@ -13,7 +13,7 @@
 namespace stepbench {
 
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder) {
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory) {
   auto find = [&](const std::string& phase) -> const std::vector<SummaryReporter::Rep>* {
     auto it = rep.reps.find(prefix + "/" + phase);
     return it == rep.reps.end() ? nullptr : &it->second;
@@ -103,6 +103,7 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
     std::cout << fmt::format("grad_sync: nothing to synchronise ({}), not timed\n",
                              t.global_size() < 2 ? "one tower" : "independent towers");
   }
+  std::cout << memory_lines(memory);
   if (feeder.active()) {
     std::cout << "input: " << feeder.describe() << "\n";
     const auto* pipe = find("input_pipeline");

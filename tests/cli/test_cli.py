@@ -289,6 +289,22 @@ class Json(unittest.TestCase):
             self.assertIn("MACs", runs[n][0])
         self.assertIn("backward:forward", out)
         self.assertIn("grad_sync:", out)
+        # the memory plan: a peak per phase, each what it holds; the backward holds what the forward saved
+        mem = j["memory_plan"]
+        self.assertEqual(mem["towers_per_process"], 2)
+        phases = mem["phases"]
+        self.assertEqual(set(phases), {"forward_only", "training_forward", "backward", "update"})
+        for name, p in phases.items():
+            self.assertEqual(p["peak_bytes"], sum(p["by_kind"].values()), name)
+            self.assertLessEqual(p["peak_bytes"], mem["arena_bytes"], name)
+            self.assertGreater(p["by_kind"]["weights"], 0, name)
+            self.assertGreater(p["by_kind"]["optimizer_state"], 0, name)  # momentum, in the arena
+        self.assertGreater(phases["backward"]["by_kind"]["saved"], 0)
+        self.assertEqual(phases["update"]["by_kind"]["saved"], 0)
+        self.assertLess(mem["arena_bytes"], mem["unshared_bytes"])
+        self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
+        self.assertRegex(out, r"memory plan \(per tower\): peak [0-9.]+ [KMG]iB in [a-z ]+ \(weights ")
+        self.assertRegex(out, r"resident memory: peak [0-9.]+ [KMG]iB")
 
 
 class Interrupted(unittest.TestCase):
