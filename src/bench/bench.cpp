@@ -10,6 +10,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   Run run(c, group, peer_dirs);
   if (Exit e = set_up(run, argv0)) return *e;  // fail-fast checks, the towers, the feeder (--list ends here)
   if (Exit e = warm_up(run)) return *e;        // untimed steps; the non-finite check
+  calibrate_slow_tower(run);                   // --slow-tower
   const Timings t = time_phases(run);          // the Google Benchmark fixtures, one per phase
   if (t.exit) return *t.exit;
   const Probes p = probe(run, t);                        // --layer-times, --trace, --project-gpus

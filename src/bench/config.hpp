@@ -81,6 +81,12 @@ struct BenchConfig {
   std::vector<int> project_gpus;
   std::string fabric;  // the preset's name, or "" for the given figures
   double link_gbps = 0, link_latency_us = 0;
+  // The slowest tower (bench/straggler.hpp): the summary lists the top `straggler_top` by compute;
+  // --slow-tower T:FACTOR or T:Nms holds global tower T (rank x towers + index) at each backward
+  // for (FACTOR - 1) x its compute (measured after warm-up) or N ms.
+  int straggler_top = 3;
+  int slow_tower = -1;  // -1: none
+  double slow_factor = 0, slow_ms = 0;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;
   // the Pythons to try for the peer, in order: the first whose torch and torchvision import (and,

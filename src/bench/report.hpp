@@ -8,6 +8,7 @@
 
 #include "bench/config.hpp"
 #include "bench/feeder.hpp"
+#include "bench/memory_report.hpp"
 #include "bench/peer.hpp"
 #include "bench/reporter.hpp"
 #include "train/towers.hpp"
@@ -24,8 +25,9 @@ void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter
 
 // --per-layer: every distinct convolution shape's fwd, bwd_data and bwd_filter medians.
 void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const std::string& prefix);
-// Medians per phase, the step's inside, the sync's bandwidths, the input verdict and the peer's ratios.
+// Medians per phase, the step's inside, the sync's bandwidths, the memory plan, the input verdict
+// and the peer's ratios.
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder);
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory);
 
 }  // namespace stepbench

@@ -55,6 +55,8 @@ Probes probe(Run& run, const Timings& t) {
   const BenchConfig& c = run.c;
   Probes p;
   p.link = LinkModel{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
+  p.stragglers = gather_stragglers(run);
+  if (p.stragglers) add_json_section(run, t, "stragglers", stragglers_json(run, *p.stragglers));
   const bool late_signal = run.group.allreduce_max(run.stop.local() ? 1.0 : 0.0) > 0;
   const bool wanted = c.layer_times || !run.trace.empty() || !c.project_gpus.empty();
   if (!wanted || late_signal || run.stop.signal() || !run.stop.halted().empty()) return p;

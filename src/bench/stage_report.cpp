@@ -63,7 +63,8 @@ Exit report_cut_short(Run& run, const Timings& t, const Probes& p) {
   const Interrupt& stop = run.stop;
   const SummaryReporter& rep = *t.reporter;
   if (!stop.signal() && stop.local()) {  // after the last benchmark's check: all measured, but stop here
-    print_summary(c, *run.towers, rep, run.prefix, PeerResult{}, *run.feeder);
+    print_summary(c, *run.towers, rep, run.prefix, PeerResult{}, *run.feeder,
+                  memory_report(*run.towers, run.resident_before));
     std::cout << fmt::format(
         "interrupted by signal {} after the benchmarks: every row above was measured; no peer "
         "ran{}\n",
@@ -72,7 +73,8 @@ Exit report_cut_short(Run& run, const Timings& t, const Probes& p) {
   }
   if (!stop.signal() && stop.halted().empty()) return std::nullopt;
   // what was measured, said as such; no history record, no peer
-  print_summary(c, *run.towers, rep, run.prefix, PeerResult{}, *run.feeder);
+  print_summary(c, *run.towers, rep, run.prefix, PeerResult{}, *run.feeder,
+                memory_report(*run.towers, run.resident_before));
   int cut = 0;
   for (const auto& [name, n] : rep.cut_short) cut += n;
   std::cout << fmt::format(
@@ -101,7 +103,10 @@ void keep_run(Run& run, const Timings& t) {
 
 int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) {
   const BenchConfig& c = run.c;
-  print_summary(c, *run.towers, *t.reporter, run.prefix, peer, *run.feeder);
+  const MemoryReport memory = memory_report(*run.towers, run.resident_before);
+  add_json_section(run, t, "memory_plan", memory_json(memory));
+  print_summary(c, *run.towers, *t.reporter, run.prefix, peer, *run.feeder, memory);
+  if (p.stragglers) print_stragglers(std::cout, run, *p.stragglers);
   if (p.layer_times) {
     print_layer_times(*p.layer_times, 12, timed_step_ms(run, t));
     if (!peer.layers.empty()) print_peer_layers(match_peer_layers(*p.layer_times, peer), peer, 12);

@@ -8,6 +8,7 @@
 
 #include "bench/stages.hpp"
 #include "bench/text.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench {
 namespace {
@@ -105,6 +106,7 @@ void print_header(const Run& run) {
 void build_towers(Run& run) {
   const BenchConfig& c = run.c;
   const auto& r = c.run;
+  run.resident_before = resident_memory();
   run.towers = std::make_unique<Towers>(r);
   if (!c.plan_cache.empty() && r.plans && run.root) r.plans->save(c.plan_cache);  // kept even if the run fails later
   run.towers->set_synthetic_batch(42);
@@ -114,6 +116,13 @@ void build_towers(Run& run) {
   run.images = static_cast<double>(r.batch_per_tower * run.gpus);
   run.feeder = std::make_unique<Feeder>(c, *run.towers);
   run.data_step = run.feeder->active() && has(run.phases, Phase::step);
+  // every tower's timeline in the step fixture: which one the step waits for, and its cost
+  run.stragglers.on = run.towers->global_size() >= 2 && has(run.phases, Phase::step);
+  if (c.slow_tower >= 0 && !run.stragglers.on)
+    throw UsageError(
+        fmt::format("--slow-tower slows one tower against the others: it needs two towers or more "
+                    "(--gpus 2, or several processes) and the step phase (there are {} towers{})",
+                    run.towers->global_size(), has(run.phases, Phase::step) ? "" : ", no step"));
 }
 
 }  // namespace

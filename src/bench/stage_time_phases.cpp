@@ -66,6 +66,12 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
     double host = 0, dev = 0, f = 0, b = 0, s = 0, u = 0;
     GpuStateProbe gpu;
     gpu.read(towers);
+    StragglerLog& log = run.stragglers;
+    const bool timeline = log.on && def->phase == Phase::step;
+    if (timeline) {
+      towers.set_step_timing(true);
+      log.begin_call();
+    }
     for (auto _ : st) {
       if (run.stop.stop_in_loop(st)) break;
       NvtxRange nv(name);
@@ -73,7 +79,9 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       def->run(towers, rt);
       rt.stop();
       const double d = rt.device_ms(0, last);
-      st.SetIterationTime(run.group.allreduce_max(d) / 1e3);  // every process agrees: the slowest
+      const double slowest = run.group.allreduce_max(d);
+      st.SetIterationTime(slowest / 1e3);  // every process agrees: the slowest
+      if (timeline) log.record(towers, slowest);
       dev += d;
       host += rt.host_ms();
       if (split) {
@@ -94,6 +102,10 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
     if (def->points == 5) {
       st.counters["sync_ms"] = avg(s);
       st.counters["update_ms"] = avg(u);
+    }
+    if (timeline) {
+      towers.set_step_timing(false);
+      towers.set_sync_timing(false);
     }
     gpu.read(towers);
     gpu.report(st);

@@ -3,7 +3,9 @@
 //   set_up            stage_set_up.cpp        the checks that fail fast, the towers, the feeder
 //   warm_up           stage_warm_up.cpp       untimed steps; the non-finite check; the JSON context
 //   time_phases       stage_time_phases.cpp   the Google Benchmark fixtures, one per phase
-//   probe             stage_probe.cpp         --layer-times, --trace, --project-gpus: probed steps
+//   calibrate         stage_stragglers.cpp    --slow-tower: the delay that makes a tower that much slower
+//   probe             stage_probe.cpp         the stragglers gathered; --layer-times, --trace,
+//                                             --project-gpus: probed steps
 //   report_cut_short  stage_report.cpp        a signal or a blow-up: what was measured, said as such
 //   keep_run          stage_report.cpp        --history, the plan cache, --suggest, input_stages
 //   compare_with_peer stage_peer.cpp          --peer: the same phases in PyTorch
@@ -23,11 +25,13 @@
 #include "bench/feeder.hpp"
 #include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
+#include "bench/memory_report.hpp"
 #include "bench/peer.hpp"
 #include "bench/progress.hpp"
 #include "bench/projection.hpp"
 #include "bench/reporter.hpp"
 #include "bench/run_parts.hpp"
+#include "bench/straggler.hpp"
 #include "comm/process_group.hpp"
 #include "train/towers.hpp"
 
@@ -35,6 +39,29 @@ namespace stepbench {
 
 // A stage's early end of the run: the process exit status (nullopt: go on to the next stage).
 using Exit = std::optional<int>;
+
+// Every tower's timeline in every timed step of the step fixture (on with two towers or more over
+// the processes): per call of the fixture (a repetition, or Google Benchmark's trial for the
+// iteration count), per step, per tower of this process.
+struct StragglerLog {
+  struct Call {
+    std::vector<std::vector<Towers::Timeline>> steps;
+    std::vector<double> step_ms;  // the step as timed (the slowest process)
+  };
+  bool on = false;
+  double injected_ms = 0;  // --slow-tower's delay at each backward of its tower
+  std::vector<Call> calls;
+  void begin_call() {
+    if (on) calls.emplace_back();
+  }
+  void record(const Towers& t, double step_ms);  // after a timed step
+};
+
+// The slowest tower, on the root process.
+struct Stragglers {
+  StragglerInput input;
+  StragglerReport report;
+};
 
 // What every stage reads: the configuration, the process group, and what set_up built.
 struct Run {
@@ -50,6 +77,7 @@ struct Run {
   std::string trace;                         // --trace for this process ("" none; FILE.rankN off the root)
   std::string peer_python;                   // the interpreter that runs --peer ("" none)
   BenchmarkArgv benchmark_argv;              // Google Benchmark's command line, alive until the run ends
+  ResidentMemory resident_before;            // the process's resident memory before the towers were built
   std::unique_ptr<Towers> towers;
   std::unique_ptr<Feeder> feeder;
   Flops flops{};
@@ -58,6 +86,7 @@ struct Run {
   Interrupt stop;          // a signal, or numbers that stopped being finite
   Progress progress;       // the live line on a terminal (off elsewhere and off the root process)
   int fixtures = 0;        // the benchmarks time_phases registered, for the progress line
+  StragglerLog stragglers;
 };
 
 // What time_phases measured.
@@ -73,6 +102,7 @@ struct Probes {
   std::optional<LayerTimes> layer_times;      // --layer-times
   std::optional<ProjectionInput> projection;  // --project-gpus
   LinkModel link;                             // the link --project-gpus projects over
+  std::optional<Stragglers> stragglers;       // two towers or more: on the root process
   bool failed = false;                        // a probed step threw (said on stderr); the exit status is 1
 };
 
@@ -91,8 +121,16 @@ Exit warm_up(Run& run);
 // Registers one fixture per phase (and --cuda-graph's, the input's, --per-layer's) and runs them;
 // --json is whole once it returns.
 Timings time_phases(Run& run);
-// --layer-times, --trace, --project-gpus: probed steps after the timed repetitions (every process
-// together), their results added to --json.
+// --slow-tower: a few steps measure the tower's compute, then its delay is set (every process
+// together). A tower index past the towers is a UsageError.
+void calibrate_slow_tower(Run& run);
+// The step fixture's timelines, gathered on the root process and analysed (every process together).
+std::optional<Stragglers> gather_stragglers(Run& run);
+nlohmann::json stragglers_json(const Run& run, const Stragglers& s);  // --json's "stragglers"
+// The summary's section: the spread, the slowest and fastest, the cost, the top --straggler-top.
+void print_stragglers(std::ostream& out, const Run& run, const Stragglers& s);
+// The stragglers gathered; --layer-times, --trace, --project-gpus: probed steps after the timed
+// repetitions (every process together), their results added to --json.
 Probes probe(Run& run, const Timings& t);
 // After a signal or a blow-up: the summary of what was measured, what was not, and the exit status.
 Exit report_cut_short(Run& run, const Timings& t, const Probes& p);

@@ -248,7 +248,7 @@ void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const 
 }
 
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder) {
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory) {
   const auto& r = c.run;
   const int gpus = t.global_size();
   const double images = static_cast<double>(r.batch_per_tower * gpus);
@@ -264,6 +264,9 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                                                           : "device time between events on each GPU's stream");
   }
   print_answers(std::cout, c, t, rows, images, peer);
+  const std::string mem = memory_lines(memory);
+  for (std::size_t at = 0, end; (end = mem.find('\n', at)) != std::string::npos; at = end + 1)
+    std::cout << wrap(std::string_view(mem).substr(at, end - at), 6);
   print_notes(std::cout, c, rows, step_ms, rep);
   print_per_layer_table(std::cout, rep, prefix);
   if (feeder.active()) {

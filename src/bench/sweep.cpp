@@ -62,6 +62,17 @@ SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_
   return row;
 }
 
+// Why the plan refuses batch b (beyond the largest it accepts), with its bytes: the exact plan's,
+// else (an op that cannot be made at that batch) the lower bound of its quick estimate.
+std::string refused(const TowerOptions& o, const BatchFit& fit, std::int64_t b) {
+  std::size_t need = b == fit.batch + 1 ? fit.next_bytes : plan_memory(o, b).bytes;
+  const bool exact = need > 0;
+  if (!exact) need = plan_memory(o, b, true).bytes;
+  return fmt::format("does not fit: its memory plan needs {}{:.2f} GiB of the {:.2f} GiB planning uses",
+                     exact ? "" : "at least ", static_cast<double>(need) / (1 << 30),
+                     static_cast<double>(fit.usable) / (1 << 30));
+}
+
 }  // namespace
 
 void fill_scaling_efficiency(std::vector<SweepRow>& rows) {
@@ -111,7 +122,7 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
       row.batch = b;
       if (b > fit.batch) {
         row.fits = false;
-        row.why = "does not fit (planning's memory check)";
+        row.why = refused(r, fit, b);
         rows.push_back(row);
         continue;
       }
@@ -158,11 +169,14 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                              row.efficiency < 0 ? "-" : fmt::format("{:.1f}%", 100 * row.efficiency));
   }
   std::cout << fmt::format(
-      "largest batch per GPU that planning accepts: {} ({:.2f} GiB of the {:.2f} GiB planning may use on {}{}; {})\n",
-      fit.batch, static_cast<double>(fit.bytes) / (1 << 30), static_cast<double>(fit.budget) / (1 << 30),
+      "largest batch per GPU that planning accepts: {} (its memory plan: {:.2f} GiB of the {:.2f} GiB planning may "
+      "use on {}{}; {})\n",
+      fit.batch, static_cast<double>(fit.bytes) / (1 << 30), static_cast<double>(fit.usable) / (1 << 30),
       r.backend == BackendKind::cpu ? "the host" : "each process's first GPU",
       group.size() > 1 ? ", the least over the processes" : "",
-      fit.at_cap ? "the search stopped there, its cap" : fmt::format("batch {} does not fit", fit.batch + 1));
+      fit.at_cap ? "the search stopped there, its cap"
+                 : fmt::format("batch {} does not fit: it needs {:.2f} GiB", fit.batch + 1,
+                               static_cast<double>(fit.next_bytes) / (1 << 30)));
   if (r.backend == BackendKind::cpu)
     std::cout << "(that is one tower's: CPU towers of one process share the host's memory, so N of them need N "
                  "times it; they also share its cores and run one after another, so images/s stays about flat and "
@@ -205,7 +219,9 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
                                {"repetitions", std::max(c.repetitions, 1)},
                                {"largest_batch_per_gpu", fit.batch},
                                {"largest_batch_bytes", fit.bytes},
+                               {"next_batch_bytes", fit.next_bytes},
                                {"memory_budget_bytes", fit.budget},
+                               {"memory_usable_bytes", fit.usable},
                                {"projections", projections}}}});
   }
   return cut ? 128 + stop.signal() : 0;

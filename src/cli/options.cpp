@@ -112,6 +112,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--fabric", b.fabric,
                  "--project-gpus: a link preset with nominal figures instead of --link-gbps/--link-latency-us")
       ->check(CLI::IsMember(fabric_names()));
+  add_straggler_flags(app, o);
   app.add_option("--plan-cache", b.plan_cache,
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
                  "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
@@ -345,6 +346,7 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
       throw UsageError(fmt::format("--sweep-gpus {} but {} GPU(s) are visible; list counts up to {}", most,
                                    cuda_device_count(), cuda_device_count()));
   }
+  resolve_stragglers(o);
   const bool link_given = o.given("--link-gbps") || o.given("--link-latency-us");
   if (b.project_gpus.empty() && (link_given || o.given("--fabric")))
     throw UsageError(

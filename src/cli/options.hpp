@@ -25,6 +25,7 @@ struct Options {
   bool ps_on_cpu = false;  // --ps-device cpu
   double sync_timeout_s = 600.0;
   std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
+  std::string slow_tower;  // --slow-tower T:FACTOR or T:Nms ("": none); resolve() types it into bench
   int ranks_per_gpu = 0;   // --ranks-per-gpu; 0: not given
   int workspace_mb = 512;
   int device_memory_mb = 0;        // 0: what the device has
@@ -46,5 +47,8 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o);
 // under stepbench launch, more towers than GPUs share them (--ranks-per-gpu chosen) instead of being
 // refused. Throws UsageError with what to change.
 void resolve(Options& o, int local_processes = 1, bool share_gpus = false);
+// options_stragglers.cpp: --straggler-top and --slow-tower, registered and validated.
+void add_straggler_flags(CLI::App& app, Options& o);
+void resolve_stragglers(Options& o);
 
 }  // namespace stepbench::cli

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "graph/graph_impl.hpp"
-#include "graph/layers/conv_bn_relu.hpp"
 #include "graph/layers/layer.hpp"
 #include "tensor/error.hpp"
 
@@ -39,51 +38,73 @@ ValueId Graph::input(std::int64_t c, std::int64_t h, std::int64_t w) {
 
 void Graph::set_training_only(bool on) { impl_->training_only = on; }
 
+void Graph::keep(ValueId v) {
+  auto& g = *impl_;
+  SB_CHECK(!g.planned && !g.dry_planned, "keep() after plan()");
+  SB_CHECK(v >= 0 && static_cast<std::size_t>(v) < g.values.size(), fmt::format("no value {}", v));
+  g.kept.resize(g.values.size(), false);
+  g.kept[static_cast<std::size_t>(g.root_id(v))] = true;
+}
+
 // ---- running -------------------------------------------------------------------------------------
 void Graph::forward(Stream& s, bool training) {
-  auto& g = *impl_;
-  SB_CHECK(g.planned, "forward before plan()");
+  SB_CHECK(impl_->planned, "forward before plan()");
+  impl_->run_forward(s, training);
+}
+
+void Graph::Impl::run_forward(Stream& s, bool training, const std::function<void(std::size_t)>& after_layer) {
   // the 16-bit weights from the fp32 master copy, as autocast re-casts them in every forward
-  if (g.mixed()) {
-    g.current = -1;
-    ProbeScope ps(g, s, "weight_cast");
-    g.be.cast(s, g.param_arena.get(), DType::f32, g.param_half.get(), g.cfg.dtype, g.param_floats);
+  if (mixed()) {
+    current = -1;
+    ProbeScope ps(*this, s, "weight_cast");
+    be.cast(s, param_arena.get(), DType::f32, param_half.get(), cfg.dtype, param_floats);
   }
-  for (std::size_t i = 0; i < g.layers.size(); ++i) {
-    Layer& l = *g.layers[i];
+  trained = false;  // until this forward is whole
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    Layer& l = *layers[i];
     if (l.training_only && !training) continue;
-    g.current = static_cast<int>(i);
+    current = static_cast<int>(i);
     if (l.probes_itself()) {
-      l.forward(g, s, training);
+      l.forward(*this, s, training);
     } else {
-      ProbeScope ps(g, s, "fwd");
-      l.forward(g, s, training);
+      ProbeScope ps(*this, s, "fwd");
+      l.forward(*this, s, training);
     }
+    if (after_layer) after_layer(i);
   }
-  if (training) ++g.step;
+  if (training) ++step;
+  trained = training;
 }
 
 void Graph::backward(Stream& s, const std::function<void(std::size_t)>& on_ready) {
-  auto& g = *impl_;
-  SB_CHECK(g.planned, "backward before plan()");
-  g.current = -1;
+  SB_CHECK(impl_->planned, "backward before plan()");
+  impl_->run_backward(s, on_ready);
+}
+
+void Graph::Impl::run_backward(Stream& s, const std::function<void(std::size_t)>& on_ready,
+                               const std::function<void(std::size_t)>& after_layer) {
+  // what backward reads of the forward is the training forward's: an inference forward since then
+  // may have used its space (the plan shares it)
+  SB_CHECK(trained, "backward() needs a training forward right before it (forward(s, true))");
+  current = -1;
   bool zeroing = false;
-  for (auto& v : g.values) zeroing |= v.grad_zero_first && v.root < 0 && v.needs_grad;
+  for (auto& v : values) zeroing |= v.grad_zero_first && v.root < 0 && v.needs_grad;
   if (zeroing) {
-    ProbeScope ps(g, s, "grad_zero");
-    for (auto& v : g.values)
-      if (v.grad_zero_first && v.root < 0 && v.needs_grad) g.be.memset_zero(s, v.g.data, v.g.desc.bytes());
+    ProbeScope ps(*this, s, "grad_zero");
+    for (auto& v : values)
+      if (v.grad_zero_first && v.root < 0 && v.needs_grad) be.memset_zero(s, v.g.data, v.g.desc.bytes());
   }
   std::size_t told = 0;
-  for (std::size_t i = g.layers.size(); i-- > 0;) {
-    Layer& l = *g.layers[i];
-    g.current = static_cast<int>(i);
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    Layer& l = *layers[i];
+    current = static_cast<int>(i);
     if (l.probes_itself()) {
-      l.backward(g, s);
+      l.backward(*this, s);
     } else {
-      ProbeScope ps(g, s, "bwd");
-      l.backward(g, s);
+      ProbeScope ps(*this, s, "bwd");
+      l.backward(*this, s);
     }
+    if (after_layer) after_layer(i);
     if (on_ready && l.ready_after > told) on_ready(told = l.ready_after);
   }
 }
@@ -221,11 +242,17 @@ std::int64_t Graph::forward_macs_per_image(bool training) const {
 }
 std::size_t Graph::device_bytes() const { return impl_->arena_bytes; }
 std::size_t Graph::activation_bytes() const {
-  std::size_t b = impl_->workspace.bytes() + impl_->scratch.bytes();
-  for (const auto& v : impl_->values) b += v.data.bytes() + v.grad.bytes();
-  for (const auto& l : impl_->layers)
-    if (auto* c = dynamic_cast<const ConvBnReluLayer*>(l.get())) b += c->z.bytes();
-  return b;
+  return impl_->arena_bytes - std::min(impl_->arena_bytes, impl_->mem.persistent_bytes());
+}
+const MemoryPlan& Graph::memory_plan() const {
+  SB_CHECK(impl_->planned || impl_->dry_planned, "memory_plan() before plan()");
+  return impl_->mem;
+}
+float* Graph::optimizer_state(int i) const {
+  SB_CHECK(i >= 0 && i < impl_->cfg.optimizer_state_arenas && impl_->planned,
+           fmt::format("optimizer state {} of {} (GraphConfig::optimizer_state_arenas), after plan()", i,
+                       impl_->cfg.optimizer_state_arenas));
+  return impl_->opt_state[i].as<float>();
 }
 
 std::vector<LayerInfo> Graph::layers() const {

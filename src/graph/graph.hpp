@@ -1,10 +1,11 @@
 // The network as a list of layers over planned buffers.
 //
 // Build with the layer calls, then plan(): every activation, gradient, reserve and workspace
-// buffer is allocated and every backend op is created there; forward() and backward() only launch
-// work. Trainable parameters live in one contiguous arena (and their gradients in another of the
-// same layout), laid out in reverse execution order so gradients fill it front to back during
-// backward. BatchNorm running statistics live in a separate state arena.
+// buffer is planned by liveness into one device arena (graph/memory_plan.hpp: buffers whose
+// lifetimes in the step do not overlap share space) and every backend op is created there;
+// forward() and backward() only launch work. Trainable parameters live in one contiguous arena (and their gradients in
+// another of the same layout), laid out in reverse execution order so gradients fill it front to back during backward.
+// BatchNorm running statistics live in a separate state arena.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/slow_conv.hpp"
+#include "graph/memory_plan.hpp"
 #include "graph/probe.hpp"
 
 namespace stepbench {
@@ -77,6 +79,20 @@ struct ConvBnSpec {
   float init_std = 0.1f;
 };
 
+// How the plan shares the arena between buffers (Graph::value and Graph::grad say what it means for
+// a reader).
+enum class BufferSharing {
+  by_liveness,  // buffers whose lifetimes in the step do not overlap share space
+  keep_values,  // as by_liveness, but every value and its gradient lives for the whole step
+  none,         // every buffer its own space for the whole step (the plan before liveness)
+};
+
+// Parameter-sized buffers of state the optimizer keeps: momentum's buffer; RMSProp's mean square
+// and momentum.
+constexpr int optimizer_state_arenas(OptimizerKind k) {
+  return k == OptimizerKind::sgd ? 0 : k == OptimizerKind::momentum ? 1 : 2;
+}
+
 struct GraphConfig {
   std::int64_t batch = 1;
   Layout layout = Layout::nchw;
@@ -86,6 +102,11 @@ struct GraphConfig {
   // may be turned on for the others (tests).
   bool loss_scaling = false;
   float initial_loss_scale = LossScaler::kInitialScale;  // PyTorch's GradScaler starts at 2^16 too
+  BufferSharing sharing = BufferSharing::by_liveness;
+  // Parameter-sized arenas of optimizer state the graph's arena holds for its trainer
+  // (optimizer_state_arenas(kind): momentum 1, RMSProp 2), so the plan counts them; 0: the trainer
+  // allocates its own.
+  int optimizer_state_arenas = 0;
 };
 
 class Graph {
@@ -123,28 +144,40 @@ class Graph {
   // Layers added while this is set run only in training (torchvision's aux head).
   void set_training_only(bool on);
 
+  // Before plan(): v's buffer and its gradient's (its root's, for a concat part) live for the whole
+  // step, so that value(v) and grad(v) still hold this step's after it.
+  void keep(ValueId v);
+
   // Test-only (backend/slow_conv.hpp): convolutions planned after this carry the fault.
   void set_fault(const SlowConvFault& f);
 
   void plan();
   bool planned() const;
-  // Planning's memory checks without allocating, for finding the largest batch that fits: throws
-  // UsageError as plan() would when the batch does not fit, else returns the bytes needed. quick:
-  // only the estimate made before any op is created (cheap); otherwise every buffer and op is sized
-  // as plan() does and the exact arena is checked, without allocating the arena (the ops are made;
-  // on a backend set to Backend::sizing_only, as largest_batch_that_fits sets it, cuda's convolutions
-  // skip cuDNN's algorithm search and count their workspace at the budget; otherwise the search runs
-  // at this batch). The graph is spent afterwards, fitting or not.
-  std::size_t plan_dry(bool quick);
+  // Planning's memory checks without allocating, for finding the largest batch that fits: the bytes
+  // the plan needs and whether they fit. quick: the plan's peak of live bytes before any op is made
+  // (without the ops' workspace and reserves: a lower bound of the arena, cheap); otherwise every
+  // buffer and op is sized as plan() does and the exact arena is checked, without allocating it (the
+  // ops are made; on a backend set to Backend::sizing_only, as largest_batch_that_fits sets it,
+  // cuda's convolutions skip cuDNN's algorithm search and count their workspace at the budget;
+  // otherwise the search runs at this batch). The graph is spent afterwards, fitting or not.
+  struct Sizing {
+    std::size_t bytes = 0;   // needed
+    std::size_t usable = 0;  // what planning may use of the device's memory
+    bool fits = false;
+    std::string refusal;  // plan()'s UsageError when it does not fit: the bytes and a batch that would
+  };
+  Sizing size_plan(bool quick);
+  std::size_t plan_dry(bool quick);  // size_plan(quick).bytes, or its refusal thrown as UsageError
 
   // ---- running ----
   // training: batch statistics, dropout, training-only layers and the loss. Otherwise inference:
   // running statistics, no dropout, training-only layers skipped; loss layers still compute when
   // their logits are computed.
   void forward(Stream& s, bool training);
-  // After forward(s, true). on_ready(n), when given, is called as backward goes whenever the first n
-  // floats of the gradient arena have their final values launched on `s` (the arena is in reverse
-  // execution order, so they fill front to back): what gradient buckets wait for.
+  // After forward(s, true), with no inference forward between them (the plan lets the inference
+  // forward use the space of what the training forward keeps for backward). on_ready(n), when given, is called as
+  // backward goes whenever the first n floats of the gradient arena have their final values launched on `s` (the arena
+  // is in reverse execution order, so they fill front to back): what gradient buckets wait for.
   void backward(Stream& s, const std::function<void(std::size_t)>& on_ready = {});
   // Per-layer timing and tracing (graph/probe.hpp): called around every piece of work forward()
   // and backward() launch from now on; nullptr detaches. The probe must outlive its attachment.
@@ -169,6 +202,12 @@ class Graph {
   // buffers from now on, e.g. one of two staging buffers; nullptr goes back to the planned ones.
   void bind_input(void* images, std::int32_t* labels);
   Shape shape_of(ValueId v) const;  // available while building
+  // Views of v's buffer and its gradient's (after plan()). The plan shares memory between buffers
+  // whose lifetimes do not overlap, so they hold v's numbers only while v is live: a value from its
+  // producer's forward to its last reader (in the training step, its last reader in backward), a
+  // gradient from its first writer in backward to its producer's backward. After a step they still
+  // hold them for the input, the named outputs (output()) and values kept with keep() or by
+  // GraphConfig::sharing; the parameters' gradients (grad_of) are never shared.
   Tensor value(ValueId v) const;
   Tensor grad(ValueId v) const;
   Tensor output(const std::string& name) const;  // "logits", "aux_logits"
@@ -212,10 +251,17 @@ class Graph {
   std::int64_t num_parameters() const;        // trainable elements (what torchvision counts)
   // Multiply-adds of one image's forward pass; training includes training-only layers.
   std::int64_t forward_macs_per_image(bool training) const;
-  std::size_t activation_bytes() const;  // planned activation + gradient + workspace memory
+  // The arena's part for activations, their gradients, the layers' own buffers and workspace (what
+  // the plan shares): device_bytes() less the buffers that live for the whole step.
+  std::size_t activation_bytes() const;
   // Everything the graph holds in backend memory: one arena, allocated at the end of plan(), which
   // throws UsageError (bytes needed and available, a batch size that fits) when it cannot fit.
   std::size_t device_bytes() const;
+  // The plan (after plan(), or plan_dry(false)): every buffer, when it is live, where it sits;
+  // memory_peaks() of it gives the peak bytes per phase and what holds them.
+  const MemoryPlan& memory_plan() const;
+  // The optimizer state the arena holds (GraphConfig::optimizer_state_arenas), i < that count.
+  float* optimizer_state(int i) const;
   std::vector<LayerInfo> layers() const;  // in execution order
   // The values concatenated into v, in channel order (empty when v is not a concat): with layers(),
   // the whole dataflow, for checkers that re-run the graph elsewhere.

@@ -1,10 +1,12 @@
-// The graph's internals, shared by the builder and accessors (graph.cpp), planning (plan.cpp) and
-// the layer kinds (layers/): values, the slots of the one device arena, and Graph::Impl.
+// The graph's internals, shared by the builder and accessors (graph.cpp), planning (plan.cpp,
+// liveness.cpp, assign.cpp) and the layer kinds (layers/): values, the slots of the one device
+// arena, and Graph::Impl.
 #pragma once
 #include <fmt/format.h>
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,8 +18,9 @@
 
 namespace stepbench {
 
-// A piece of the graph's one device arena: sized while planning, placed when the arena is
-// allocated at the end of plan(), so a batch that does not fit fails there, before any step.
+// A piece of the graph's one device arena: sized while planning, given its offset by the plan
+// (memory_plan.hpp; buffers whose lifetimes do not overlap may get the same one), placed when the
+// arena is allocated at the end of plan(), so a batch that does not fit fails there, before any step.
 struct Slot {
   std::size_t offset = 0, size = 0;
   char* base = nullptr;
@@ -53,19 +56,18 @@ struct Graph::Impl {
   bool planned = false;
   bool dry_planned = false;  // plan_dry() ran: the graph cannot be planned any more
   ValueId input = -1;
-  Slot param_arena, grad_arena, state_arena, workspace, scratch, labels, losses;
+  Slot param_arena, grad_arena, state_arena, labels, losses;
   Slot param_half, grad_half, scaler;  // mixed precision: 16-bit weights and weight gradients; loss scaler
-  // The arena: every slot above and every layer's, one allocation.
+  Slot opt_state[2];                   // GraphConfig::optimizer_state_arenas
+  // The arena: every slot above, every value's and every layer's, one allocation, laid out by the
+  // plan (mem.buffers[i] is placed into *mem_slots[i]).
   Buffer arena;
-  std::vector<Slot*> slots;
+  MemoryPlan mem;
+  std::vector<Slot*> mem_slots;
   std::size_t arena_bytes = 0;
-  void reserve(Slot& sl, std::size_t bytes) {
-    constexpr std::size_t kAlign = 256;  // what cuDNN and vector loads like
-    sl.size = bytes;
-    sl.offset = arena_bytes;
-    arena_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
-    slots.push_back(&sl);
-  }
+  std::size_t needed_bytes = 0;  // what the last memory check asked for (Graph::size_plan)
+  std::vector<bool> kept;        // per value: Graph::keep
+  bool trained = false;          // the last forward was a training one (backward may follow)
   std::size_t param_floats = 0, state_floats = 0;
   int num_losses = 0;
   std::vector<float> loss_weights;
@@ -112,12 +114,18 @@ struct Graph::Impl {
   }
   const float* loss_scale_ptr() const { return scaler.size ? scaler.as<float>() : nullptr; }
   const Value& root_of(ValueId v) const { return values[v].root >= 0 ? values[values[v].root] : values[v]; }
+  ValueId root_id(ValueId v) const { return values[v].root >= 0 ? values[v].root : v; }
   Layer& add_layer(std::unique_ptr<Layer> l) {
     if (planned) throw Error("graph: layers cannot be added after plan()");
     l->training_only = training_only;
     layers.push_back(std::move(l));
     return *layers.back();
   }
+  // forward() and backward() (graph.cpp), with a call after each layer's work was launched (the
+  // health check reads its output, or the gradients it passed back, while they are live).
+  void run_forward(Stream& s, bool training, const std::function<void(std::size_t)>& after_layer = {});
+  void run_backward(Stream& s, const std::function<void(std::size_t)>& on_ready,
+                    const std::function<void(std::size_t)>& after_layer = {});
 };
 
 // One piece of work for the probe, if one is attached: begin() now, end() when it goes out of scope.

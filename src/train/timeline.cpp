@@ -1,5 +1,7 @@
 // The step's timeline per tower (Towers::set_step_timing, timeline) and the slowed tower of
 // --slow-tower (set_delay).
+#include <algorithm>
+
 #include "tensor/error.hpp"
 #include "train/sync.hpp"
 #include "train/tower_parts.hpp"
@@ -34,9 +36,18 @@ Towers::Timeline Towers::timeline(int tower) const {
   l.released_ms = be.elapsed_ms(ref, *t.released);
   if (sync_->bytes() > 0) {
     sync_->wait_for(be, *t.comm);  // its last sync events may come after the compute stream's
+    // a host collective on a tower that computes on the host's cores (device -1), run by the
+    // communication thread during the last tower's backward or by the host thread inside it: the
+    // overlap is the sync's, not this tower's compute (else the last CPU tower always looks slowest)
+    const bool inline_sync = !sync_->enqueued() && be.device() < 0;
+    const double b0 = be.elapsed_ms(ref, *t.backward_begin), b1 = b0 + l.backward_ms;
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       l.ready_ms.push_back(be.elapsed_ms(ref, *t.timed_ready[k]));
       l.synced_ms.push_back(be.elapsed_ms(ref, *t.sync_end[k]));
+      if (inline_sync) {
+        const double s0 = be.elapsed_ms(ref, *t.sync_begin[k]);
+        l.backward_ms -= std::max(0.0, std::min(b1, l.synced_ms.back()) - std::max(b0, s0));
+      }
     }
   }
   return l;

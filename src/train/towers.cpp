@@ -75,7 +75,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     bo.plans = plans;
     t->be = make_backend(bo);
     const int global = rank_ * o.towers + i;  // each replica draws its own dropout masks
-    t->g = std::make_unique<Graph>(*t->be, GraphConfig{o.batch_per_tower, o.layout, o.dtype(), o.seed + 977 * global});
+    t->g = std::make_unique<Graph>(*t->be, graph_config(o, o.batch_per_tower, o.seed + 977 * global));
     t->g->set_fault(o.fault_slow_conv);
     info_ = build_model(*t->g, o.model, o.model_options);
     t->g->plan();

@@ -90,19 +90,31 @@ struct TowerOptions {
   DType dtype() const { return storage_dtype(precision); }
 };
 
-// The largest batch per tower that planning accepts on this process's first device for these
-// options (model, image size, precision, layout, memory limit): bisection on planning's quick
-// estimate (Graph::plan_dry(true)), confirmed by sizing every buffer and op (plan_dry(false) on a
-// sizing-only backend: on CUDA each convolution's workspace is counted at the budget, --workspace-mb,
-// without cuDNN's algorithm search, which took over a minute per probed batch on an H200); so `batch`
-// fits planning's checks for one tower and batch + 1 does not (unless at_cap). Across processes the
-// smallest over the processes (a collective). batch 0: not even one image fits. It is one tower's
-// answer: CPU towers of one process share the host's memory, so N of them need N x bytes.
+// A tower's graph for these options: its batch, layout, dtype, dropout seed, and room for the
+// optimizer's state in its arena (the plan counts it).
+GraphConfig graph_config(const TowerOptions& o, std::int64_t batch, std::uint64_t seed);
+
+// The memory plan of one tower at this batch on this process's first device, sized without
+// allocating anything (Graph::size_plan on a sizing-only backend: on CUDA each convolution's
+// workspace is counted at the budget, --workspace-mb, without cuDNN's algorithm search; on the CPU
+// the plan is the one a run makes). quick: the plan's peak before any op is made, a lower bound.
+Graph::Sizing plan_memory(const TowerOptions& o, std::int64_t batch, bool quick = false);
+
+// The largest batch per tower that the memory plan accepts on this process's first device for
+// these options (model, image size, precision, layout, memory limit), known before anything is
+// allocated: bisection on the plan's quick lower bound (plan_memory(quick)), then on the exact plan
+// from there down (on CUDA it errs on the safe side by each convolution's workspace below the
+// budget; on the CPU it is exact); so `batch` fits the plan for one tower and batch + 1 does not
+// (unless at_cap). Across processes the smallest over the processes (a collective). batch 0: not even one
+// image fits. It is one tower's answer: CPU towers of one process share the host's memory, so N of
+// them need N x bytes.
 struct BatchFit {
   std::int64_t batch = 0;
-  std::size_t bytes = 0;   // what `batch` needs (the exact arena)
-  std::size_t budget = 0;  // what the device gives planning (Backend::memory_budget)
-  bool at_cap = false;     // the search stopped at its cap: larger batches were not tried
+  std::size_t bytes = 0;       // what `batch` needs (the plan's arena)
+  std::size_t next_bytes = 0;  // what batch + 1 needs (its plan's arena; 0 at the cap)
+  std::size_t budget = 0;      // what the device gives planning (Backend::memory_budget)
+  std::size_t usable = 0;      // what planning uses of it
+  bool at_cap = false;         // the search stopped at its cap: larger batches were not tried
 };
 BatchFit largest_batch_that_fits(const TowerOptions& o, std::int64_t cap = std::int64_t{1} << 20);
 

@@ -1,6 +1,8 @@
 // One training step on one graph: forward (training mode), loss, backward, optimizer update over
 // the whole parameter arena. The phases are separate calls so benchmarks can time each one.
 #pragma once
+#include <vector>
+
 #include "graph/graph.hpp"
 
 namespace stepbench {
@@ -9,7 +11,9 @@ namespace stepbench {
 // momentum) in one backend's memory, and the update that uses it.
 class OptimizerState {
  public:
-  OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t count);
+  // in: optimizer_state_arenas(cfg.kind) buffers of `count` floats someone else owns (a graph's
+  // arena, GraphConfig::optimizer_state_arenas); empty: allocated here.
+  OptimizerState(Backend& be, OptimizerConfig cfg, std::size_t count, std::vector<float*> in = {});
   // scaler: a LossScaler in the backend's memory, or nullptr
   void update(Stream& s, float* params, const float* grads, const float* scaler = nullptr);
   const OptimizerConfig& config() const { return cfg_; }
@@ -19,6 +23,7 @@ class OptimizerState {
   OptimizerConfig cfg_;
   std::size_t count_;
   Buffer s0_, s1_;
+  float *p0_ = nullptr, *p1_ = nullptr;
 };
 
 class Trainer {

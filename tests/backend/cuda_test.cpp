@@ -325,7 +325,8 @@ TEST_P(CudaUnits, EveryUnitMatchesTheOracleInPlace) {
     SCOPED_TRACE(aux ? "the aux head, 299x299, batch 8" : "the main network, 75x75, batch 2");
     const std::int64_t batch = aux ? 8 : 2, image = aux ? 299 : 75;
     GraphConfig cfg{batch, c.layout, c.dtype, 3};
-    cfg.initial_loss_scale = 256.0f;  // fp16: see CudaStepSetup
+    cfg.initial_loss_scale = 256.0f;           // fp16: see CudaStepSetup
+    cfg.sharing = BufferSharing::keep_values;  // the values and gradients are read after the step
     Graph g(*gpu, cfg);
     ModelOptions o;
     o.image_size = image;

@@ -239,7 +239,8 @@ class Sweep(unittest.TestCase):
                                        delta=1e-9)
         self.assertRegex(out, r"gpus +batch/gpu +global batch +step ms +images/s +efficiency")
         self.assertRegex(out, r"\n +2 +8 +16 +[0-9.]+ +[0-9.]+ +[0-9.]+%\n")
-        self.assertIn("100000 does not fit (planning's memory check)", " ".join(out.split()))
+        self.assertRegex(" ".join(out.split()), r"100000 does not fit: its memory plan needs [0-9.]+ GiB of the 0.06 GiB "
+                                                r"planning uses")
         self.assertIn(f"largest batch per GPU that planning accepts: {big} ", out)
         self.assertIn(f"batch {big + 1} does not fit", out)
         # the answer is planning's: that batch plans, one more does not (exit 2 naming the limit)

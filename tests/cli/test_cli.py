@@ -326,6 +326,22 @@ class Json(unittest.TestCase):
             self.assertIn("MACs", runs[n][0])
         self.assertIn("backward:forward", out)
         self.assertIn("grad_sync:", out)
+        # the memory plan: a peak per phase, each what it holds; the backward holds what the forward saved
+        mem = j["memory_plan"]
+        self.assertEqual(mem["towers_per_process"], 2)
+        phases = mem["phases"]
+        self.assertEqual(set(phases), {"forward_only", "training_forward", "backward", "update"})
+        for name, p in phases.items():
+            self.assertEqual(p["peak_bytes"], sum(p["by_kind"].values()), name)
+            self.assertLessEqual(p["peak_bytes"], mem["arena_bytes"], name)
+            self.assertGreater(p["by_kind"]["weights"], 0, name)
+            self.assertGreater(p["by_kind"]["optimizer_state"], 0, name)  # momentum, in the arena
+        self.assertGreater(phases["backward"]["by_kind"]["saved"], 0)
+        self.assertEqual(phases["update"]["by_kind"]["saved"], 0)
+        self.assertLess(mem["arena_bytes"], mem["unshared_bytes"])
+        self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
+        self.assertRegex(out, r"memory plan \(per tower\): peak [0-9.]+ [KMG]iB in [a-z ]+ \(weights ")
+        self.assertRegex(out, r"resident memory: peak [0-9.]+ [KMG]iB")
 
 
 class Output(unittest.TestCase):
@@ -890,6 +906,76 @@ class Mpi(unittest.TestCase):
                                  "--ps-device", "cpu")
         self.assertEqual(rc, 0, out)
         self.assertIn("host memory (parameter server on the CPU) + MPI over 2 processes", " ".join(out.split()))
+
+
+# the straggler report: a slowed tower is named with its cost, on CPU towers in one process and across
+# processes; a quiet run has no chronic straggler
+SLOW = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "8", "--warmup", "2",
+        "--repetitions", "5", "--phases", "step", "--benchmark_min_time=0.05"]
+
+
+class Stragglers(unittest.TestCase):
+    def report(self, cmd, env=None):
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run([*cmd, "--json", f"{d}/run.json"], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, **(env or {})})
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(f"{d}/run.json") as f:
+                return p.stdout, json.load(f)["stragglers"]
+
+    def check_named(self, cmd, tower, rank, env=None):
+        # named in every run; the cost is what the injected delay adds to the step, within 25%, in one of
+        # three runs at most (two processes on two loaded cores: the fast one's compute moves by 20%)
+        misses = []
+        for _ in range(3):
+            out, s = self.report([*cmd, "--slow-tower", f"{tower}:1.5"], env)
+            self.assertEqual(s["slowest"], tower, out)
+            self.assertEqual(s["towers"][tower]["rank"], rank)
+            self.assertIn(f"slowest: tower {tower} (rank {rank}", out)
+            self.assertIn(s["verdict"], ("chronic", "occasional"), out)
+            injected = s["injected"]["delay_ms"]
+            self.assertGreater(injected, 0)
+            if abs(s["cost_ms"] - injected) < 0.25 * injected:
+                return
+            misses.append(f"cost {s['cost_ms']:.3f} ms for {injected:.3f} ms injected")
+        self.fail("; ".join(misses) + "\n" + out)
+
+    def test_cpu_towers_name_the_slowed_tower_and_its_cost(self):
+        self.check_named([STEPBENCH, *SLOW, "--gpus", "2"], 1, 0)
+
+    def test_a_quiet_run_has_no_chronic_straggler(self):
+        out, s = self.report([STEPBENCH, *SLOW, "--gpus", "2"])
+        self.assertNotEqual(s["verdict"], "chronic", out)
+        self.assertNotIn("injected", s)
+        self.assertEqual(len(s["towers"]), 2)
+
+    def test_the_top_k_and_a_delay_in_ms(self):
+        out, s = self.report([STEPBENCH, *SLOW, "--gpus", "3", "--straggler-top", "2", "--slow-tower", "2:4ms"])
+        self.assertEqual(s["slowest"], 2, out)
+        self.assertAlmostEqual(s["injected"]["delay_ms"], 4.0)
+        table = out[out.index("  tower  rank"):].splitlines()[1:]
+        rows = [l for l in table if re.match(r"^ +\d+ +\d+ ", l)]
+        self.assertEqual(len(rows), 2, out)  # --straggler-top 2 of 3
+        self.assertTrue(rows[0].split()[0] == "2", out)
+
+    @unittest.skipUnless(os.environ.get("STEPBENCH_HAS_GLOO", "1") == "1", "built without Gloo")
+    def test_two_processes_under_launch(self):
+        self.check_named([STEPBENCH, "launch", "--nproc", "2", "--", *SLOW], 1, 1)
+
+    @unittest.skipUnless(shutil.which("mpirun"), "mpirun not found (Debian: openmpi-bin)")
+    def test_two_processes_under_mpirun(self):
+        self.check_named([*MPIRUN, STEPBENCH, *SLOW], 1, 1, env={**MPI_ENV, "OMP_NUM_THREADS": "1"})
+
+    def test_bad_values_are_usage_errors(self):
+        for args, expect in [(["--gpus", "2", "--slow-tower", "x"], "give TOWER:FACTOR"),
+                             (["--gpus", "2", "--slow-tower", "1:0.5"], "the factor is out of range"),
+                             (["--gpus", "2", "--slow-tower", "1:0ms"], "the delay is out of range"),
+                             (["--gpus", "2", "--slow-tower", "5:1.5"], "there are 2 towers"),
+                             (["--slow-tower", "0:1.5"], "needs two towers or more"),
+                             (["--gpus", "2", "--straggler-top", "0"], "--straggler-top")]:
+            rc, out, err = run(*SLOW, *args, timeout=120)
+            self.assertEqual(rc, 2, f"{args}: {out}{err}")
+            self.assertIn(expect, err, args)
 
 
 # a run that goes on until it is stopped

@@ -43,8 +43,12 @@ struct SmallNet {
   ValueId unit_no_relu(const std::string& name, ValueId in, std::int64_t cout, ConvParams p) {
     return g->conv_bn(name, in, cout, p, {name + ".weight", name + ".bn", false, 1e-5, ParamInit::normal, 0.3f});
   }
-  SmallNet(Backend& be, Layout l, DType t, Variant variant = Variant::plain) {
-    g = std::make_unique<Graph>(be, GraphConfig{3, l, t, 7});
+  // sharing: keep_values where a test reads the values and gradients inside the net after the step
+  SmallNet(Backend& be, Layout l, DType t, Variant variant = Variant::plain,
+           BufferSharing sharing = BufferSharing::by_liveness) {
+    GraphConfig cfg{3, l, t, 7};
+    cfg.sharing = sharing;
+    g = std::make_unique<Graph>(be, cfg);
     x = g->input(3, 10, 10);
     stem = unit("stem", x, 4, {3, 3, 1, 1, 1, 1});
     ValueId f = -1;
@@ -152,12 +156,13 @@ TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithResidualBl
 
 // Each conv-BN-ReLU unit inside the graph, checked locally against the oracle: from the unit's
 // input value and the gradient arriving at its output (both read back from the graph after
-// backward), the oracle recomputes the forward and the weight, gamma and beta gradients.
+// backward, so the plan keeps them: keep_values), the oracle recomputes the forward and the weight,
+// gamma and beta gradients.
 void check_units(const test::Config& cfg, Variant variant) {
   std::string sb_why_;
   auto be = test::try_backend(cfg, sb_why_);
   if (!be) GTEST_SKIP() << sb_why_;
-  SmallNet net(*be, cfg.layout, cfg.dtype, variant);
+  SmallNet net(*be, cfg.layout, cfg.dtype, variant, BufferSharing::keep_values);
   net.loss();
   net.g->backward(be->default_stream());
   test::expect_units_match_oracle(*net.g, test::error_model(cfg));
@@ -179,6 +184,8 @@ TEST_P(GraphTest, FanOutGradientIsTheSumOfTheBranches) {
   auto cat = g.concat({a, b});
   auto f = g.linear("fc", g.global_avg_pool(cat), 3);
   g.cross_entropy(f, 1.0f, "logits");
+  g.keep(u);  // read after backward
+  g.keep(cat);
   g.plan();
   init_parameters(g, 5);
   test::DevTensor in(*be, {2, 3, 6, 6}, GetParam().layout, GetParam().dtype);  // the graph's input type
@@ -402,10 +409,12 @@ TEST(Graph, OneArenaHoldsEveryBuffer) {
 }  // namespace stepbench
 namespace stepbench {
 namespace {
+// With every value kept for the whole step, backward writes none of them: the layers' own buffers,
+// the gradients and the workspace, which the plan still shares, go elsewhere.
 TEST(Graph, BackwardLeavesForwardValuesIntact) {
   auto be = make_cpu_backend();
   for (Layout l : {Layout::nchw, Layout::nhwc}) {
-    SmallNet net(*be, l, DType::f32, Variant::block_e);
+    SmallNet net(*be, l, DType::f32, Variant::block_e, BufferSharing::keep_values);
     net.loss();
     // Dense values only: concat parts are slices, covered by their (dense) root.
     auto contents = [](const Tensor& t) { return std::vector<float>(t.as<float>(), t.as<float>() + t.desc.numel()); };

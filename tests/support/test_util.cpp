@@ -67,6 +67,9 @@ std::vector<double> read_floats(Backend& be, const float* p, std::size_t n) {
 }  // namespace
 
 void expect_units_match_oracle(Graph& g, const ErrorModel& model, const std::function<bool(const LayerInfo&)>& only) {
+  ASSERT_NE(g.config().sharing, BufferSharing::by_liveness)
+      << "the values and gradients inside the net are read after the step: plan with GraphConfig::sharing = "
+         "keep_values";
   Backend& be = g.backend();
   // A 16-bit graph convolves 16-bit copies of its fp32 master weights (read here, then rounded to
   // the copies' values, round to nearest as the cast kernel does).

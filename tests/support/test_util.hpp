@@ -243,7 +243,7 @@ std::vector<double> read_nchw(Backend& be, const Tensor& t);
 // sum of what its consumers send it: units, pools, the FC, residual additions), against the oracle
 // recomputed from the unit's own inputs in the graph; bounds from the error model.
 // With `only`, just the layers it selects (their inputs' gradient sums are then not checked where
-// an unselected layer also consumes them).
+// an unselected layer also consumes them). The graph must keep its values (GraphConfig::sharing).
 void expect_units_match_oracle(Graph& g, const ErrorModel& m, const std::function<bool(const LayerInfo&)>& only = {});
 
 // Reorders an O,I,KH,KW filter into the backend's storage format for layout l.

@@ -137,10 +137,8 @@ class CpuBackend final : public Backend {
   }
   std::shared_ptr<const FilterStorage> conv_filter_storage(const TensorDesc& x, const TensorDesc& y,
                                                            const ConvParams& p) override {
-    // sized, never run (the largest-batch search): the plain filter, without oneDNN's search at
-    // batches that may be absurd; the arena then lacks the blocked formats' padding (Inception-v3:
-    // 1040 floats of 27.2 million in NHWC, 16 in NCHW, alignment included)
-    if (sizing_only()) return nullptr;
+    // sized, never run (the largest-batch search) or run: the same storage, so that the memory plan
+    // of a sized graph is the one a run makes (its quick lower bound keeps absurd batches from here)
     // one search per shape: graphs built again on this backend ask again
     const std::string key = cpu::dnnl_conv_key(x, y, p);
     std::lock_guard<std::mutex> lock(storage_mutex_);

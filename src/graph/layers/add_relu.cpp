@@ -9,6 +9,7 @@
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
 #include "graph/layers/layer.hpp"
+#include "graph/liveness.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench {
@@ -16,6 +17,15 @@ namespace {
 
 struct AddReluLayer final : Layer {
   std::unique_ptr<AddReluOp> op;
+  void declare(Uses& u, bool training) override {
+    u.forward("fwd").reads(in[0]).reads(in[1]).writes(out);
+    if (!training) return;
+    u.backward("bwd");
+    if (!u.needs_grad(in[0]) && !u.needs_grad(in[1])) return;
+    u.reads(out).reads_grad(out);  // the mask: where the output is positive
+    for (int k : {0, 1})
+      if (u.needs_grad(in[k])) u.writes_grad(in[k], in_beta[k]);
+  }
   void plan(Graph::Impl& g) override { op = g.be.make_add_relu(g.values[out].t.desc); }
   void forward(Graph::Impl& g, Stream& s, bool) override {
     op->forward(s, g.values[in[0]].t, g.values[in[1]].t, g.values[out].t);

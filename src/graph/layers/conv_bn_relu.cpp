@@ -11,58 +11,71 @@
 
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
+#include "graph/liveness.hpp"
 
 namespace stepbench {
 
+void ConvBnReluLayer::declare(Uses& u, bool training) {
+  const ValueId x = in[0];
+  u.forward("conv_fwd").reads(x).writes(z, "z").scratch(ws_fwd, "workspace");
+  u.forward(spec.relu ? "bn_relu_fwd" : "bn_fwd").reads(z, "z").writes(out).scratch(ws_fwd, "workspace");
+  if (!training) return;
+  u.writes(saved, "batch statistics").writes(bn_reserve, "bn reserve");
+  u.backward(spec.relu ? "bn_relu_bwd" : "bn_bwd")
+      .reads(z, "z")
+      .reads(out)
+      .reads_grad(out)
+      .reads(saved, "batch statistics");
+  u.reads(bn_reserve, "bn reserve").writes(dz, "dz").scratch(ws_bwd, "backward workspace");
+  u.backward("conv_bwd_filter").reads(x).reads(dz, "dz").scratch(ws_bwd, "backward workspace");
+  if (u.needs_grad(x))
+    u.backward("conv_bwd_data").reads(dz, "dz").writes_grad(x, in_beta[0]).scratch(ws_bwd, "backward workspace");
+}
+
 void ConvBnReluLayer::plan(Graph::Impl& g) {
   const Value& x = g.values[in[0]];
-  zdesc = g.desc(g.values[out].shape);
   const auto& storage = g.params[w].storage;
   conv = with_fault(
       storage ? g.be.make_conv_stored(g.desc(x.shape), zdesc, p, *storage) : g.be.make_conv(g.desc(x.shape), zdesc, p),
       x.shape, cout, p, g.slow_conv);
   bn = g.be.make_batch_norm(zdesc, g.values[out].t.desc, BatchNormParams{spec.eps, 0.1, spec.relu});
-  g.reserve(z, zdesc.bytes());
-  g.reserve(saved, 2 * sizeof(float) * static_cast<std::size_t>(cout));
-  g.reserve(bn_reserve, bn->reserve_bytes());
+  bn_reserve.size = bn->reserve_bytes();
+  ws_fwd.size = std::max(conv->workspace_bytes(), bn->workspace_bytes());
+  ws_bwd.size = ws_fwd.size;
 }
 
 void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
   const Tensor zt{z.get(), zdesc};
   {
     ProbeScope ps(g, s, "conv_fwd");
-    conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, g.workspace.get());
+    conv->forward(s, g.values[in[0]].t, g.wdata(w), zt, ws_fwd.get());
   }
   ProbeScope ps(g, s, spec.relu ? "bn_relu_fwd" : "bn_fwd");
   if (training)
     bn->forward_training(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
-                         saved.as<float>(), saved.as<float>() + cout, g.workspace.get(), bn_reserve.get());
+                         saved.as<float>(), saved.as<float>() + cout, ws_fwd.get(), bn_reserve.get());
   else
     bn->forward_inference(s, zt, g.values[out].t, g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar),
-                          g.workspace.get());
+                          ws_fwd.get());
 }
 
 void ConvBnReluLayer::backward(Graph::Impl& g, Stream& s) {
-  const Tensor zt{z.get(), zdesc}, dz{g.scratch.get(), zdesc};
+  const Tensor zt{z.get(), zdesc}, dzt{dz.get(), zdesc};
   const Value& o = g.values[out];
   {
     ProbeScope ps(g, s, spec.relu ? "bn_relu_bwd" : "bn_bwd");
-    bn->backward(s, zt, o.t, o.g, dz, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
-                 g.pgrad(gamma), g.pgrad(beta), 0.0f, g.workspace.get(), bn_reserve.get());
+    bn->backward(s, zt, o.t, o.g, dzt, g.pdata(gamma), g.pdata(beta), saved.as<float>(), saved.as<float>() + cout,
+                 g.pgrad(gamma), g.pgrad(beta), 0.0f, ws_bwd.get(), bn_reserve.get());
   }
   {
     ProbeScope ps(g, s, "conv_bwd_filter");
-    conv->backward_filter(s, g.values[in[0]].t, dz, g.wgrad(w), g.workspace.get());
+    conv->backward_filter(s, g.values[in[0]].t, dzt, g.wgrad(w), ws_bwd.get());
     g.widen_grad(s, w);
   }
   if (g.values[in[0]].needs_grad) {
     ProbeScope ps(g, s, "conv_bwd_data");
-    conv->backward_data(s, dz, g.wdata(w), g.values[in[0]].g, in_beta[0], g.workspace.get());
+    conv->backward_data(s, dzt, g.wdata(w), g.values[in[0]].g, in_beta[0], ws_bwd.get());
   }
-}
-
-std::size_t ConvBnReluLayer::workspace_bytes() const {
-  return std::max(conv->workspace_bytes(), bn->workspace_bytes());
 }
 
 LayerInfo ConvBnReluLayer::info() const {
@@ -113,6 +126,10 @@ ValueId Graph::conv_bn(const std::string& name, ValueId x, std::int64_t cout, co
   l->rvar = g.add_param({b + ".running_var", {cout}, 0, 0, false, false, FilterFormat::oihw, ParamInit::ones});
   l->in = {x};
   l->out = g.new_value(ys, static_cast<int>(g.layers.size()));
+  // the buffers whose size the shapes decide (the ops size the rest in plan())
+  l->zdesc = g.desc(ys);
+  l->z.size = l->dz.size = l->zdesc.bytes();
+  l->saved.size = 2 * sizeof(float) * static_cast<std::size_t>(cout);
   auto id = l->out;
   g.add_layer(std::move(l));
   return id;

@@ -7,6 +7,7 @@
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
 #include "graph/layers/layer.hpp"
+#include "graph/liveness.hpp"
 
 namespace stepbench {
 namespace {
@@ -15,10 +16,14 @@ struct LossLayer final : Layer {
   float weight;
   int slot;
   std::unique_ptr<SoftmaxCrossEntropyOp> op;
-  Slot reserve;
+  Slot reserve;  // the probabilities
+  void declare(Uses& u, bool training) override {
+    u.forward("fwd").reads(in[0]).writes(reserve, "probabilities");
+    if (training) u.backward("bwd").reads(reserve, "probabilities").writes_grad(in[0], in_beta[0]);
+  }
   void plan(Graph::Impl& g) override {
     op = g.be.make_softmax_cross_entropy(g.values[in[0]].t.desc);
-    g.reserve(reserve, op->reserve_bytes());
+    reserve.size = op->reserve_bytes();
   }
   void forward(Graph::Impl& g, Stream& s, bool) override {
     op->forward(s, g.values[in[0]].t, g.label_ptr(), g.losses.as<float>() + slot, reserve.get());

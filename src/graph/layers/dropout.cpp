@@ -5,6 +5,7 @@
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
 #include "graph/layers/layer.hpp"
+#include "graph/liveness.hpp"
 
 namespace stepbench {
 namespace {
@@ -12,10 +13,17 @@ namespace {
 struct DropoutLayer final : Layer {
   double p;
   std::unique_ptr<DropoutOp> op;
-  Slot reserve;
+  Slot reserve;  // the mask
+  void declare(Uses& u, bool training) override {
+    u.forward("fwd").reads(in[0]).writes(out);
+    if (!training) return;
+    u.writes(reserve, "mask");
+    u.backward("bwd");
+    if (u.needs_grad(in[0])) u.reads_grad(out).reads(reserve, "mask").writes_grad(in[0], in_beta[0]);
+  }
   void plan(Graph::Impl& g) override {
     op = g.be.make_dropout(g.values[in[0]].t.desc, p);
-    g.reserve(reserve, op->reserve_bytes());
+    reserve.size = op->reserve_bytes();
   }
   void forward(Graph::Impl& g, Stream& s, bool training) override {
     const Tensor &x = g.values[in[0]].t, &y = g.values[out].t;

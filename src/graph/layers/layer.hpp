@@ -1,6 +1,8 @@
 // The interface every layer kind implements (one file per kind in this folder). Graph's builder
-// call for a kind creates its layer; plan() sizes its buffers and creates its backend ops;
-// forward() and backward() only launch work on them. Internal to the graph.
+// call for a kind creates its layer; declare() says which buffers each piece of its forward and
+// backward touches (planning derives every buffer's lifetime from it: graph/liveness.hpp); plan()
+// sizes its own buffers and creates its backend ops; forward() and backward() only launch work on
+// them. Internal to the graph.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,6 +13,8 @@
 
 namespace stepbench {
 
+class Uses;  // graph/liveness.hpp
+
 struct Layer {
   virtual ~Layer() = default;
   std::vector<ValueId> in;
@@ -20,6 +24,12 @@ struct Layer {
   std::vector<float> in_beta;          // per input: 0 overwrites its gradient, 1 accumulates
   std::vector<std::size_t> trainable;  // indices of the parameters whose gradients this layer writes
   std::size_t ready_after = 0;         // gradient-arena prefix (floats) final once this layer's backward ran
+  // The pieces of work of one pass (training: the training forward and the backward; otherwise the
+  // inference forward) in the order they run, each with every buffer it reads or writes: the values,
+  // their gradients and the layer's own slots (graph/liveness.hpp, Uses). Called before plan(), so
+  // it must not depend on the ops.
+  virtual void declare(Uses& u, bool training) = 0;
+  // Creates the backend ops and sizes the slots whose size they decide (workspace, reserves).
   virtual void plan(Graph::Impl&) = 0;
   virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
   virtual void backward(Graph::Impl&, Stream&) = 0;
@@ -28,8 +38,6 @@ struct Layer {
   virtual bool probes_itself() const { return false; }
   virtual void check_after_sync() {}               // errors the device flagged during the step (bad labels)
   virtual std::int64_t macs() const { return 0; }  // whole batch
-  virtual std::size_t workspace_bytes() const { return 0; }
-  virtual std::size_t scratch_bytes() const { return 0; }  // shared gradient scratch
   virtual LayerInfo info() const = 0;
   LayerInfo base_info(std::string kind, std::string name = {}) const {
     LayerInfo i;

@@ -7,6 +7,7 @@
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
 #include "graph/layers/layer.hpp"
+#include "graph/liveness.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench {
@@ -16,20 +17,29 @@ struct LinearLayer final : Layer {
   std::size_t w, b;
   std::unique_ptr<LinearOp> op;
   std::int64_t k = 0, m = 0;
-  void plan(Graph::Impl& g) override { op = g.be.make_linear(g.values[in[0]].t.desc, g.values[out].t.desc); }
+  Slot ws_fwd, ws_bwd;
+  void declare(Uses& u, bool training) override {
+    u.forward("fwd").reads(in[0]).writes(out).scratch(ws_fwd, "workspace");
+    if (!training) return;
+    u.backward("bwd").reads(in[0]).reads_grad(out).scratch(ws_bwd, "backward workspace");
+    if (u.needs_grad(in[0])) u.writes_grad(in[0], in_beta[0]);
+  }
+  void plan(Graph::Impl& g) override {
+    op = g.be.make_linear(g.values[in[0]].t.desc, g.values[out].t.desc);
+    ws_fwd.size = ws_bwd.size = op->workspace_bytes();
+  }
   void forward(Graph::Impl& g, Stream& s, bool) override {
-    op->forward(s, g.values[in[0]].t, g.wdata(w), g.wdata(b), g.values[out].t, g.workspace.get());
+    op->forward(s, g.values[in[0]].t, g.wdata(w), g.wdata(b), g.values[out].t, ws_fwd.get());
   }
   void backward(Graph::Impl& g, Stream& s) override {
     const Value &x = g.values[in[0]], &y = g.values[out];
-    op->backward_weights(s, x.t, y.g, g.wgrad(w), g.wgrad(b), g.workspace.get());
+    op->backward_weights(s, x.t, y.g, g.wgrad(w), g.wgrad(b), ws_bwd.get());
     g.widen_grad(s, w);
     g.widen_grad(s, b);
-    if (x.needs_grad) op->backward_data(s, y.g, g.wdata(w), x.g, in_beta[0], g.workspace.get());
+    if (x.needs_grad) op->backward_data(s, y.g, g.wdata(w), x.g, in_beta[0], ws_bwd.get());
   }
   std::int64_t macs() const override { return k * m * batch; }
   std::int64_t batch = 0;
-  std::size_t workspace_bytes() const override { return op->workspace_bytes(); }
   std::string name;
   LayerInfo info() const override { return base_info("linear", name); }
 };

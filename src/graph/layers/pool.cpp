@@ -5,6 +5,7 @@
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
 #include "graph/layers/layer.hpp"
+#include "graph/liveness.hpp"
 
 namespace stepbench {
 namespace {
@@ -12,10 +13,17 @@ namespace {
 struct PoolLayer final : Layer {
   PoolParams p;
   std::unique_ptr<PoolOp> op;
-  Slot reserve;
+  Slot reserve;  // max pooling's argmax, where the op keeps it
+  void declare(Uses& u, bool training) override {
+    u.forward("fwd").reads(in[0]).writes(out).writes(reserve, "indices");
+    if (!training) return;
+    u.backward("bwd");
+    if (u.needs_grad(in[0]))
+      u.reads(in[0]).reads(out).reads_grad(out).reads(reserve, "indices").writes_grad(in[0], in_beta[0]);
+  }
   void plan(Graph::Impl& g) override {
     op = g.be.make_pool(g.values[in[0]].t.desc, g.values[out].t.desc, p);
-    g.reserve(reserve, op->reserve_bytes());
+    reserve.size = op->reserve_bytes();
   }
   void forward(Graph::Impl& g, Stream& s, bool) override {
     op->forward(s, g.values[in[0]].t, g.values[out].t, reserve.get());

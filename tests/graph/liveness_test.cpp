@@ -1,0 +1,187 @@
+// Planning by liveness against what the layers really touch: a probe fills every byte of the arena
+// that no live buffer holds with NaN after every piece of work (and before each pass), so a piece
+// that reads a buffer outside its declared lifetime (a missing or wrong Layer::declare) reads NaN;
+// the step must then give, bit for bit, what the same graph gives with every buffer its own space
+// for the whole step (BufferSharing::none).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "models/models.hpp"
+#include "support/chain_oracle.hpp"
+#include "support/test_util.hpp"
+#include "train/trainer.hpp"
+
+namespace stepbench {
+namespace {
+
+// Poisons what is dead: after the piece of work at step k (and before a pass's first), every byte
+// of the shared part of the arena that no buffer live at step k + 1 holds. It also checks that the
+// pieces run in the order of the plan's schedule, by layer and name.
+class Poisoner final : public GraphProbe {
+ public:
+  explicit Poisoner(Graph& g) : g_(g), p_(g.memory_plan()) {
+    for (const auto& b : p_.buffers)
+      if (b.name == "parameters") base_ = reinterpret_cast<char*>(g.param_arena()) - b.offset;
+  }
+  // Before a pass: the step its first piece is, and everything dead poisoned.
+  void start(MemoryPhase phase) {
+    next_ = 0;
+    while (next_ < static_cast<int>(p_.steps.size()) && p_.steps[static_cast<std::size_t>(next_)].phase != phase)
+      ++next_;
+    poison_all_but_live_at(next_);
+  }
+  void begin(Stream&, int layer, const char* part) override {
+    ASSERT_LT(next_, static_cast<int>(p_.steps.size()));
+    const PlanStep& st = p_.steps[static_cast<std::size_t>(next_)];
+    EXPECT_EQ(st.layer, layer) << "step " << next_ << ": " << st.label << " " << st.part << ", ran " << part;
+    EXPECT_EQ(st.part, part) << "step " << next_ << ": " << st.label;
+  }
+  void end(Stream&) override { poison_all_but_live_at(++next_); }
+  int pieces = 0;
+
+ private:
+  void poison_all_but_live_at(int step) {
+    const std::size_t from = p_.persistent_bytes();
+    std::vector<std::pair<std::size_t, std::size_t>> live;
+    for (const auto& b : p_.buffers)
+      if (!b.persistent && b.bytes && step < static_cast<int>(p_.steps.size()) && b.live_at(step))
+        live.emplace_back(b.offset, b.offset + b.bytes);
+    std::sort(live.begin(), live.end());
+    std::size_t at = from;
+    auto fill = [&](std::size_t a, std::size_t b) {
+      if (b <= a) return;
+      Backend& be = g_.backend();
+      be.fill(be.default_stream(), reinterpret_cast<float*>(base_ + a), std::numeric_limits<float>::quiet_NaN(),
+              (b - a) / sizeof(float));
+    };
+    for (const auto& [a, b] : live) {
+      fill(at, a);
+      at = std::max(at, b);
+    }
+    fill(at, p_.arena_bytes);
+    ++pieces;
+  }
+  Graph& g_;
+  const MemoryPlan& p_;
+  char* base_ = nullptr;
+  int next_ = 0;
+};
+
+struct Result {
+  std::vector<float> loss, logits, inference_logits;
+  std::map<std::string, std::vector<double>> grads, params;
+};
+
+// Two training steps (forward, backward, update) and an inference forward between them, the second
+// step's loss, logits and gradients, the parameters after it, and the inference logits.
+Result run(Graph& g, Poisoner* poison) {
+  Backend& be = g.backend();
+  auto& s = be.default_stream();
+  init_parameters(g, 21);
+  const Shape in = g.input_tensor().shape();
+  const auto img = test::random_vec(static_cast<std::size_t>(in.numel()), 22);
+  const std::vector<float> f(img.begin(), img.end());
+  g.set_input_nchw(f.data());
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(in.n));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i * 3 % 5);
+  g.set_labels(labels.data());
+  Trainer tr(g, OptimizerConfig{OptimizerKind::momentum, 0.05f});
+  Result r;
+  for (int step = 0; step < 2; ++step) {
+    if (poison) poison->start(MemoryPhase::training_forward);
+    tr.forward(s);
+    tr.backward(s);
+    tr.update(s);
+    if (step == 0) {
+      if (poison) poison->start(MemoryPhase::forward_only);
+      g.forward(s, false);
+      r.inference_logits = g.read_output("logits");
+    }
+  }
+  r.loss = g.loss_terms(s);
+  r.logits = g.read_output("logits");
+  r.grads = test::graph_grads(g);
+  r.params = test::graph_params(g);
+  return r;
+}
+
+void expect_same(const Result& a, const Result& b) {
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.inference_logits, b.inference_logits);
+  EXPECT_EQ(a.grads, b.grads);
+  EXPECT_EQ(a.params, b.params);
+  for (float v : a.logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// Builds the net twice (shared by liveness and poisoned; every buffer its own) and compares.
+template <class Build>
+void expect_liveness_holds(Layout l, std::int64_t batch, Build build) {
+  auto be = make_cpu_backend();
+  Result r[2];
+  for (const BufferSharing sharing : {BufferSharing::none, BufferSharing::by_liveness}) {
+    GraphConfig cfg{batch, l, DType::f32, 3};
+    cfg.sharing = sharing;
+    Graph g(*be, cfg);
+    build(g);
+    g.plan();
+    EXPECT_TRUE(plan_conflicts(g.memory_plan()).empty());
+    const bool shared = sharing == BufferSharing::by_liveness;
+    Poisoner poison(g);
+    if (shared) {
+      EXPECT_LT(g.device_bytes(), g.memory_plan().unshared_bytes());
+      g.set_probe(&poison);
+    }
+    r[shared] = run(g, shared ? &poison : nullptr);
+    if (shared) {
+      EXPECT_GT(poison.pieces, 10);
+    }
+  }
+  expect_same(r[1], r[0]);
+}
+
+TEST(Liveness, TinyStepsWithDeadBuffersPoisonedEqualTheUnsharedPlan) {
+  for (Layout l : {Layout::nchw, Layout::nhwc}) {
+    SCOPED_TRACE(to_string(l));
+    expect_liveness_holds(l, 4, [](Graph& g) {
+      ModelOptions o;
+      o.image_size = 32;
+      o.num_classes = 5;
+      build_model(g, ModelKind::tiny, o);
+    });
+  }
+}
+
+// What tiny has not: a concat part with a consumer of its own (its root's gradient is zeroed, then
+// accumulated into), a value feeding three layers, an output nobody's loss reads (its gradient is
+// zeroed), max and average pooling, dropout.
+TEST(Liveness, FanOutConcatAndZeroedGradientsWithDeadBuffersPoisonedEqualTheUnsharedPlan) {
+  for (Layout l : {Layout::nchw, Layout::nhwc}) {
+    SCOPED_TRACE(to_string(l));
+    expect_liveness_holds(l, 3, [](Graph& g) {
+      auto x = g.input(3, 12, 12);
+      auto stem = g.conv_bn_relu("stem", x, 8, {3, 3, 1, 1, 1, 1});
+      auto a = g.conv_bn_relu("a", stem, 4, {1, 1});
+      auto b = g.conv_bn_relu("b", stem, 4, {3, 3, 1, 1, 1, 1});
+      auto c = g.pool(stem, {PoolKind::max, 3, 3, 1, 1, 1, 1});
+      auto cat = g.concat({a, b, c});
+      auto side = g.conv_bn_relu("side", a, 2, {1, 1});  // a part with a consumer of its own
+      auto unused = g.linear("unused", g.global_avg_pool(side), 3);
+      (void)unused;  // no loss reads it: its gradient is zero
+      auto p = g.pool(cat, {PoolKind::avg_include_pad, 3, 3, 2, 2, 0, 0});
+      auto d = g.dropout(g.global_avg_pool(g.conv_bn_relu("d", p, 6, {1, 1})), 0.3);
+      g.cross_entropy(g.linear("fc", d, 5), 1.0f, "logits");
+    });
+  }
+}
+
+}  // namespace
+}  // namespace stepbench

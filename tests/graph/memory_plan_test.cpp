@@ -1,0 +1,132 @@
+// The memory plan by liveness (graph/memory_plan.hpp): the checker catches two live buffers given
+// one offset, and passes the real plans of tiny and Inception-v3; buffers whose lifetimes do not
+// overlap share space; the peaks per phase.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "graph/graph.hpp"
+#include "graph/liveness.hpp"
+#include "models/models.hpp"
+#include "support/test_util.hpp"
+
+namespace stepbench {
+namespace {
+
+PlannedBuffer buffer(std::string name, std::size_t bytes, std::vector<LiveInterval> live) {
+  PlannedBuffer b;
+  b.name = std::move(name);
+  b.bytes = bytes;
+  b.live = std::move(live);
+  return b;
+}
+
+// Six steps: two of the inference forward, two of the training forward, one of backward, the update.
+MemoryPlan six_steps() {
+  MemoryPlan p;
+  for (auto ph : {MemoryPhase::forward_only, MemoryPhase::forward_only, MemoryPhase::training_forward,
+                  MemoryPhase::training_forward, MemoryPhase::backward, MemoryPhase::update})
+    p.steps.push_back({ph, 0, "fwd", "layer"});
+  return p;
+}
+
+TEST(MemoryPlan, BuffersLiveAtDifferentStepsShareSpace) {
+  MemoryPlan p = six_steps();
+  PlannedBuffer w = buffer("weights", 1024, {});
+  w.persistent = true;
+  p.buffers = {w, buffer("a", 512, {{2, 3}}), buffer("b", 512, {{4, 4}}), buffer("c", 256, {{3, 4}}),
+               buffer("d", 256, {{0, 1}, {5, 5}})};
+  assign_offsets(p);
+  EXPECT_EQ(p.buffers[0].offset, 0u);                   // the persistent buffers first
+  EXPECT_EQ(p.buffers[1].offset, p.buffers[2].offset);  // a and b never live together
+  EXPECT_NE(p.buffers[3].offset, p.buffers[1].offset);  // c overlaps both in time
+  EXPECT_EQ(p.arena_bytes, 1024u + 512 + 256);          // d fits where a and b are
+  EXPECT_EQ(p.unshared_bytes(), 1024u + 512 + 512 + 256 + 256);
+  EXPECT_TRUE(plan_conflicts(p).empty()) << fmt::format("{}", fmt::join(plan_conflicts(p), "\n"));
+
+  const auto peaks = memory_peaks(p);
+  EXPECT_EQ(peaks[0].bytes, 1024u + 256);  // forward-only: the weights and d
+  EXPECT_EQ(peaks[1].bytes, 1024u + 512 + 256);
+  EXPECT_EQ(peaks[1].step, 3);
+  EXPECT_EQ(peaks[2].bytes, 1024u + 512 + 256);
+  EXPECT_EQ(peaks[3].bytes, 1024u + 256);
+  EXPECT_EQ(overall_peak(p).phase, MemoryPhase::training_forward);  // the first of two equal peaks
+}
+
+// A planted overlap: two buffers live at one step given one offset. The checker names both and
+// the step, and a buffer past the arena's end.
+TEST(MemoryPlan, TheCheckerCatchesTwoLiveBuffersAtOneOffset) {
+  MemoryPlan p = six_steps();
+  p.buffers = {buffer("a", 512, {{2, 3}}), buffer("b", 512, {{3, 4}})};
+  assign_offsets(p);
+  ASSERT_TRUE(plan_conflicts(p).empty());
+  p.buffers[1].offset = p.buffers[0].offset + 256;  // half over a, at step 3
+  const auto bad = plan_conflicts(p);
+  ASSERT_EQ(bad.size(), 1u) << fmt::format("{}", fmt::join(bad, "\n"));
+  EXPECT_NE(bad[0].find("step 3 (training forward: layer fwd)"), std::string::npos) << bad[0];
+  EXPECT_NE(bad[0].find("'a'"), std::string::npos) << bad[0];
+  EXPECT_NE(bad[0].find("'b'"), std::string::npos) << bad[0];
+  p.buffers[1].offset = p.arena_bytes;  // clear of a, but past the end
+  ASSERT_EQ(plan_conflicts(p).size(), 1u);
+  EXPECT_NE(plan_conflicts(p)[0].find("past the arena"), std::string::npos);
+}
+
+MemoryPlan plan_of(ModelKind m, std::int64_t batch, int image, Layout l, bool aux = false) {
+  auto be = make_cpu_backend();
+  be->set_sizing_only(true);  // the plan without running anything
+  Graph g(*be, GraphConfig{batch, l});
+  ModelOptions o;
+  o.image_size = image;
+  o.num_classes = 10;
+  o.aux_logits = aux;
+  build_model(g, m, o);
+  g.plan_dry(false);
+  return g.memory_plan();
+}
+
+// The real plans pass the checker; planting an overlap between two buffers of them (the first two
+// live at one step, given one offset) is caught.
+void expect_sound_and_checked(MemoryPlan p) {
+  EXPECT_TRUE(plan_conflicts(p).empty()) << fmt::format("{}", fmt::join(plan_conflicts(p), "\n"));
+  EXPECT_LT(p.arena_bytes, p.unshared_bytes());
+  EXPECT_LE(overall_peak(p).bytes, p.arena_bytes);
+  for (std::size_t i = 0; i < p.buffers.size(); ++i) {
+    for (std::size_t j = i + 1; j < p.buffers.size(); ++j) {
+      auto &a = p.buffers[i], &b = p.buffers[j];
+      if (a.persistent || b.persistent || !a.bytes || !b.bytes || !a.overlaps_in_time(b)) continue;
+      SCOPED_TRACE(a.name + " and " + b.name);
+      b.offset = a.offset;
+      const auto bad = plan_conflicts(p);
+      ASSERT_FALSE(bad.empty());
+      EXPECT_NE(bad[0].find("'" + a.name + "'"), std::string::npos) << bad[0];
+      EXPECT_NE(bad[0].find("'" + b.name + "'"), std::string::npos) << bad[0];
+      return;
+    }
+  }
+  ADD_FAILURE() << "no two buffers live at one step";
+}
+
+TEST(MemoryPlan, TinysPlanIsSound) {
+  for (Layout l : {Layout::nchw, Layout::nhwc}) expect_sound_and_checked(plan_of(ModelKind::tiny, 8, 32, l));
+}
+
+TEST(MemoryPlan, InceptionV3sPlanIsSound) {
+  const MemoryPlan p = plan_of(ModelKind::inception_v3, 2, 299, Layout::nhwc, true);
+  expect_sound_and_checked(p);
+  const auto peaks = memory_peaks(p);
+  for (const auto& m : peaks) {
+    std::string what;
+    for (std::size_t k = 0; k < kBufferKinds; ++k)
+      what += fmt::format(" {} {:.1f}", to_string(static_cast<BufferKind>(k)), m.by_kind[k] / 1048576.0);
+    std::cout << fmt::format("{}: {:.1f} MiB at step {}:{}\n", to_string(m.phase), m.bytes / 1048576.0, m.step, what);
+  }
+  std::cout << fmt::format("arena {:.1f} MiB, unshared {:.1f} MiB\n", p.arena_bytes / 1048576.0,
+                           p.unshared_bytes() / 1048576.0);
+  // the backward holds what the forward saved, so it peaks above the forward-only pass
+  EXPECT_GT(peaks[static_cast<int>(MemoryPhase::backward)].bytes, peaks[0].bytes);
+  EXPECT_GT(peaks[static_cast<int>(MemoryPhase::backward)].by_kind[static_cast<int>(BufferKind::saved)], 0u);
+}
+
+}  // namespace
+}  // namespace stepbench
