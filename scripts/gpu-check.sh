@@ -547,6 +547,19 @@ stage_ranks() {
       fi
     done
   done
+  if fits 60 "--slow-tower on 2 ranks"; then
+    echo "== the straggler report on 2 ranks, rank 1 slowed 1.5x (tiny, batch 64)"
+    if timeout -k 10 60 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 64 \
+        --batch-size 64 --phases step --warmup 2 --repetitions 5 --benchmark_min_time=0.05 --slow-tower 1:1.5 \
+        --json "$tmp/slow.json" > "$tmp/slow.txt" 2>&1 &&
+       python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["stragglers"]; i=s["injected"]["delay_ms"]
+t, v, c = s["slowest"], s["verdict"], s["cost_ms"]
+print(f"   slowest {t} ({v}), cost {c:.3f} ms for {i:.3f} ms injected")
+sys.exit(0 if t == 1 and abs(c - i) < 0.25 * i else 1)' "$tmp/slow.json"; then :
+    else
+      echo "   --slow-tower: FAILED"; grep -A8 '^stragglers' "$tmp/slow.txt"; tail -3 "$tmp/slow.txt"; rc=1
+    fi
+  fi
   tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks.tar.gz" ranks-files && rm -rf "$tmp"
   echo "== ranks: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
   return $rc

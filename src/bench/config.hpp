@@ -81,6 +81,13 @@ struct BenchConfig {
   std::vector<int> project_gpus;
   std::string fabric;  // the preset's name, or "" for the given figures
   double link_gbps = 0, link_latency_us = 0;
+  // two levels (bench/fabric.hpp): --gpus-per-node G, and the link within a node (--node-fabric or
+  // --node-link-gbps/--node-link-latency-us); --fabric-from FILE: an nccl-tests -J run, fitted by
+  // resolve() into the link it measured (one host: within a node where G is given; else between)
+  int gpus_per_node = 0;
+  std::string node_fabric;
+  double node_link_gbps = 0, node_link_latency_us = 0;
+  std::string fabric_from, fabric_note;  // the file, and what its fit said
   // The slowest tower (bench/straggler.hpp): the summary lists the top `straggler_top` by compute;
   // --slow-tower T:FACTOR or T:Nms holds global tower T (rank x towers + index) at each backward
   // for (FACTOR - 1) x its compute (measured after warm-up) or N ms.

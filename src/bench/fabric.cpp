@@ -34,6 +34,21 @@ double normal_quantile(double p) {
 
 }  // namespace
 
+Fabric fabric_of(const BenchConfig& c) {
+  return {{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us},
+          {c.node_fabric.empty() ? "given" : c.node_fabric, c.node_link_gbps, c.node_link_latency_us},
+          c.gpus_per_node};
+}
+
+std::string describe(const Fabric& f) {
+  const auto link = [](const LinkModel& l) {
+    return fmt::format("{} ({:g} Gb/s, {:g} us per hop)", l.name == "given" ? "the given link" : l.name, l.gbps,
+                       l.latency_us);
+  };
+  if (f.gpus_per_node <= 0) return link(f.between);
+  return fmt::format("{} GPUs per node over {}, then {} between nodes", f.gpus_per_node, link(f.node), link(f.between));
+}
+
 double allreduce_ms(const Fabric& f, double bytes, int gpus, std::string* algorithm) {
   if (gpus < 2) {
     if (algorithm) *algorithm = "none";

@@ -10,15 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/config.hpp"
 #include "bench/projection.hpp"
 
 namespace stepbench {
 
-struct Fabric {
-  LinkModel between;      // between nodes (or the one flat link)
-  LinkModel node;         // within a node
-  int gpus_per_node = 0;  // 0: one flat fabric (`between`)
-};
+// The fabric the flags describe (resolve() fitted --fabric-from into them).
+Fabric fabric_of(const BenchConfig& c);
+// "nvlink4 (3600 Gb/s, 3 us per hop)", or "8 GPUs per node over ..., then ... between nodes".
+std::string describe(const Fabric& f);
 
 // One all-reduce of `bytes` over `gpus`: the fastest of NCCL's ring and tree over the flat link, and
 // with two levels, of the hierarchical one (a reduce-scatter within the node, an all-reduce of each

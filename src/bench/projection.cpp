@@ -8,7 +8,9 @@
 #include <iostream>
 #include <map>
 
+#include "bench/fabric.hpp"
 #include "bench/stats.hpp"
+#include "bench/text.hpp"
 
 namespace stepbench {
 namespace {
@@ -75,7 +77,8 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   return in;
 }
 
-std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& link, const std::vector<int>& gpus) {
+std::vector<ProjectedPoint> project(const ProjectionInput& in, const Fabric& fabric, const std::vector<int>& gpus) {
+  const LinkModel& link = fabric.between;
   const double alpha = link.latency_us / 1e3;     // ms
   const double beta = link.gbps * 1e9 / 8 / 1e3;  // bytes per ms
   const double base = in.forward_ms + in.backward_ms + in.update_ms;
@@ -85,17 +88,16 @@ std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& 
     p.gpus = g;
     const double n = g;
     double end = 0, sync = 0;
-    bool ring = false, tree = false;
+    std::vector<std::string> used;  // the algorithms the buckets took, in first use
     if (g > 1) {
       for (const auto& b : in.buckets) {
         double t = 0;
         if (in.sequential) {
           t = alpha + 2 * (n - 1) * b.bytes / beta;
         } else {
-          const double tr = 2 * (n - 1) * (alpha + b.bytes / (n * beta));
-          const double tt = 2 * std::ceil(std::log2(n)) * alpha + 2 * b.bytes / beta;
-          (tr <= tt ? ring : tree) = true;
-          t = std::min(tr, tt);
+          std::string a;
+          t = allreduce_ms(fabric, b.bytes, g, &a);
+          if (std::find(used.begin(), used.end(), a) == used.end()) used.push_back(a);
         }
         end = std::max(end, b.ready_ms) + t;
         sync += t;
@@ -103,8 +105,19 @@ std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& 
     }
     p.sync_ms = sync;
     p.exposed_ms = std::max(0.0, end - in.backward_ms);
-    p.algorithm = g == 1 ? "none" : in.sequential ? "host" : ring && tree ? "ring+tree" : ring ? "ring" : "tree";
+    std::sort(used.begin(), used.end(), [](const std::string& x, const std::string& y) {
+      const auto rank = [](const std::string& v) { return v == "ring" ? 0 : v == "tree" ? 1 : 2; };
+      return rank(x) < rank(y);
+    });
+    std::string joined;
+    for (const auto& a : used) joined += (joined.empty() ? "" : "+") + a;
+    p.algorithm = g == 1 ? "none" : in.sequential ? "host" : joined;
     p.step_ms = (in.sequential ? n * base : base) + p.exposed_ms;
+    if (!in.sequential && g > 1 && in.step_samples.size() >= 2) {
+      const StragglerTax tax = straggler_tax(in.step_samples, g);
+      p.tax_lo_ms = tax.lo_ms;
+      p.tax_hi_ms = tax.hi_ms;
+    }
     // images/s at N over N times one GPU's, (N b / step) / (N b / base): one GPU's step over N's
     p.efficiency = base / p.step_ms;
     out.push_back(p);
@@ -112,38 +125,55 @@ std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& 
   return out;
 }
 
-void print_projection(const ProjectionInput& in, const LinkModel& link, const std::vector<ProjectedPoint>& pts,
+void print_projection(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts,
                       const std::vector<std::pair<int, double>>& measured, std::int64_t batch) {
   double bytes = 0;
   for (const auto& b : in.buckets) bytes += b.bytes;
-  std::cout << fmt::format(
-      "\nprojection from one GPU's measured step (forward {:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} "
-      "buckets, {:.1f} MB of gradients) over {} ({:g} Gb/s, {:g} us per hop), batch {} per GPU:\n",
-      in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
-      link.name == "given" ? "the given link" : link.name, link.gbps, link.latency_us, batch);
-  std::cout << fmt::format("{:>6} {:>11} {:>11} {:>11} {:>11} {:>10} {:>12} {:>8}\n", "gpus", "step ms", "sync ms",
-                           "exposed ms", "efficiency", "algorithm", "measured ms", "error");
+  std::cout << "\n"
+            << wrap(fmt::format("projection from one GPU's measured step (forward {:.3f} ms, backward {:.3f} ms, "
+                                "update {:.3f} ms; {} buckets, {:.1f} MB of gradients) over {}, batch {} per GPU:",
+                                in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
+                                describe(fabric), batch),
+                    2);
+  const bool band = std::any_of(pts.begin(), pts.end(), [](const ProjectedPoint& p) { return p.tax_hi_ms > 0; });
+  std::cout << fmt::format("{:>6} {:>10}{} {:>9} {:>10} {:>8} {:>15} {:>11} {:>7}\n", "gpus", "step ms",
+                           band ? fmt::format(" {:>15}", "+stragglers ms") : "", "sync ms", "exposed ms", "effic.",
+                           "algorithm", "measured ms", "error");
   for (const auto& p : pts) {
     double m = 0;
     for (const auto& [g, ms] : measured)
       if (g == p.gpus) m = ms;
-    std::cout << fmt::format("{:>6} {:>11.3f} {:>11.3f} {:>11.3f} {:>10.1f}% {:>10} {:>12} {:>8}\n", p.gpus, p.step_ms,
-                             p.sync_ms, p.exposed_ms, 100 * p.efficiency, p.algorithm,
+    const std::string tax =
+        !band ? ""
+              : fmt::format(" {:>15}", p.tax_hi_ms > 0 ? fmt::format("{:.3f}..{:.3f}", p.tax_lo_ms, p.tax_hi_ms) : "-");
+    std::cout << fmt::format("{:>6} {:>10.3f}{} {:>9.3f} {:>10.3f} {:>7.1f}% {:>15} {:>11} {:>7}\n", p.gpus, p.step_ms,
+                             tax, p.sync_ms, p.exposed_ms, 100 * p.efficiency, p.algorithm,
                              m > 0 ? fmt::format("{:.3f}", m) : "-",
                              m > 0 ? fmt::format("{:+.1f}%", 100 * (p.step_ms / m - 1)) : "-");
   }
-  std::cout << (in.sequential
-                    ? "assumptions: cpu towers in one process run one after another (N x forward, backward and "
-                      "update); each bucket sums in host memory, alpha + 2 (N-1) s / beta, overlapping the last "
-                      "tower's backward from when it is ready\n"
-                    : "assumptions: weak scaling (batch per GPU fixed), the per-GPU compute measured here; buckets "
-                      "one after another on one channel from when backward produced them, overlapping the rest of "
-                      "backward; per bucket the faster of NCCL's ring, 2(N-1)(alpha + s/(N beta)), and tree, "
-                      "2 ceil(log2 N) alpha + 2 s/beta, over one flat fabric: no node hierarchy, congestion or "
-                      "stragglers\n");
+  if (measured.empty()) std::cout << "(no point of this run to check the projection against)\n";
+  std::cout << wrap(
+      in.sequential
+          ? "assumptions: cpu towers in one process run one after another (N x forward, backward and update); "
+            "each bucket sums in host memory, alpha + 2 (N-1) s / beta, overlapping the last tower's backward "
+            "from when it is ready"
+          : fmt::format("assumptions: weak scaling (batch per GPU fixed), the per-GPU compute measured here; "
+                        "buckets one after another on one channel from when backward produced them, overlapping the "
+                        "rest of backward; per bucket the fastest of NCCL's ring, 2(N-1)(alpha + s/(N beta)), and "
+                        "tree, 2 ceil(log2 N) alpha + 2 s/beta{}; no congestion.{}",
+                        fabric.gpus_per_node > 0
+                            ? ", and the two-level one (reduce-scatter and all-gather within each node, the "
+                              "all-reduce of each GPU's share between the nodes)"
+                            : ", over one flat fabric",
+                        band ? fmt::format(" +stragglers: the expected slowest of N GPUs' steps spread like this "
+                                           "run's {} (normal tails, from the robust spread to the full one), over "
+                                           "their median: add it to the step",
+                                           in.step_samples.size())
+                             : ""),
+      2);
 }
 
-nlohmann::json projection_json(const ProjectionInput& in, const LinkModel& link,
+nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric,
                                const std::vector<ProjectedPoint>& pts) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& p : pts)
@@ -152,16 +182,26 @@ nlohmann::json projection_json(const ProjectionInput& in, const LinkModel& link,
                     {"sync_ms", p.sync_ms},
                     {"exposed_sync_ms", p.exposed_ms},
                     {"scaling_efficiency", p.efficiency},
-                    {"algorithm", p.algorithm}});
+                    {"algorithm", p.algorithm},
+                    {"straggler_band_ms", {p.tax_lo_ms, p.tax_hi_ms}}});
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : in.buckets) buckets.push_back({{"ready_ms", b.ready_ms}, {"bytes", b.bytes}});
-  return {{"link", {{"name", link.name}, {"gbps", link.gbps}, {"latency_us", link.latency_us}}},
-          {"forward_ms", in.forward_ms},
-          {"backward_ms", in.backward_ms},
-          {"update_ms", in.update_ms},
-          {"towers_one_after_another", in.sequential},
-          {"buckets", buckets},
-          {"points", rows}};
+  const auto link = [](const LinkModel& l) {
+    return nlohmann::json{{"name", l.name}, {"gbps", l.gbps}, {"latency_us", l.latency_us}};
+  };
+  nlohmann::json j{{"link", link(fabric.between)},
+                   {"forward_ms", in.forward_ms},
+                   {"backward_ms", in.backward_ms},
+                   {"update_ms", in.update_ms},
+                   {"towers_one_after_another", in.sequential},
+                   {"buckets", buckets},
+                   {"step_samples", in.step_samples.size()},
+                   {"points", rows}};
+  if (fabric.gpus_per_node > 0) {
+    j["gpus_per_node"] = fabric.gpus_per_node;
+    j["node_link"] = link(fabric.node);
+  }
+  return j;
 }
 
 }  // namespace stepbench

@@ -1,15 +1,17 @@
 // --project-gpus: the step time and scaling efficiency at GPU counts beyond the machine, from what a
 // one-GPU run measured (the forward, the backward with the moment each gradient bucket is ready,
 // the update: the probed steps of bench/layer_times) and an alpha-beta model of the all-reduce over
-// the given link (--link-gbps, --link-latency-us, or --fabric).
+// the given link (--link-gbps, --link-latency-us, --fabric, or an nccl-tests run: --fabric-from),
+// flat or in two levels (--gpus-per-node with the link within a node), and the straggler band.
 //
 // Assumptions, printed with every projection: weak scaling (the batch per GPU fixed); the per-GPU
 // compute as measured; buckets synced one after another on one channel, each from when backward has
 // produced it (overlapped with the rest of backward, as the towers do); per bucket the faster of
 // NCCL's ring, 2(N-1) (alpha + s / (N beta)), and tree, 2 ceil(log2 N) alpha + 2 s / beta, over one
-// flat fabric (no node hierarchy, no congestion, no stragglers). On the cpu backend the towers of
-// one process run one after another and sum in host memory: N (forward + backward + update), the
-// sync overlapping the last tower's backward, alpha + 2 (N-1) s / beta per bucket.
+// flat fabric, or with --gpus-per-node also the two-level one (bench/fabric.hpp); no congestion.
+// The straggler band beside the step: the expected slowest of N GPUs' steps drawn like this run's. On the cpu backend
+// the towers of one process run one after another and sum in host memory: N (forward + backward + update), the sync
+// overlapping the last tower's backward, alpha + 2 (N-1) s / beta per bucket.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -25,6 +27,13 @@ struct LinkModel {
   double gbps = 0;   // per GPU, one direction
   double latency_us = 0;
 };
+// The fabric between the GPUs: one flat link (`between`), or two levels (gpus_per_node > 0): `node`
+// within a node, `between` between nodes (bench/fabric.hpp models the all-reduce over it).
+struct Fabric {
+  LinkModel between;      // between nodes (or the one flat link)
+  LinkModel node;         // within a node
+  int gpus_per_node = 0;  // 0: one flat fabric (`between`)
+};
 // The --fabric presets (nominal figures); nullopt-like: name empty when unknown.
 LinkModel fabric_preset(const std::string& name);
 std::vector<std::string> fabric_names();
@@ -35,8 +44,9 @@ struct ProjectionInput {
     double ready_ms;  // after the backward's start
     double bytes;
   };
-  std::vector<Bucket> buckets;  // in sync order
-  bool sequential = false;      // cpu towers: one after another, host-memory sums
+  std::vector<Bucket> buckets;       // in sync order
+  bool sequential = false;           // cpu towers: one after another, host-memory sums
+  std::vector<double> step_samples;  // one GPU's timed steps (ms): their spread makes the straggler band
 };
 // Tower 0's medians over the probed steps of a one-tower run. overlap false (--no-overlap): every
 // bucket waits for the end of backward.
@@ -45,15 +55,17 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
 struct ProjectedPoint {
   int gpus = 0;
   double step_ms = 0, sync_ms = 0, exposed_ms = 0, efficiency = 0;
-  std::string algorithm;  // what the buckets used: ring, tree, ring+tree, host
+  std::string algorithm;  // what the buckets used: ring, tree, 2-level (joined by +), host
+  // the straggler band: the expected slowest of N GPUs' steps drawn like step_samples, over their
+  // median (bench/fabric.hpp straggler_tax); 0 for one GPU, for cpu towers and without samples
+  double tax_lo_ms = 0, tax_hi_ms = 0;
 };
-std::vector<ProjectedPoint> project(const ProjectionInput& in, const LinkModel& link, const std::vector<int>& gpus);
+std::vector<ProjectedPoint> project(const ProjectionInput& in, const Fabric& fabric, const std::vector<int>& gpus);
 
 // The table, the assumptions, and per count where `measured` has one (gpus -> step ms, 0: none)
 // the measured step and the error.
-void print_projection(const ProjectionInput& in, const LinkModel& link, const std::vector<ProjectedPoint>& pts,
+void print_projection(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts,
                       const std::vector<std::pair<int, double>>& measured, std::int64_t batch);
-nlohmann::json projection_json(const ProjectionInput& in, const LinkModel& link,
-                               const std::vector<ProjectedPoint>& pts);
+nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts);
 
 }  // namespace stepbench

@@ -7,22 +7,34 @@
 #include <algorithm>
 #include <iostream>
 
+#include "bench/fabric.hpp"
 #include "bench/stages.hpp"
 
 namespace stepbench {
 namespace {
 
+// One trace for the run: the other processes' events (their towers numbered over every process)
+// gathered into rank 0's file.
 void write_trace(const Run& run, const std::vector<ProbedStep>& steps, bool activity, const std::string& note) {
   const Towers& towers = *run.towers;
-  write_json_file(run.trace,
-                  trace_json(steps, towers,
-                             {{"stepbench", run.prefix},
-                              {"revision", run.c.revision},
-                              {"backend", towers.backend(0).name()},
-                              {"device", towers.backend(0).device_name()},
-                              {"steps", steps.size()},
-                              {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"},
-                              {"kernels", activity ? note : "none on the cpu backend"}}));
+  nlohmann::json j = trace_json(steps, towers,
+                                {{"stepbench", run.prefix},
+                                 {"revision", run.c.revision},
+                                 {"backend", towers.backend(0).name()},
+                                 {"device", towers.backend(0).device_name()},
+                                 {"steps", steps.size()},
+                                 {"processes", run.group.size()},
+                                 {"clock", towers.backend(0).name() == "cpu" ? "steady clock" : "device events"},
+                                 {"kernels", activity ? note : "none on the cpu backend"}});
+  if (run.group.size() > 1) {
+    const std::vector<std::string> parts = run.group.allgather(j.dump());
+    if (!run.root) return;
+    for (std::size_t r = 1; r < parts.size(); ++r) {
+      nlohmann::json other = nlohmann::json::parse(parts[r]);  // alive through the loop below
+      for (auto& e : other.at("traceEvents")) j["traceEvents"].push_back(std::move(e));
+    }
+  }
+  write_json_file(run.trace, j);
 }
 
 void probe_steps(Run& run, const Timings& t, Probes& p) {
@@ -36,8 +48,10 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
     std::cerr << "stepbench: no kernel names in the probed steps: " << note << "\n";
   if (!c.project_gpus.empty()) {
     p.projection = projection_input(steps, towers, c.run.overlap);
-    add_json_section(run, t, "projection",
-                     projection_json(*p.projection, p.link, project(*p.projection, p.link, c.project_gpus)));
+    p.projection->step_samples = run.step_samples;
+    auto j = projection_json(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus));
+    if (!c.fabric_note.empty()) j["fabric_from"] = c.fabric_note;
+    add_json_section(run, t, "projection", j);
   }
   if (c.layer_times) {
     p.layer_times = summarize_layer_times(
@@ -54,7 +68,7 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
 Probes probe(Run& run, const Timings& t) {
   const BenchConfig& c = run.c;
   Probes p;
-  p.link = LinkModel{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
+  p.fabric = fabric_of(c);
   p.stragglers = gather_stragglers(run);
   if (p.stragglers) add_json_section(run, t, "stragglers", stragglers_json(run, *p.stragglers));
   const bool late_signal = run.group.allreduce_max(run.stop.local() ? 1.0 : 0.0) > 0;

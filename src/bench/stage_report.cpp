@@ -111,11 +111,17 @@ int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) 
     print_layer_times(*p.layer_times, 12, timed_step_ms(run, t));
     if (!peer.layers.empty()) print_peer_layers(match_peer_layers(*p.layer_times, peer), peer, 12);
   }
-  if (p.projection)
-    print_projection(*p.projection, p.link, project(*p.projection, p.link, c.project_gpus), {}, c.run.batch_per_tower);
+  if (p.projection) {
+    // the point this run measured: one GPU's step (its median)
+    std::vector<std::pair<int, double>> measured;
+    if (const double ms = timed_step_ms(run, t); ms > 0) measured.emplace_back(run.gpus, ms);
+    if (!c.fabric_note.empty()) std::cout << "\n--fabric-from: " << c.fabric_note << "\n";
+    print_projection(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus), measured,
+                     c.run.batch_per_tower);
+  }
   if (!run.trace.empty())
     std::cout << fmt::format("trace: {} (open it in https://ui.perfetto.dev or chrome://tracing){}\n", run.trace,
-                             run.group.size() > 1 ? "; the other processes wrote theirs as FILE.rankN" : "");
+                             run.group.size() > 1 ? "; every process's towers in it, each on its own clock" : "");
   if (!peer.empty()) print_peer_line(run, peer);
   if (!run.peer_python.empty() && peer.empty()) {
     std::cerr << "stepbench: --peer " << to_string(c.peer)

@@ -29,7 +29,7 @@ Exit check_output_files(const Run& run) {
       return 2;
     }
   }
-  if (!run.trace.empty()) {  // a test file beside it, removed
+  if (!run.trace.empty() && run.root) {  // a test file beside it, removed
     std::ofstream t(run.trace + ".partial");
     if (!t) {
       std::cerr << "stepbench: --trace " << run.trace << " cannot be written; give a file in a writable folder\n";
@@ -140,7 +140,7 @@ Run::Run(const BenchConfig& config, const ProcessGroup& g, std::vector<std::stri
 Exit set_up(Run& run, const char* argv0) {
   const BenchConfig& c = run.c;
   if (!init_google_benchmark(c, run.root, argv0, run.benchmark_argv)) return 2;
-  run.trace = c.trace.empty() || run.root ? c.trace : fmt::format("{}.rank{}", c.trace, run.group.rank());
+  run.trace = c.trace;  // every process probes; rank 0 gathers the traces and writes the one file
   if (Exit e = check_output_files(run)) return e;
   if (Exit e = check_single_process_flags(run)) return e;
   run.phases = phases_to_time(c);

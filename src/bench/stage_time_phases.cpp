@@ -82,6 +82,7 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       const double slowest = run.group.allreduce_max(d);
       st.SetIterationTime(slowest / 1e3);  // every process agrees: the slowest
       if (timeline) log.record(towers, slowest);
+      if (def->phase == Phase::step) run.step_samples.push_back(d);
       dev += d;
       host += rt.host_ms();
       if (split) {

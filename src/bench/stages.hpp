@@ -74,7 +74,7 @@ struct Run {
   const std::string prefix;  // the benchmarks' names: <model>/<precision>/<layout>/gpus:N/batch:B
   const std::vector<std::string> peer_dirs;  // where bench/torch_peer.py may be
   std::vector<Phase> phases;                 // the phases to time, in run order
-  std::string trace;                         // --trace for this process ("" none; FILE.rankN off the root)
+  std::string trace;                         // --trace ("" none): every process probes, rank 0 writes it
   std::string peer_python;                   // the interpreter that runs --peer ("" none)
   BenchmarkArgv benchmark_argv;              // Google Benchmark's command line, alive until the run ends
   ResidentMemory resident_before;            // the process's resident memory before the towers were built
@@ -87,6 +87,7 @@ struct Run {
   Progress progress;       // the live line on a terminal (off elsewhere and off the root process)
   int fixtures = 0;        // the benchmarks time_phases registered, for the progress line
   StragglerLog stragglers;
+  std::vector<double> step_samples;  // every timed step of the step fixture, this process's own ms
 };
 
 // What time_phases measured.
@@ -101,7 +102,7 @@ struct Timings {
 struct Probes {
   std::optional<LayerTimes> layer_times;      // --layer-times
   std::optional<ProjectionInput> projection;  // --project-gpus
-  LinkModel link;                             // the link --project-gpus projects over
+  Fabric fabric;                              // the fabric --project-gpus projects over
   std::optional<Stragglers> stragglers;       // two towers or more: on the root process
   bool failed = false;                        // a probed step threw (said on stderr); the exit status is 1
 };

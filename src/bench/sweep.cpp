@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "bench/fabric.hpp"
 #include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
 #include "bench/nvtx.hpp"
@@ -184,15 +185,15 @@ int run_sweep(const BenchConfig& c, const ProcessGroup& group) {
   else
     std::cout << "(one tower on one GPU: the same for every count where the GPUs are alike)\n";
   if (cut) std::cout << "cut short by a signal: the rows above are the points measured before it\n";
-  const LinkModel link{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us};
+  const Fabric fabric = fabric_of(c);
   nlohmann::json projections = nlohmann::json::array();
   for (const auto& [b, in] : inputs) {
     std::vector<std::pair<int, double>> measured;
     for (const auto& row : rows)
       if (row.batch == b && row.fits) measured.emplace_back(row.gpus, row.step_ms);
-    const auto pts = project(in, link, c.project_gpus);
-    print_projection(in, link, pts, measured, b);
-    auto j = projection_json(in, link, pts);
+    const auto pts = project(in, fabric, c.project_gpus);
+    print_projection(in, fabric, pts, measured, b);
+    auto j = projection_json(in, fabric, pts);
     j["batch"] = b;
     projections.push_back(std::move(j));
   }

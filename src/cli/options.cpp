@@ -113,6 +113,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "--project-gpus: a link preset with nominal figures instead of --link-gbps/--link-latency-us")
       ->check(CLI::IsMember(fabric_names()));
   add_straggler_flags(app, o);
+  add_fabric_flags(app, o);
   app.add_option("--plan-cache", b.plan_cache,
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
                  "convolution found there is not searched again (keyed by shapes, type, layout, math, workspace, GPU, "
@@ -209,8 +210,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
       return 2;
     }
   }
-  for (const auto* opt : app.get_options())
-    if (opt->count() > 0) o.explicitly_set.push_back(opt->get_name());
+  for (const auto* opt : app.get_options())  // by their long names: get_name() is "" for a hidden option
+    if (opt->count() > 0)
+      for (const auto& l : opt->get_lnames()) o.explicitly_set.push_back("--" + l);
   return std::nullopt;
 }
 
@@ -347,6 +349,7 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
                                    cuda_device_count(), cuda_device_count()));
   }
   resolve_stragglers(o);
+  const bool fitted = resolve_fabric(o);
   const bool link_given = o.given("--link-gbps") || o.given("--link-latency-us");
   if (b.project_gpus.empty() && (link_given || o.given("--fabric")))
     throw UsageError(
@@ -354,10 +357,10 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
   if (!b.project_gpus.empty()) {
     if (link_given && o.given("--fabric"))
       throw UsageError("--fabric and --link-gbps/--link-latency-us both describe the link: give one");
-    if (!o.given("--fabric") && !(o.given("--link-gbps") && o.given("--link-latency-us")))
+    if (!fitted && !o.given("--fabric") && !(o.given("--link-gbps") && o.given("--link-latency-us")))
       throw UsageError(
-          fmt::format("--project-gpus needs the link: --link-gbps G --link-latency-us L, or --fabric "
-                      "NAME (one of {})",
+          fmt::format("--project-gpus needs the link: --link-gbps G --link-latency-us L, --fabric "
+                      "NAME (one of {}), or --fabric-from an nccl-tests -J file",
                       fmt::join(fabric_names(), ", ")));
     if (o.given("--fabric")) {
       const LinkModel l = fabric_preset(b.fabric);

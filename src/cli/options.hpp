@@ -50,5 +50,9 @@ void resolve(Options& o, int local_processes = 1, bool share_gpus = false);
 // options_stragglers.cpp: --straggler-top and --slow-tower, registered and validated.
 void add_straggler_flags(CLI::App& app, Options& o);
 void resolve_stragglers(Options& o);
+// options_fabric.cpp: --gpus-per-node, --node-*, --fabric-from; resolve_fabric returns whether
+// --fabric-from gave the flat (between nodes) link.
+void add_fabric_flags(CLI::App& app, Options& o);
+bool resolve_fabric(Options& o);
 
 }  // namespace stepbench::cli

