@@ -92,7 +92,8 @@ struct BenchConfig {
   // --slow-tower T:FACTOR or T:Nms holds global tower T (rank x towers + index) at each backward
   // for (FACTOR - 1) x its compute (measured after warm-up) or N ms.
   int straggler_top = 3;
-  int slow_tower = -1;  // -1: none
+  bool straggler_top_given = false;  // said on the command line: refused where there is nothing to list
+  int slow_tower = -1;               // -1: none
   double slow_factor = 0, slow_ms = 0;
   bool list = false;  // print the benchmark names and return
   PeerKind peer = PeerKind::none;

@@ -97,14 +97,19 @@ FittedLink fit_nccl_tests(const std::string& path) {
   if (!devices || !devices->is_array() || devices->empty()) throw bad("no \"devices\" list (the ranks)");
   FittedLink f;
   std::set<std::string> hosts;
-  for (const auto& d : *devices) hosts.insert(d.value("hostname", std::string("?")));
+  for (const auto& d : *devices) {
+    if (!d.is_object()) throw bad("a \"devices\" entry that is not an object");
+    hosts.insert(d.contains("hostname") && d["hostname"].is_string() ? d["hostname"].get<std::string>() : "?");
+  }
   f.ranks = static_cast<int>(devices->size());
   f.hosts = static_cast<int>(hosts.size());
   if (f.ranks < 2) throw bad("one rank: an all-reduce over one GPU moves nothing");
   std::vector<std::pair<double, double>> pts;  // bytes, ms
   for (const auto& r : j["results"]) {
     for (const char* place : {"out_of_place", "in_place"}) {
-      if (!r.contains(place) || !r[place].is_object() || !r.contains("size")) continue;
+      if (!r.is_object() || !r.contains(place) || !r[place].is_object() || !r.contains("size") ||
+          !r["size"].is_number())
+        continue;
       const auto& p = r[place];
       const double t = p.contains("time") && p["time"].is_number() ? p["time"].get<double>() : 0;
       if (t > 0) {
@@ -134,8 +139,11 @@ FittedLink fit_nccl_tests(const std::string& path) {
       "{}: all-reduce over {} ranks on {} host{} (nccl-tests{}): alpha {:.2f} us, beta {:.1f} GB/s, fitted to {} sizes "
       "(worst misfit {:.0f}%)",
       path, f.ranks, f.hosts, f.hosts == 1 ? "" : "s",
-      j.contains("nccl_version") ? fmt::format(", NCCL {}", j["nccl_version"].dump()) : "", f.link.latency_us,
-      f.link.gbps / 8, f.points, 100 * f.worst_residual);
+      j.contains("nccl_version")
+          ? fmt::format(", NCCL {}",
+                        j["nccl_version"].is_string() ? j["nccl_version"].get<std::string>() : j["nccl_version"].dump())
+          : "",
+      f.link.latency_us, f.link.gbps / 8, f.points, 100 * f.worst_residual);
   return f;
 }
 

@@ -64,6 +64,7 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   in.forward_ms = med("forward");
   in.backward_ms = med("backward");
   in.update_ms = med("update");
+  if (phase.count("step")) in.step_samples = phase["step"];  // the band's spread (a run's timed steps replace them)
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
   for (const auto& [off, count] : t.buckets()) {
     double ready = in.backward_ms;
@@ -136,7 +137,7 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
                                 describe(fabric), batch),
                     2);
   const bool band = std::any_of(pts.begin(), pts.end(), [](const ProjectedPoint& p) { return p.tax_hi_ms > 0; });
-  std::cout << fmt::format("{:>6} {:>10}{} {:>9} {:>10} {:>8} {:>15} {:>11} {:>7}\n", "gpus", "step ms",
+  std::cout << fmt::format("{:>6} {:>10}{} {:>9} {:>10} {:>8} {:>17} {:>11} {:>8}\n", "gpus", "step ms",
                            band ? fmt::format(" {:>15}", "+stragglers ms") : "", "sync ms", "exposed ms", "effic.",
                            "algorithm", "measured ms", "error");
   for (const auto& p : pts) {
@@ -146,12 +147,15 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
     const std::string tax =
         !band ? ""
               : fmt::format(" {:>15}", p.tax_hi_ms > 0 ? fmt::format("{:.3f}..{:.3f}", p.tax_lo_ms, p.tax_hi_ms) : "-");
-    std::cout << fmt::format("{:>6} {:>10.3f}{} {:>9.3f} {:>10.3f} {:>7.1f}% {:>15} {:>11} {:>7}\n", p.gpus, p.step_ms,
+    std::cout << fmt::format("{:>6} {:>10.3f}{} {:>9.3f} {:>10.3f} {:>7.1f}% {:>17} {:>11} {:>8}\n", p.gpus, p.step_ms,
                              tax, p.sync_ms, p.exposed_ms, 100 * p.efficiency, p.algorithm,
                              m > 0 ? fmt::format("{:.3f}", m) : "-",
                              m > 0 ? fmt::format("{:+.1f}%", 100 * (p.step_ms / m - 1)) : "-");
   }
-  if (measured.empty()) std::cout << "(no point of this run to check the projection against)\n";
+  if (std::none_of(pts.begin(), pts.end(), [&](const ProjectedPoint& p) {
+        return std::any_of(measured.begin(), measured.end(), [&](const auto& m) { return m.first == p.gpus; });
+      }))
+    std::cout << "(no count projected is one this run measured: no error to show; add it to --project-gpus)\n";
   std::cout << wrap(
       in.sequential
           ? "assumptions: cpu towers in one process run one after another (N x forward, backward and update); "
@@ -165,11 +169,12 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
                             ? ", and the two-level one (reduce-scatter and all-gather within each node, the "
                               "all-reduce of each GPU's share between the nodes)"
                             : ", over one flat fabric",
-                        band ? fmt::format(" +stragglers: the expected slowest of N GPUs' steps spread like this "
-                                           "run's {} (normal tails, from the robust spread to the full one), over "
-                                           "their median: add it to the step",
-                                           in.step_samples.size())
-                             : ""),
+                        band
+                            ? fmt::format(" +stragglers: the expected slowest of N GPUs' steps spread like this "
+                                          "run's {} steps (normal tails, from the robust spread to the full one), over "
+                                          "their median: add it to the step",
+                                          in.step_samples.size())
+                            : ""),
       2);
 }
 

@@ -44,9 +44,11 @@ struct ProjectionInput {
     double ready_ms;  // after the backward's start
     double bytes;
   };
-  std::vector<Bucket> buckets;       // in sync order
-  bool sequential = false;           // cpu towers: one after another, host-memory sums
-  std::vector<double> step_samples;  // one GPU's timed steps (ms): their spread makes the straggler band
+  std::vector<Bucket> buckets;  // in sync order
+  bool sequential = false;      // cpu towers: one after another, host-memory sums
+  // one GPU's steps (ms), the probed ones (projection_input) or the timed ones: their spread makes
+  // the straggler band
+  std::vector<double> step_samples;
 };
 // Tower 0's medians over the probed steps of a one-tower run. overlap false (--no-overlap): every
 // bucket waits for the end of backward.

@@ -48,7 +48,13 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
     std::cerr << "stepbench: no kernel names in the probed steps: " << note << "\n";
   if (!c.project_gpus.empty()) {
     p.projection = projection_input(steps, towers, c.run.overlap);
-    p.projection->step_samples = run.step_samples;
+    const auto& calls = run.step_samples;  // the repetitions' steps, when the step fixture ran
+    const std::size_t keep = std::min(calls.size(), static_cast<std::size_t>(std::max(1, c.repetitions)));
+    if (keep > 0) {
+      p.projection->step_samples.clear();
+      for (std::size_t k = calls.size() - keep; k < calls.size(); ++k)
+        p.projection->step_samples.insert(p.projection->step_samples.end(), calls[k].begin(), calls[k].end());
+    }
     auto j = projection_json(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus));
     if (!c.fabric_note.empty()) j["fabric_from"] = c.fabric_note;
     add_json_section(run, t, "projection", j);
@@ -70,7 +76,10 @@ Probes probe(Run& run, const Timings& t) {
   Probes p;
   p.fabric = fabric_of(c);
   p.stragglers = gather_stragglers(run);
-  if (p.stragglers) add_json_section(run, t, "stragglers", stragglers_json(run, *p.stragglers));
+  if (p.stragglers && p.stragglers->report.valid)
+    add_json_section(run, t, "stragglers", stragglers_json(run, *p.stragglers));
+  else if (p.stragglers && run.root)
+    std::cerr << "stepbench: no straggler report: no timed step of the step fixture to compare the towers in\n";
   const bool late_signal = run.group.allreduce_max(run.stop.local() ? 1.0 : 0.0) > 0;
   const bool wanted = c.layer_times || !run.trace.empty() || !c.project_gpus.empty();
   if (!wanted || late_signal || run.stop.signal() || !run.stop.halted().empty()) return p;

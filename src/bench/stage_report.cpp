@@ -115,7 +115,7 @@ int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) 
     // the point this run measured: one GPU's step (its median)
     std::vector<std::pair<int, double>> measured;
     if (const double ms = timed_step_ms(run, t); ms > 0) measured.emplace_back(run.gpus, ms);
-    if (!c.fabric_note.empty()) std::cout << "\n--fabric-from: " << c.fabric_note << "\n";
+    if (!c.fabric_note.empty()) std::cout << "\n" << wrap("--fabric-from: " + c.fabric_note, 2);
     print_projection(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus), measured,
                      c.run.batch_per_tower);
   }

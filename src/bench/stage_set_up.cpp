@@ -118,6 +118,14 @@ void build_towers(Run& run) {
   run.data_step = run.feeder->active() && has(run.phases, Phase::step);
   // every tower's timeline in the step fixture: which one the step waits for, and its cost
   run.stragglers.on = run.towers->global_size() >= 2 && has(run.phases, Phase::step);
+  if (c.straggler_top_given && !run.stragglers.on)
+    throw UsageError(
+        fmt::format("--straggler-top lists the towers of the step: it needs two towers or more (--gpus "
+                    "2, or several processes) and the step phase (there are {} tower{})",
+                    run.towers->global_size(), run.towers->global_size() == 1 ? "" : "s"));
+  if (c.slow_tower >= run.towers->global_size() && run.stragglers.on)
+    throw UsageError(fmt::format("--slow-tower {}: there are {} towers (0 to {}); name one of them", c.slow_tower,
+                                 run.towers->global_size(), run.towers->global_size() - 1));
   if (c.slow_tower >= 0 && !run.stragglers.on)
     throw UsageError(
         fmt::format("--slow-tower slows one tower against the others: it needs two towers or more "
@@ -141,7 +149,11 @@ Exit set_up(Run& run, const char* argv0) {
   const BenchConfig& c = run.c;
   if (!init_google_benchmark(c, run.root, argv0, run.benchmark_argv)) return 2;
   run.trace = c.trace;  // every process probes; rank 0 gathers the traces and writes the one file
-  if (Exit e = check_output_files(run)) return e;
+  {                     // the root checks the files it writes; every process ends if one is refused
+    const Exit e = check_output_files(run);
+    if (run.group.size() > 1 && run.group.allreduce_max(e ? 1.0 : 0.0) > 0) return e ? e : Exit{2};
+    if (e) return e;
+  }
   if (Exit e = check_single_process_flags(run)) return e;
   run.phases = phases_to_time(c);
   run.progress.set("setting up: planning the towers");

@@ -143,13 +143,19 @@ std::optional<Stragglers> gather_stragglers(Run& run) {
                            t.at("state").get<std::string>()});
     }
   }
+  // each process's last `calls` calls, paired from the end (the repetitions are the last calls)
+  const auto call_of = [&](const nlohmann::json& j, std::size_t c) -> const nlohmann::json& {
+    const auto& all = j.at("calls");
+    return all[all.size() - calls + c];
+  };
   for (std::size_t c = 0; c < calls; ++c) {
     std::size_t n = SIZE_MAX;  // the steps every process has
-    for (const auto& j : js) n = std::min(n, j.at("calls")[c].at("steps").size());
+    for (const auto& j : js) n = std::min(n, call_of(j, c).at("steps").size());
+    if (n == 0) continue;
     std::vector<std::vector<TowerStep>> steps(n);
     std::vector<double> step_ms(n, 0.0);
     for (const auto& j : js) {
-      const auto& call = j.at("calls")[c];
+      const auto& call = call_of(j, c);
       for (std::size_t k = 0; k < n; ++k) {
         for (const auto& t : call.at("steps")[k]) steps[k].push_back(tower_step(t));
         step_ms[k] = std::max(step_ms[k], call.at("step_ms")[k].get<double>());
@@ -182,10 +188,10 @@ void print_stragglers(std::ostream& out, const Run& run, const Stragglers& s) {
     out << wrap(std::string_view(line).substr(lead), lead + 2, kWidth, std::string(lead, ' '));
   }
   if (run.c.slow_tower >= 0)
-    out << wrap(fmt::format("  injected (--slow-tower): tower {} held {:.3f} ms at the start of each backward{}",
+    out << wrap(fmt::format("injected (--slow-tower): tower {} held {:.3f} ms at the start of each backward{}",
                             run.c.slow_tower, run.stragglers.injected_ms,
                             run.c.slow_factor > 0 ? fmt::format(" ({}x its compute)", run.c.slow_factor) : ""),
-                4);
+                4, kWidth, "  ");
 }
 
 }  // namespace stepbench

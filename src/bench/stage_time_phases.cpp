@@ -72,6 +72,7 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       towers.set_step_timing(true);
       log.begin_call();
     }
+    if (def->phase == Phase::step) run.step_samples.emplace_back();
     for (auto _ : st) {
       if (run.stop.stop_in_loop(st)) break;
       NvtxRange nv(name);
@@ -82,7 +83,7 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       const double slowest = run.group.allreduce_max(d);
       st.SetIterationTime(slowest / 1e3);  // every process agrees: the slowest
       if (timeline) log.record(towers, slowest);
-      if (def->phase == Phase::step) run.step_samples.push_back(d);
+      if (def->phase == Phase::step) run.step_samples.back().push_back(d);
       dev += d;
       host += rt.host_ms();
       if (split) {
@@ -245,9 +246,13 @@ Timings run_fixtures(Run& run) {
       std::cerr << "stepbench: could not write --json " << c.json << " (rename of " << partial.path
                 << " failed: " << std::strerror(errno) << ")\n";
       t.exit = 1;
-      return t;
+    } else {
+      partial.path.clear();
     }
-    partial.path.clear();
+  }
+  if (run.group.size() > 1) {  // the root alone writes --json: every process ends with it
+    const double e = run.group.allreduce_max(t.exit ? *t.exit : 0);
+    if (e > 0) t.exit = static_cast<int>(e);
   }
   return t;
 }

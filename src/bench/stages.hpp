@@ -2,8 +2,8 @@
 //
 //   set_up            stage_set_up.cpp        the checks that fail fast, the towers, the feeder
 //   warm_up           stage_warm_up.cpp       untimed steps; the non-finite check; the JSON context
-//   time_phases       stage_time_phases.cpp   the Google Benchmark fixtures, one per phase
 //   calibrate         stage_stragglers.cpp    --slow-tower: the delay that makes a tower that much slower
+//   time_phases       stage_time_phases.cpp   the Google Benchmark fixtures, one per phase
 //   probe             stage_probe.cpp         the stragglers gathered; --layer-times, --trace,
 //                                             --project-gpus: probed steps
 //   report_cut_short  stage_report.cpp        a signal or a blow-up: what was measured, said as such
@@ -87,7 +87,9 @@ struct Run {
   Progress progress;       // the live line on a terminal (off elsewhere and off the root process)
   int fixtures = 0;        // the benchmarks time_phases registered, for the progress line
   StragglerLog stragglers;
-  std::vector<double> step_samples;  // every timed step of the step fixture, this process's own ms
+  // every timed step of the step fixture, this process's own ms, per call of the fixture (the last
+  // --repetitions calls are the repetitions; the earlier ones Google Benchmark's trials)
+  std::vector<std::vector<double>> step_samples;
 };
 
 // What time_phases measured.

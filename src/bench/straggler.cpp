@@ -142,8 +142,7 @@ StragglerReport analyze_stragglers(const StragglerInput& in_) {
       ++rep.flagged;
     }
   }
-  const bool chronic = std::any_of(rep.towers.begin(), rep.towers.end(),
-                                   [&](const TowerScore& s) { return s.slowest_in == rep.repetitions; });
+  const bool chronic = rep.towers[static_cast<std::size_t>(rep.slowest)].slowest_in == rep.repetitions;
   rep.verdict = chronic ? "chronic" : rep.flagged > 0 ? "occasional" : "none";
 
   // the reference: the other towers' median by compute (the lower middle one)

@@ -27,13 +27,17 @@ void add_straggler_flags(CLI::App& app, Options& o) {
                  "with two towers or more: the summary lists this many towers, slowest first")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--slow-tower", o.slow_tower,
-                 "a fault to see what a straggler costs: T:FACTOR makes tower T (rank x --gpus + index) FACTOR times "
-                 "slower in backward (its compute measured after warm-up), T:Nms holds it N ms at each backward");
+                 "a fault to see what a straggler costs: T:FACTOR holds tower T (rank x --gpus + index) at each "
+                 "backward for (FACTOR - 1) x its forward + backward (measured after warm-up), so that it computes "
+                 "FACTOR times as long; T:Nms holds it N ms");
 }
 
 void resolve_stragglers(Options& o) {
   BenchConfig& b = o.bench;
-  if (o.slow_tower.empty()) return;
+  if (o.given("--straggler-top") && b.sweep())
+    throw UsageError("--straggler-top lists towers of the phases' step, not of --sweep-*: drop one of them");
+  b.straggler_top_given = o.given("--straggler-top");
+  if (o.slow_tower.empty() && !o.given("--slow-tower")) return;
   const std::string& s = o.slow_tower;
   const auto colon = s.find(':');
   const std::string_view tower = std::string_view(s).substr(0, colon);

@@ -36,10 +36,11 @@ Towers::Timeline Towers::timeline(int tower) const {
   l.released_ms = be.elapsed_ms(ref, *t.released);
   if (sync_->bytes() > 0) {
     sync_->wait_for(be, *t.comm);  // its last sync events may come after the compute stream's
-    // a host collective on a tower that computes on the host's cores (device -1), run by the
-    // communication thread during the last tower's backward or by the host thread inside it: the
-    // overlap is the sync's, not this tower's compute (else the last CPU tower always looks slowest)
-    const bool inline_sync = !sync_->enqueued() && be.device() < 0;
+    // towers of one process computing on the host's cores (device -1) one after another: the host
+    // collective runs during the last one's backward (on the communication thread, or inside it), so
+    // that overlap is the sync's, not this tower's compute (else the last CPU tower always looks
+    // slowest). One tower per process: its sync mostly waits for the others, and is not subtracted.
+    const bool inline_sync = !sync_->enqueued() && be.device() < 0 && towers_.size() > 1;
     const double b0 = be.elapsed_ms(ref, *t.backward_begin), b1 = b0 + l.backward_ms;
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       l.ready_ms.push_back(be.elapsed_ms(ref, *t.timed_ready[k]));

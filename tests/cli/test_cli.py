@@ -1026,6 +1026,12 @@ class Stragglers(unittest.TestCase):
         self.assertIn("rank 1", " ".join(names))
         self.assertEqual(len({e["pid"] for e in t["traceEvents"] if e.get("ph") == "X"}) >= 2, True, names)
         self.assertEqual(t["otherData"]["processes"], 2)
+        # each tower's track: its compute (forward, backward) and its wait for the sync (grad_sync), and
+        # the gradient buckets' syncs on a track of their own
+        for pid in (0, 1):
+            phases = {e["name"] for e in t["traceEvents"] if e.get("pid") == pid and e.get("cat") == "phase"}
+            self.assertTrue({"forward", "backward", "grad_sync"} <= phases, (pid, phases))
+            self.assertTrue(any(e.get("pid") == pid and e.get("cat") == "sync" for e in t["traceEvents"]), pid)
 
     def test_bad_values_are_usage_errors(self):
         for args, expect in [(["--gpus", "2", "--slow-tower", "x"], "give TOWER:FACTOR"),
@@ -1033,7 +1039,9 @@ class Stragglers(unittest.TestCase):
                              (["--gpus", "2", "--slow-tower", "1:0ms"], "the delay is out of range"),
                              (["--gpus", "2", "--slow-tower", "5:1.5"], "there are 2 towers"),
                              (["--slow-tower", "0:1.5"], "needs two towers or more"),
-                             (["--gpus", "2", "--straggler-top", "0"], "--straggler-top")]:
+                             (["--gpus", "2", "--straggler-top", "0"], "--straggler-top"),
+                             (["--straggler-top", "2"], "it needs two towers or more"),
+                             (["--gpus", "2", "--slow-tower", ""], "give TOWER:FACTOR")]:
             rc, out, err = run(*SLOW, *args, timeout=120)
             self.assertEqual(rc, 2, f"{args}: {out}{err}")
             self.assertIn(expect, err, args)
