@@ -4,33 +4,17 @@
 
 #include <algorithm>
 
+#include "bench/text.hpp"
+
 namespace stepbench::cli {
 namespace {
 
-constexpr std::size_t kWidth = 100, kColumn = 30;
+constexpr std::size_t kColumn = 30;  // where the descriptions start; lines end by kWidth (bench/text.hpp)
 
 // `text` broken at spaces into lines of at most kWidth columns, the first after `first`, the rest
 // indented to kColumn.
 std::string wrap(const std::string& first, const std::string& text) {
-  std::string out, line = first;
-  bool empty = true;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t sp = text.find(' ', pos);
-    if (sp == std::string::npos) sp = text.size();
-    const std::string word = text.substr(pos, sp - pos);
-    pos = sp + 1;
-    if (word.empty()) continue;
-    if (!empty && line.size() + 1 + word.size() > kWidth) {
-      out += line + "\n";
-      line = std::string(kColumn, ' ');
-      empty = true;
-    }
-    if (!empty) line += ' ';
-    line += word;
-    empty = false;
-  }
-  return out + line + "\n";
+  return stepbench::wrap(text, kColumn, kWidth, first);
 }
 
 // What the option takes: the value name its type_name gives, before CLI11's validator text.

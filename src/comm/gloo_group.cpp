@@ -77,22 +77,10 @@ class GlooTransport final : public Transport {
   }
 
   void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) override {
-    run(pg, "an all-reduce among the processes (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
-      gloo::AllreduceOptions o(c);
-      o.setOutput(v, n);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<double>));
-      o.setTimeout(t);
-      gloo::allreduce(o);
-    });
+    allreduce(pg, "an all-reduce among the processes (Gloo)", v, n, &gloo::max<double>);
   }
   void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) override {
-    run(pg, "the gradient all-reduce (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
-      gloo::AllreduceOptions o(c);
-      o.setOutput(data, count);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-      o.setTimeout(t);
-      gloo::allreduce(o);
-    });
+    allreduce(pg, "the gradient all-reduce (Gloo)", data, count, &gloo::sum<float>);
   }
   void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) override {
     run(pg, "the gradient reduce to the parameter server (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
@@ -168,6 +156,18 @@ class GlooTransport final : public Transport {
  private:
   // One collective at a time (the communication thread and the main thread share the group), its
   // failures as SyncError saying whether it timed out or a peer went away.
+  // An all-reduce of n values in place with Gloo's element-wise reduce function f.
+  template <class T>
+  void allreduce(const ProcessGroup& pg, const char* what, T* data, std::size_t n,
+                 void (*f)(void*, const void*, const void*, size_t)) {
+    run(pg, what, [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+      gloo::AllreduceOptions o(c);
+      o.setOutput(data, n);
+      o.setReduceFunction(f);
+      o.setTimeout(t);
+      gloo::allreduce(o);
+    });
+  }
   template <class F>
   void run(const ProcessGroup& pg, const char* what, F&& f) {
     run(what, pg.rank(), pg.size(), pg.sync_timeout(), std::forward<F>(f));
