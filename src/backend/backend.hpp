@@ -135,6 +135,12 @@ class BatchNormOp {
                                 void* reserve) = 0;
   virtual void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                                  const float* running_mean, const float* running_var, void* ws) = 0;
+  // forward_training's y again, from x and the mean and 1/sqrt(var + eps) it saved, for a step that
+  // frees y after the forward and recomputes it in backward (GraphConfig::recompute). Bit for bit
+  // the same y where the backend's training forward ran the same affine pass (the cpu backend's
+  // hand-written kernels); within a rounding of it elsewhere. The running statistics are untouched.
+  virtual void forward_recompute(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                                 const float* save_mean, const float* save_invstd, void* ws, const void* reserve) = 0;
   // y is the forward output (for the fused ReLU's mask). dgamma/dbeta are overwritten.
   virtual void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
                         const float* gamma, const float* beta, const float* save_mean, const float* save_invstd,

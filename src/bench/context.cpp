@@ -33,6 +33,7 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   add("aux_logits", r.model_options.aux_logits ? "on" : "off");
   add("precision", std::string(to_string(r.precision)));
   add("layout", std::string(to_string(r.layout)));
+  add("recompute", recomputes(r.recompute, be.kind()) ? "on" : "off");
   add("gpus", std::to_string(gpus));
   add("processes", std::to_string(t.processes()));
   add("towers_per_process", std::to_string(t.size()));

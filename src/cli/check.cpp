@@ -64,7 +64,9 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   if (c.backend == BackendKind::automatic)
     fmt::print(stderr, "stepbench: --backend auto picked {} ({}){}\n", be->name(), be->device_name(),
                be->kind() == DeviceKind::cpu ? fmt::format(": {}", cuda_unavailable_reason()) : "");
-  Graph g(*be, GraphConfig{n, c.layout, storage_dtype(c.precision), 1});
+  GraphConfig gc{n, c.layout, storage_dtype(c.precision), 1};
+  gc.recompute = c.recompute;
+  Graph g(*be, gc);
   ModelOptions mo;
   mo.image_size = x.shape[2];
   mo.aux_logits = c.aux_logits;

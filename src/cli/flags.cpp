@@ -27,6 +27,9 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
       "--no-aux-logits", [&m] { m.aux_logits = false; }, "leave out Inception's auxiliary head (training only)");
   // the old spelling, still read (presets, scripts), no longer listed
   add_switch(app, "--aux-logits", m.aux_logits, "Inception's auxiliary head in training: on or off")->group("");
+  add_enum(app, "--recompute", m.recompute,
+           "make each conv + BN (+ ReLU) output again in backward from its pre-norm output instead of keeping it "
+           "from the forward: less memory for one more BN pass per unit; auto: on on the cpu, off on a GPU");
   app.add_option("--image-size", m.image_size,
                  "input height and width [default: 299 for inception_v3 (>= 75, 299 with the aux head), 224 for "
                  "resnet50 (>= 32), 64 for tiny]")

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/registry.hpp"
+#include "graph/graph.hpp"
 #include "models/models.hpp"
 #include "tensor/names.hpp"
 #include "tensor/tensor.hpp"
@@ -36,6 +37,7 @@ struct ModelFlags {
   Precision precision = Precision::fp32;
   bool aux_logits = true;
   std::int64_t image_size = 299;
+  Recompute recompute = Recompute::automatic;
 };
 void add_model_flags(CLI::App& app, ModelFlags& m);
 

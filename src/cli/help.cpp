@@ -75,6 +75,8 @@ const FlagHelp kFlags[] = {
     {"--no-aux-logits", "Model and precision", "", "leave out Inception's auxiliary head (needed below 299)"},
     {"--precision", "Model and precision", "fp32|tf32|bf16|fp16", "the math (tf32: cuda only)"},
     {"--format", "Model and precision", "nchw|nhwc", "the activations' layout"},
+    {"--recompute", "Model and precision", "auto|on|off",
+     "remake conv+BN outputs in backward, not keep them: less memory; auto: on the cpu only"},
     {"--optimizer", "Model and precision", "momentum|sgd|rmsprop", "the update (momentum 0.9)"},
     {"--learning-rate", "Model and precision", "X", "the optimizer's learning rate"},
     {"--weight-decay", "Model and precision", "X", "L2 weight decay"},

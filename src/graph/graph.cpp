@@ -97,6 +97,10 @@ void Graph::Impl::run_backward(Stream& s, const std::function<void(std::size_t)>
   std::size_t told = 0;
   for (std::size_t i = layers.size(); i-- > 0;) {
     Layer& l = *layers[i];
+    for (const int j : recompute_before[i]) {
+      current = j;
+      layers[static_cast<std::size_t>(j)]->recompute(*this, s);
+    }
     current = static_cast<int>(i);
     if (l.probes_itself()) {
       l.backward(*this, s);
@@ -241,6 +245,7 @@ std::int64_t Graph::forward_macs_per_image(bool training) const {
   return m / impl_->cfg.batch;
 }
 std::size_t Graph::device_bytes() const { return impl_->arena_bytes; }
+const void* Graph::arena_data() const { return impl_->arena.get(); }
 std::size_t Graph::activation_bytes() const {
   return impl_->arena_bytes - std::min(impl_->arena_bytes, impl_->mem.persistent_bytes());
 }

@@ -87,6 +87,23 @@ enum class BufferSharing {
   none,         // every buffer its own space for the whole step (the plan before liveness)
 };
 
+// Whether backward recomputes what is cheap to make again instead of keeping it from the forward:
+// the output of every convolution + batch norm (+ ReLU) unit that backward reads (the next
+// convolution's filter gradient, the ReLU's mask) is made again from the unit's pre-norm output and
+// batch statistics, which backward keeps anyway, right before its first backward reader (activation
+// checkpointing at the granularity of one elementwise pass, as MXNet's mirror and Chen et al.'s
+// sublinear memory). It frees about a third of Inception-v3's saved activations for one more
+// batch-norm pass per unit. automatic: on where the arena is host memory (the cpu backend), off on a
+// GPU. Values kept by keep() and sharing other than by_liveness are never recomputed.
+enum class Recompute { automatic, on, off };
+constexpr auto enum_names(Recompute) {
+  return std::array<EnumName<Recompute>, 3>{
+      {{Recompute::automatic, "auto"}, {Recompute::on, "on"}, {Recompute::off, "off"}}};
+}
+constexpr bool recomputes(Recompute r, DeviceKind d) {
+  return r == Recompute::on || (r == Recompute::automatic && d == DeviceKind::cpu);
+}
+
 // Parameter-sized buffers of state the optimizer keeps: momentum's buffer; RMSProp's mean square
 // and momentum.
 constexpr int optimizer_state_arenas(OptimizerKind k) {
@@ -107,6 +124,7 @@ struct GraphConfig {
   // (optimizer_state_arenas(kind): momentum 1, RMSProp 2), so the plan counts them; 0: the trainer
   // allocates its own.
   int optimizer_state_arenas = 0;
+  Recompute recompute = Recompute::automatic;
 };
 
 class Graph {
@@ -257,6 +275,7 @@ class Graph {
   // Everything the graph holds in backend memory: one arena, allocated at the end of plan(), which
   // throws UsageError (bytes needed and available, a batch size that fits) when it cannot fit.
   std::size_t device_bytes() const;
+  const void* arena_data() const;  // where it starts (after plan())
   // The plan (after plan(), or plan_dry(false)): every buffer, when it is live, where it sits;
   // memory_peaks() of it gives the peak bytes per phase and what holds them.
   const MemoryPlan& memory_plan() const;

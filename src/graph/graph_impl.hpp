@@ -67,7 +67,10 @@ struct Graph::Impl {
   std::size_t arena_bytes = 0;
   std::size_t needed_bytes = 0;  // what the last memory check asked for (Graph::size_plan)
   std::vector<bool> kept;        // per value: Graph::keep
-  bool trained = false;          // the last forward was a training one (backward may follow)
+  // per layer: the layers whose output backward recomputes right before it (GraphConfig::recompute;
+  // planning decides, liveness.cpp)
+  std::vector<std::vector<int>> recompute_before;
+  bool trained = false;  // the last forward was a training one (backward may follow)
   std::size_t param_floats = 0, state_floats = 0;
   int num_losses = 0;
   std::vector<float> loss_weights;

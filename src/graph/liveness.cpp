@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,17 +167,76 @@ class Pass {
       const int s = step(MemoryPhase::backward, -1, "grad_zero");
       for (Slot* z : zeroed) touch(s, z, Access::write);
     }
-    for (std::size_t i = g_.layers.size(); i-- > 0;)
+    const auto remake = recomputable();
+    for (std::size_t i = g_.layers.size(); i-- > 0;) {
+      recompute_before(i, backward[i], remake);
       for (const auto& p : backward[i]) {
         const int s = step(MemoryPhase::backward, static_cast<int>(i), p.part);
         for (const auto& [slot, a] : p.uses) touch(s, slot, a);
       }
+    }
     step(MemoryPhase::update, -1, "update");
     close();
   }
   int backward_start() const { return backward_start_; }
 
  private:
+  // GraphConfig::recompute: the buffers backward may make again, each with the layers that make it
+  // (a value, or a concat whose every part comes from a layer that can), in execution order. Not a
+  // buffer that lives for the whole step anyway (kept, io, sharing other than by liveness).
+  std::map<int, std::vector<int>> recomputable() const {
+    std::map<int, std::vector<int>> r;
+    if (!training_ || !recomputes(g_.cfg.recompute, g_.be.kind()) || g_.cfg.sharing != BufferSharing::by_liveness)
+      return r;
+    std::vector<std::vector<int>> makers(g_.values.size());
+    std::vector<bool> can(g_.values.size(), true);
+    for (std::size_t v = 0; v < g_.values.size(); ++v) {
+      const Value& val = g_.values[v];
+      const auto root = static_cast<std::size_t>(g_.root_id(static_cast<ValueId>(v)));
+      if (val.producer == -2) continue;  // a concat, made by its parts
+      if (val.producer < 0 || !g_.layers[static_cast<std::size_t>(val.producer)]->recomputes_output())
+        can[root] = false;
+      else
+        makers[root].push_back(val.producer);
+    }
+    for (std::size_t v = 0; v < g_.values.size(); ++v) {
+      if (g_.values[v].root >= 0 || !can[v] || makers[v].empty()) continue;
+      const int b = t_.index.at(&g_.values[v].data);
+      if (g_.mem.buffers[static_cast<std::size_t>(b)].persistent) continue;
+      std::sort(makers[v].begin(), makers[v].end());
+      r[b] = makers[v];
+    }
+    return r;
+  }
+  // Before layer i's backward: the recompute pieces of every buffer it reads that backward makes
+  // again and no earlier piece of backward has read. The buffer's forward lifetime ends at its last
+  // forward reader; a second one starts at the recompute.
+  void recompute_before(std::size_t i, const std::vector<Uses::Piece>& pieces,
+                        const std::map<int, std::vector<int>>& remake) {
+    if (remake.empty()) return;
+    for (const auto& p : pieces)
+      for (const auto& [slot, a] : p.uses) {
+        if (a != Access::read && a != Access::update) continue;
+        const auto idx = t_.index.find(slot);
+        if (idx == t_.index.end()) continue;
+        const int b = idx->second;
+        const auto r = remake.find(b);
+        if (r == remake.end() || remade_.count(b) || !span_.count(b)) continue;
+        remade_.insert(b);
+        closed_[b].push_back(span_[b]);
+        span_.erase(b);
+        g_.mem.buffers[static_cast<std::size_t>(b)].recomputed = true;
+        for (const int j : r->second) {
+          Uses u(g_, j, labels_[static_cast<std::size_t>(j)], true);
+          g_.layers[static_cast<std::size_t>(j)]->declare_recompute(u);
+          for (const auto& q : u.pieces()) {
+            const int s = step(MemoryPhase::backward, j, q.part);
+            for (const auto& [sl, acc] : q.uses) touch(s, sl, acc);
+          }
+          g_.recompute_before[i].push_back(j);
+        }
+      }
+  }
   int step(MemoryPhase ph, int layer, const char* part) {
     g_.mem.steps.push_back({ph, layer, part, layer >= 0 ? labels_[static_cast<std::size_t>(layer)] : ""});
     return static_cast<int>(g_.mem.steps.size()) - 1;
@@ -214,7 +274,9 @@ class Pass {
     for (const auto& [b, i] : span_) {
       SB_CHECK(!points_.count(b), fmt::format("planning: '{}' is declared both as scratch and not",
                                               g_.mem.buffers[static_cast<std::size_t>(b)].name));
-      g_.mem.buffers[static_cast<std::size_t>(b)].live.push_back(i);
+      auto& live = g_.mem.buffers[static_cast<std::size_t>(b)].live;
+      if (closed_.count(b)) live.insert(live.end(), closed_[b].begin(), closed_[b].end());
+      live.push_back(i);
     }
     for (const auto& [b, pts] : points_) {
       auto& live = g_.mem.buffers[static_cast<std::size_t>(b)].live;
@@ -228,6 +290,8 @@ class Pass {
   bool training_;
   int backward_start_ = -1;
   std::map<int, LiveInterval> span_;
+  std::map<int, std::vector<LiveInterval>> closed_;  // lifetimes that ended before a recompute
+  std::set<int> remade_;
   std::map<int, std::vector<LiveInterval>> points_;
 };
 
@@ -253,6 +317,7 @@ void classify(Graph::Impl& g, const Table& t, int backward_start) {
 void plan_lifetimes(Graph::Impl& g) {
   g.mem = MemoryPlan{};
   g.mem_slots.clear();
+  g.recompute_before.assign(g.layers.size(), {});
   g.kept.resize(g.values.size(), false);
   std::vector<std::string> labels;
   for (std::size_t i = 0; i < g.layers.size(); ++i) labels.push_back(layer_label(*g.layers[i], i));

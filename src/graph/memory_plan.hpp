@@ -57,6 +57,7 @@ struct PlannedBuffer {
   std::size_t offset = 0, bytes = 0;  // into the arena; bytes as reserved (256-byte multiples)
   bool persistent = false;            // live at every step, and across steps
   std::vector<LiveInterval> live;     // otherwise: when, in steps (ascending, disjoint)
+  bool recomputed = false;            // freed after the forward, made again in backward (GraphConfig::recompute)
   bool live_at(int step) const;
   bool overlaps_in_time(const PlannedBuffer& o) const;
 };

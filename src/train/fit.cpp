@@ -13,6 +13,7 @@ namespace stepbench {
 GraphConfig graph_config(const TowerOptions& o, std::int64_t batch, std::uint64_t seed) {
   GraphConfig c{batch, o.layout, o.dtype(), seed};
   c.optimizer_state_arenas = optimizer_state_arenas(o.optimizer.kind);
+  c.recompute = o.recompute;
   return c;
 }
 

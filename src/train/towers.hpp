@@ -46,6 +46,7 @@ struct TowerOptions {
   ModelOptions model_options;
   Layout layout = Layout::nchw;
   Precision precision = Precision::fp32;
+  Recompute recompute = Recompute::automatic;  // --recompute (graph.hpp)
   OptimizerConfig optimizer;
   VariableUpdate variable_update = VariableUpdate::replicated;
   std::size_t bucket_bytes = std::size_t{25} << 20;       // PyTorch DDP's default bucket size

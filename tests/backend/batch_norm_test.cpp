@@ -1,5 +1,6 @@
 // Batch norm: training forward (with and without the fused ReLU, into a slice or a dense output),
-// the running statistics, backward, and the inference forward, against the oracle.
+// its recompute from the saved statistics, the running statistics, backward, and the inference
+// forward, against the oracle.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -59,6 +60,16 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
             for (std::int64_t c : {std::int64_t{0}, std::int64_t{1}, s.c + 2, s.c + 3})
               EXPECT_EQ(raw[static_cast<std::size_t>(n * ds.n + c * ds.c + (s.h - 1) * ds.h)], 0.0f);
         }
+        // the recompute (GraphConfig::recompute) from what the training forward saved: on the cpu
+        // backend the same bits (its kernels apply the same factors; oneDNN's its own kernel again),
+        // elsewhere within the forward's bound
+        const auto y_fwd = Y.raw();
+        Y.upload(std::vector<double>(static_cast<std::size_t>(s.numel()), -7.0));
+        op->forward_recompute(st, X, Y, G, B, SM, SI, ws.get(), reserve.get());
+        if (be->kind() == DeviceKind::cpu)
+          EXPECT_EQ(Y.raw(), y_fwd) << op->implementation();
+        else
+          EXPECT_WITHIN(Y.download(), y_ref, eb.y);
         EXPECT_WITHIN(SM.get_host(), saved.mean, eb.mean);
         EXPECT_WITHIN(SI.get_host(), saved.invstd, eb.invstd);
         // running statistics: momentum 0.1, unbiased variance (PyTorch); fp32 whatever the dtype

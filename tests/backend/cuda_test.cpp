@@ -55,8 +55,10 @@ double round_bits(double x, int bits) {
 // backend's storage perturbs them). With `oracle`, the chain oracle of the graph as the step
 // starts (weights, input, running statistics) is made there.
 StepResult one_step(Backend& be, const std::string& model, Layout l, std::int64_t batch, std::int64_t image,
-                    DType t = DType::f32, int round_to_bits = 0, std::unique_ptr<test::ChainOracle>* oracle = nullptr) {
+                    DType t = DType::f32, int round_to_bits = 0, std::unique_ptr<test::ChainOracle>* oracle = nullptr,
+                    Recompute recompute = Recompute::automatic) {
   GraphConfig cfg{batch, l, t, 3};
+  cfg.recompute = recompute;
   // fp16, Inception-v3: start the loss scale low enough that no scaled gradient overflows in this
   // one step (the stem's filter gradient reaches ~100 at initialisation; 100 x 2^16 is far past
   // fp16's 65504). The tiny model keeps the default 2^16: lower, its small gradients underflow.
@@ -108,12 +110,14 @@ struct GpuCase {
   Layout layout;
   bool tf32;
   DType dtype = DType::f32;
+  Recompute recompute = Recompute::automatic;  // on a GPU: off, unless on
 };
 std::string gpu_case_name(const testing::TestParamInfo<GpuCase>& i) {
   return i.param.model + "_" + std::string(to_string(i.param.layout)) +
          (i.param.dtype != DType::f32 ? "_" + std::string(to_string(i.param.dtype))
           : i.param.tf32              ? "_tf32"
-                                      : "_fp32");
+                                      : "_fp32") +
+         (i.param.recompute == Recompute::on ? "_recompute" : "");
 }
 // The GPU backend for a case, or why not.
 std::unique_ptr<Backend> gpu_for(const GpuCase& c, std::string& why) {
@@ -217,7 +221,7 @@ TEST_P(CudaStep, MatchesTheCpuBackend) {
   // 2 at batch 2, amplifying rounding into O(1) gradient errors); ResNet-50 at its 224x224
   const std::int64_t batch = 8, image = c.model == "resnet50" ? 224 : 299;
   const Layout other = c.layout == Layout::nchw ? Layout::nhwc : Layout::nchw;
-  const auto a = one_step(*gpu, c.model, c.layout, batch, image, c.dtype);
+  const auto a = one_step(*gpu, c.model, c.layout, batch, image, c.dtype, 0, nullptr, c.recompute);
   const auto b = one_step(*cpu, c.model, c.layout, batch, image);  // the fp32 CPU step is the reference
   const auto b2 = one_step(*cpu, c.model, other, batch, image);
   const bool reduced = c.tf32 || c.dtype != DType::f32;
@@ -297,13 +301,17 @@ INSTANTIATE_TEST_SUITE_P(Inception, CudaStep,
                                          GpuCase{"inception_v3", Layout::nhwc, false},
                                          GpuCase{"inception_v3", Layout::nhwc, true},
                                          GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16},
-                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16}),
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::f16},
+                                         // the conv + BN outputs recomputed in backward (not run yet)
+                                         GpuCase{"inception_v3", Layout::nhwc, false, DType::bf16, Recompute::on},
+                                         GpuCase{"inception_v3", Layout::nchw, false, DType::f32, Recompute::on}),
                          gpu_case_name);
 // ResNet-50 (the residual add + ReLU, conv + BN without the ReLU on cuDNN) under the same rules: not
 // run yet (no GPU since it was added); the rules are Inception's, measured there.
 INSTANTIATE_TEST_SUITE_P(ResNet50, CudaStep,
                          testing::Values(GpuCase{"resnet50", Layout::nhwc, false},
-                                         GpuCase{"resnet50", Layout::nhwc, false, DType::bf16}),
+                                         GpuCase{"resnet50", Layout::nhwc, false, DType::bf16},
+                                         GpuCase{"resnet50", Layout::nhwc, false, DType::bf16, Recompute::on}),
                          gpu_case_name);
 
 // Every conv-BN-ReLU unit of Inception-v3 on the GPU, checked in place against the oracle from the

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,14 +123,18 @@ void expect_same(const Result& a, const Result& b) {
   for (float v : a.logits) ASSERT_TRUE(std::isfinite(v));
 }
 
-// Builds the net twice (shared by liveness and poisoned; every buffer its own) and compares.
+// Builds the net twice (shared by liveness and poisoned, recomputing as `recompute` says; every
+// buffer its own, nothing recomputed) and compares. Returns the shared plan.
 template <class Build>
-void expect_liveness_holds(Layout l, std::int64_t batch, Build build) {
+MemoryPlan expect_liveness_holds(Layout l, std::int64_t batch, Build build,
+                                 Recompute recompute = Recompute::automatic) {
   auto be = make_cpu_backend();
   Result r[2];
+  MemoryPlan plan;
   for (const BufferSharing sharing : {BufferSharing::none, BufferSharing::by_liveness}) {
     GraphConfig cfg{batch, l, DType::f32, 3};
     cfg.sharing = sharing;
+    cfg.recompute = recompute;
     Graph g(*be, cfg);
     build(g);
     g.plan();
@@ -143,9 +148,17 @@ void expect_liveness_holds(Layout l, std::int64_t batch, Build build) {
     r[shared] = run(g, shared ? &poison : nullptr);
     if (shared) {
       EXPECT_GT(poison.pieces, 10);
+      plan = g.memory_plan();
     }
   }
   expect_same(r[1], r[0]);
+  return plan;
+}
+
+const PlannedBuffer& buffer_named(const MemoryPlan& p, const std::string& name) {
+  for (const auto& b : p.buffers)
+    if (b.name == name) return b;
+  throw std::runtime_error("no buffer " + name);
 }
 
 TEST(Liveness, TinyStepsWithDeadBuffersPoisonedEqualTheUnsharedPlan) {
@@ -180,6 +193,45 @@ TEST(Liveness, FanOutConcatAndZeroedGradientsWithDeadBuffersPoisonedEqualTheUnsh
       auto d = g.dropout(g.global_avg_pool(g.conv_bn_relu("d", p, 6, {1, 1})), 0.3);
       g.cross_entropy(g.linear("fc", d, 5), 1.0f, "logits");
     });
+  }
+}
+
+// Recomputation (GraphConfig::recompute): a unit's output freed after the forward and made again in
+// backward gives the same step bit for bit, with every dead byte poisoned: a single unit (large
+// enough for oneDNN's batch norm on an AVX-512 cpu, NHWC), a concat of two units (recomputed as a
+// whole), a conv + BN without ReLU feeding a residual add (its output read by nothing in backward:
+// not kept, not recomputed), and a max pool's input (kept: the pool makes no recompute).
+TEST(Liveness, RecomputedOutputsGiveTheSameStepBitForBit) {
+  for (Layout l : {Layout::nchw, Layout::nhwc}) {
+    SCOPED_TRACE(to_string(l));
+    const auto build = [](Graph& g) {
+      auto x = g.input(3, 64, 64);
+      auto big = g.conv_bn_relu("big", x, 16, {3, 3, 1, 1, 1, 1});
+      auto a = g.conv_bn_relu("a", big, 8, {1, 1});
+      auto b = g.conv_bn_relu("b", big, 8, {3, 3, 1, 1, 1, 1});
+      auto cat = g.concat({a, b});
+      ConvBnSpec spec{"c.weight", "c.bn", false, 1e-5, ParamInit::normal, 0.1f};
+      auto c = g.conv_bn("c", cat, 16, {1, 1}, spec);
+      auto res = g.add_relu(c, big, "res");
+      auto p = g.pool(res, {PoolKind::max, 2, 2, 2, 2, 0, 0}, "pool");
+      auto d = g.conv_bn_relu("d", p, 8, {3, 3, 2, 2, 1, 1});
+      g.cross_entropy(g.linear("fc", g.global_avg_pool(d), 5), 1.0f, "logits");
+    };
+    const MemoryPlan on = expect_liveness_holds(l, 2, build, Recompute::on);
+    for (const char* name : {"big output", "concat(a, ...)", "d output"}) {
+      SCOPED_TRACE(name);
+      const PlannedBuffer& buf = buffer_named(on, name);
+      EXPECT_TRUE(buf.recomputed);
+      EXPECT_NE(buf.kind, BufferKind::saved);  // its forward lifetime ends before backward
+    }
+    EXPECT_FALSE(buffer_named(on, "c output").recomputed);  // nothing reads it in backward
+    EXPECT_NE(buffer_named(on, "c output").kind, BufferKind::saved);
+    EXPECT_EQ(buffer_named(on, "res output").kind, BufferKind::saved);  // add + ReLU: not recomputed
+    const MemoryPlan off = expect_liveness_holds(l, 2, build, Recompute::off);
+    EXPECT_FALSE(buffer_named(off, "big output").recomputed);
+    EXPECT_EQ(buffer_named(off, "big output").kind, BufferKind::saved);
+    EXPECT_LT(memory_peaks(on)[static_cast<int>(MemoryPhase::backward)].bytes,
+              memory_peaks(off)[static_cast<int>(MemoryPhase::backward)].bytes);
   }
 }
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/common.hpp"
@@ -38,6 +40,13 @@ void channel_sums(const Shape& s, double* scratch, double* out, F&& f) {
   std::fill(out, out + C * K, 0.0);
   for (int t = 0; t < T; ++t)
     for (std::int64_t i = 0; i < C * K; ++i) out[i] += scratch[static_cast<std::size_t>(t) * C * K + i];
+}
+
+// The training forward's affine factors of one channel, y = a x + b, from what it saves (the mean
+// and 1/sqrt(var + eps), rounded to float): the recompute (forward_recompute) derives the same ones.
+std::pair<float, float> scale_shift(float gamma, float beta, float mean, float invstd) {
+  const double gi = static_cast<double>(gamma) * invstd;
+  return {static_cast<float>(gi), static_cast<float>(beta - mean * gi)};
 }
 
 // y = relu?(a[c] * x + b[c]): channel-contiguous per pixel for NHWC, plane by plane for NCHW (each
@@ -164,6 +173,21 @@ double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's sum
   return total;
 }
 
+// y = relu?(a x + b) over channel c's planes, from the factors scale_shift gives: the training
+// forward's pass and the recompute's, one code so that they agree bit for bit.
+void apply_channel_nchw(const Tensor& x, const Tensor& y, std::int64_t c, std::pair<float, float> ab, bool relu) {
+  const Shape& s = x.shape();
+  const float a = ab.first, b = ab.second;  // not a structured binding: OpenMP regions cannot capture one
+  const float lo = relu ? 0.0f : -std::numeric_limits<float>::infinity();  // the fused ReLU, or none
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
+      float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
+#pragma omp simd
+      for (std::int64_t w = 0; w < s.w; ++w) py[w] = std::max(a * px[w] + b, lo);  // NaN stays NaN
+    }
+}
+
 void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                               float* running_mean, float* running_var, float* save_mean, float* save_invstd,
                               const BatchNormParams& p) {
@@ -196,21 +220,12 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
                                        return r;
                                      }) /
                        M;
-    const double invstd = 1.0 / std::sqrt(var + p.eps);
     save_mean[c] = mf;
-    save_invstd[c] = static_cast<float>(invstd);
+    save_invstd[c] = static_cast<float>(1.0 / std::sqrt(var + p.eps));
     const double unbiased = M > 1 ? var * M / (M - 1) : var;
     running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * mf);
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
-    const auto a = static_cast<float>(gamma[c] * invstd), b = static_cast<float>(beta[c] - mf * gamma[c] * invstd);
-    const float lo = p.relu ? 0.0f : -std::numeric_limits<float>::infinity();  // the fused ReLU, or none
-    for (std::int64_t n = 0; n < s.n; ++n)
-      for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* px = xrow(n, h);
-        float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
-#pragma omp simd
-        for (std::int64_t w = 0; w < W; ++w) py[w] = std::max(a * px[w] + b, lo);  // NaN stays NaN
-      }
+    apply_channel_nchw(x, y, c, scale_shift(gamma[c], beta[c], mf, save_invstd[c]), p.relu);
   }
 }
 
@@ -298,15 +313,32 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
   float* b = a + C;
   for (std::int64_t c = 0; c < C; ++c) {
     const double var = totals[c] / M;
-    const double invstd = 1.0 / std::sqrt(var + p.eps);
-    save_invstd[c] = static_cast<float>(invstd);
+    save_invstd[c] = static_cast<float>(1.0 / std::sqrt(var + p.eps));
     const double unbiased = M > 1 ? var * M / (M - 1) : var;
     running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * save_mean[c]);
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
-    a[c] = static_cast<float>(gamma[c] * invstd);
-    b[c] = static_cast<float>(beta[c] - save_mean[c] * gamma[c] * invstd);
+    std::tie(a[c], b[c]) = scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]);
   }
   affine_per_channel(x, y, a, b, p.relu);
+}
+
+// forward_training's y from x and its saved mean and 1/sqrt(var + eps): the same factors and the
+// same pass, so the same bits.
+void bn_forward_recompute(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                          const float* save_mean, const float* save_invstd, bool relu, double* scratch) {
+  check_f32(x, "batch norm");
+  const std::int64_t C = x.shape().c;
+  if (x.desc.layout == Layout::nchw) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < C; ++c)
+      apply_channel_nchw(x, y, c, scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]), relu);
+    return;
+  }
+  float* a = reinterpret_cast<float*>(scratch);
+  float* b = a + C;
+  for (std::int64_t c = 0; c < C; ++c)
+    std::tie(a[c], b[c]) = scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]);
+  affine_per_channel(x, y, a, b, relu);
 }
 
 void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
@@ -375,6 +407,10 @@ class CpuBatchNorm final : public BatchNormOp {
   void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                          const float* rm, const float* rv, void*) override {
     bn_forward_inference(x, y, gamma, beta, rm, rv, p_, scratch_.data());
+  }
+  void forward_recompute(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                         const float* sm, const float* si, void*, const void*) override {
+    bn_forward_recompute(x, y, gamma, beta, sm, si, p_.relu, scratch_.data());
   }
   void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                 const float*, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx, void*,

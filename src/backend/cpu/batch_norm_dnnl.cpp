@@ -38,7 +38,14 @@ class DnnlBatchNorm final : public BatchNormOp {
     bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(
         dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, d, d, p.eps, f), attr, eng, fwd_pd_);
     scratch_ = std::max(fwd_pd_.scratchpad_desc().get_size(), bwd_pd_.scratchpad_desc().get_size());
+    // the recompute: the same kernel on the training forward's mean and variance (global statistics)
+    re_pd_ = dnnl::batch_normalization_forward::primitive_desc(
+        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, d, p.eps,
+                                                f | flags::use_global_stats),
+        attr, eng);
+    scratch_ = std::max(scratch_, re_pd_.scratchpad_desc().get_size());
     scratch_mem_ = scratchpad_memory(eng, scratch_);
+    re_ = dnnl::batch_normalization_forward(re_pd_);
     fwd_ = dnnl::batch_normalization_forward(fwd_pd_);
     bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
     auto mem = [&](const memory::desc& md) { return memory(md, eng, DNNL_MEMORY_NONE); };
@@ -107,6 +114,24 @@ class DnnlBatchNorm final : public BatchNormOp {
                          const float* running_mean, const float* running_var, void* ws) override {
     fallback_->forward_inference(s, x, y, gamma, beta, running_mean, running_var, ws);
   }
+  // After a training forward on oneDNN: its kernel again with that forward's mean and variance; after
+  // one on the hand-written kernel (a strided view, non-finite statistics): that kernel's recompute.
+  void forward_recompute(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                         const float* save_mean, const float* save_invstd, void* ws, const void* reserve) override {
+    if (!dnnl_fwd_ || !x.desc.is_dense() || !y.desc.is_dense()) {
+      fallback_->forward_recompute(s, x, y, gamma, beta, save_mean, save_invstd, ws, reserve);
+      return;
+    }
+    point(x_, x.data), point(y_, y.data), point(gamma_, gamma), point(beta_, beta), point(mean_, save_mean);
+    point(var_, variance(const_cast<void*>(reserve))), point(scratch_mem_, ws);
+    re_.execute(strm_, {{DNNL_ARG_SRC, x_},
+                        {DNNL_ARG_DST, y_},
+                        {DNNL_ARG_SCALE, gamma_},
+                        {DNNL_ARG_SHIFT, beta_},
+                        {DNNL_ARG_MEAN, mean_},
+                        {DNNL_ARG_VARIANCE, var_},
+                        {DNNL_ARG_SCRATCHPAD, scratch_mem_}});
+  }
   void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                 const float* beta, const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta,
                 float beta_dx, void* ws, const void* reserve) override {
@@ -141,7 +166,8 @@ class DnnlBatchNorm final : public BatchNormOp {
   std::unique_ptr<BatchNormOp> fallback_;
   dnnl::batch_normalization_forward::primitive_desc fwd_pd_;
   dnnl::batch_normalization_backward::primitive_desc bwd_pd_;
-  dnnl::primitive fwd_, bwd_;
+  dnnl::batch_normalization_forward::primitive_desc re_pd_;
+  dnnl::primitive fwd_, bwd_, re_;
   memory x_, y_, dy_, dx_, gamma_, beta_, mean_, var_, dgamma_, dbeta_, ws_, scratch_mem_;
   std::size_t ws_bytes_ = 0, scratch_ = 0;
   bool dnnl_bwd_;          // the backward on oneDNN too (at most 128 channels)

@@ -132,6 +132,14 @@ class CudaBatchNorm final : public BatchNormOp {
     SB_CUDA(cudaSetDevice(c_.device));
     SB_CUDA(cuda::launch_bn_forward_inference(view(x), view(y), gamma, beta, rm, rv, p_.eps, p_.relu, S(s)));
   }
+  // Our kernel, whichever ran the training forward: cuDNN has no call that applies saved statistics
+  // (its inference call takes a variance, and a ReLU only as a second pass). The factors go to the
+  // workspace, which holds C float4 (scratch_).
+  void forward_recompute(Stream& s, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
+                         const float* sm, const float* si, void* ws, const void*) override {
+    SB_CUDA(cudaSetDevice(c_.device));
+    SB_CUDA(cuda::launch_bn_forward_recompute(view(x), view(y), gamma, beta, sm, si, p_.relu, ws, S(s)));
+  }
   void backward(Stream& s, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                 const float* beta, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx,
                 void* ws, const void* reserve) override {

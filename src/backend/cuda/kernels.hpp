@@ -59,6 +59,10 @@ cudaError_t launch_bn_forward_training(View x, View y, const float* gamma, const
                                        double momentum, bool relu, void* scratch, cudaStream_t s);
 cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, const float* beta, const float* rmean,
                                         const float* rvar, double eps, bool relu, cudaStream_t s);
+// forward_training's y again from its saved mean and 1/sqrt(var + eps) (BatchNormOp::forward_recompute):
+// the factors into `scratch` (C float4), then the apply pass of the row path, else a generic kernel.
+cudaError_t launch_bn_forward_recompute(View x, View y, const float* gamma, const float* beta, const float* save_mean,
+                                        const float* save_invstd, bool relu, void* scratch, cudaStream_t s);
 cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* gamma, const float* save_mean,
                                const float* save_invstd, float* dgamma, float* dbeta, float beta_dx, bool relu,
                                void* scratch, cudaStream_t s);

@@ -54,6 +54,22 @@ __global__ void bn_infer_k(View x, View y, const float* gamma, const float* beta
   }
 }
 
+// The recompute's factors from the saved statistics, as bn_finalize_k's forward ones: a, beta, mean.
+__global__ void bn_saved_coef_k(const float* gamma, const float* beta, const float* smean, const float* sinvstd,
+                                long long C, float4* coef) {
+  const long long c = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (c < C)
+    coef[c] = make_float4(static_cast<float>(static_cast<double>(gamma[c]) * sinvstd[c]), beta[c], smean[c], 0.0f);
+}
+
+__global__ void bn_recompute_k(View x, View y, const float4* coef, bool relu, long long n) {
+  GRID_STRIDE(i, n) {
+    const float4 f = coef[(i / (x.h * x.w)) % x.c];
+    const float v = f.x * (ld(x, offset_of(x, i)) - f.z) + f.y;
+    st(y, offset_of(y, i), relu ? fmaxf(v, 0.0f) : v);
+  }
+}
+
 __global__ void bn_bwd_k(View x, View y, View dy, View dx, const float* gamma, const float* smean, const float* sinvstd,
                          float* dgamma, float* dbeta, float beta_dx, bool relu) {
   const long long c = blockIdx.x, M = x.n * x.h * x.w;
@@ -297,6 +313,21 @@ cudaError_t launch_bn_forward_inference(View x, View y, const float* gamma, cons
   cudaError_t err = cudaSuccess;
   if (launch_rows<kBnInfer>(a, v, 2, s, err)) return err;
   bn_infer_k<<<grid_for(numel(x)), kThreads, 0, s>>>(x, y, gamma, beta, rmean, rvar, eps, relu, numel(x));
+  return cudaGetLastError();
+}
+cudaError_t launch_bn_forward_recompute(View x, View y, const float* gamma, const float* beta, const float* save_mean,
+                                        const float* save_invstd, bool relu, void* scratch, cudaStream_t s) {
+  auto* coef = static_cast<float4*>(scratch);
+  bn_saved_coef_k<<<static_cast<unsigned>((x.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(gamma, beta, save_mean,
+                                                                                              save_invstd, x.c, coef);
+  RowArgs a{};
+  a.coef = coef;
+  a.relu = relu;
+  const View v[2] = {x, y};
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (numel(x) < (1LL << 31) && launch_rows<kBnApply>(a, v, 2, s, err)) return err;
+  bn_recompute_k<<<grid_for(numel(x)), kThreads, 0, s>>>(x, y, coef, relu, numel(x));
   return cudaGetLastError();
 }
 cudaError_t launch_bn_backward(View x, View y, View dy, View dx, const float* gamma, const float* save_mean,

@@ -21,11 +21,8 @@ void ConvBnReluLayer::declare(Uses& u, bool training) {
   u.forward(spec.relu ? "bn_relu_fwd" : "bn_fwd").reads(z, "z").writes(out).scratch(ws_fwd, "workspace");
   if (!training) return;
   u.writes(saved, "batch statistics").writes(bn_reserve, "bn reserve");
-  u.backward(spec.relu ? "bn_relu_bwd" : "bn_bwd")
-      .reads(z, "z")
-      .reads(out)
-      .reads_grad(out)
-      .reads(saved, "batch statistics");
+  u.backward(spec.relu ? "bn_relu_bwd" : "bn_bwd").reads(z, "z").reads_grad(out).reads(saved, "batch statistics");
+  if (spec.relu) u.reads(out);  // the ReLU's mask (without the ReLU no backend reads y)
   u.reads(bn_reserve, "bn reserve").writes(dz, "dz").scratch(ws_bwd, "backward workspace");
   u.backward("conv_bwd_filter").reads(x).reads(dz, "dz").scratch(ws_bwd, "backward workspace");
   if (u.needs_grad(x))
@@ -76,6 +73,21 @@ void ConvBnReluLayer::backward(Graph::Impl& g, Stream& s) {
     ProbeScope ps(g, s, "conv_bwd_data");
     conv->backward_data(s, dzt, g.wdata(w), g.values[in[0]].g, in_beta[0], ws_bwd.get());
   }
+}
+
+void ConvBnReluLayer::declare_recompute(Uses& u) {
+  u.backward(spec.relu ? "bn_relu_recompute" : "bn_recompute")
+      .reads(z, "z")
+      .reads(saved, "batch statistics")
+      .reads(bn_reserve, "bn reserve")
+      .writes(out)
+      .scratch(ws_bwd, "backward workspace");
+}
+
+void ConvBnReluLayer::recompute(Graph::Impl& g, Stream& s) {
+  ProbeScope ps(g, s, spec.relu ? "bn_relu_recompute" : "bn_recompute");
+  bn->forward_recompute(s, Tensor{z.get(), zdesc}, g.values[out].t, g.pdata(gamma), g.pdata(beta), saved.as<float>(),
+                        saved.as<float>() + cout, ws_bwd.get(), bn_reserve.get());
 }
 
 LayerInfo ConvBnReluLayer::info() const {

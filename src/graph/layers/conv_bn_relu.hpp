@@ -28,6 +28,9 @@ struct ConvBnReluLayer final : Layer {
   void plan(Graph::Impl& g) override;
   void forward(Graph::Impl& g, Stream& s, bool training) override;
   void backward(Graph::Impl& g, Stream& s) override;
+  bool recomputes_output() const override { return true; }
+  void declare_recompute(Uses& u) override;
+  void recompute(Graph::Impl& g, Stream& s) override;
   std::int64_t macs() const override { return mac_count; }
   bool probes_itself() const override { return true; }
   std::int64_t cin = 0, mac_count = 0;

@@ -33,6 +33,14 @@ struct Layer {
   virtual void plan(Graph::Impl&) = 0;
   virtual void forward(Graph::Impl&, Stream&, bool training) = 0;
   virtual void backward(Graph::Impl&, Stream&) = 0;
+  // Recomputation (GraphConfig::recompute): whether backward can make this layer's output again from
+  // what the layer keeps for its own backward anyway (conv_bn_relu: z and the batch statistics), so
+  // that the output need not live from the forward into the backward. Planning then frees it after
+  // its last forward reader and runs recompute() before the first backward piece that reads it;
+  // declare_recompute() declares that piece (Uses::backward, named as its ProbeScope).
+  virtual bool recomputes_output() const { return false; }
+  virtual void declare_recompute(Uses&) {}
+  virtual void recompute(Graph::Impl&, Stream&) {}
   // true: forward() and backward() open their own ProbeScopes, one per piece (conv_bn_relu);
   // otherwise the graph opens one around each call ("fwd", "bwd").
   virtual bool probes_itself() const { return false; }
