@@ -3,7 +3,9 @@
 build on a GPU machine), timed the same way stepbench times them (warm-up, then the median of N timed
 repetitions), so the two can be compared as a ratio in the same run. Prints one JSON object on its
 last line: {"phase": median_ms, ..., "timing": "cuda events" | "host"}; on CUDA the medians are
-device time between events (as stepbench's), and "host_ms" holds the host wall times.
+device time between events (as stepbench's), and "host_ms" holds the host wall times. "memory" has
+the process's resident memory before the model was built and its peak over the phases (and on CUDA
+torch.cuda.max_memory_allocated), for stepbench's memory line.
 
   bench/torch_peer.py --model inception_v3 --batch-size 8 --image-size 299 --format nchw
   bench/torch_peer.py --model resnet50 --batch-size 32 --image-size 224 --format nhwc
@@ -79,6 +81,7 @@ def main():
         print(f"the peer runs --precision {args.precision} on CUDA only", file=sys.stderr)
         sys.exit(2)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    baseline_rss = proc_status_bytes("VmRSS")  # before the model: torch imported, nothing built
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
         model = Tiny(dropout=args.dropout)
@@ -165,6 +168,11 @@ def main():
             ms.append(a.elapsed_time(b) / n if dev.type == "cuda" else hs[-1])
         out[name] = statistics.median(ms)
         host[name] = statistics.median(hs)
+    # the process's resident peak over the phases (before the profiled steps, whose records add to
+    # it), and on CUDA the caching allocator's peak of allocated bytes
+    out["memory"] = {"baseline_rss_bytes": baseline_rss, "peak_rss_bytes": proc_status_bytes("VmHWM")}
+    if dev.type == "cuda":
+        out["memory"]["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
     if args.layer_times:
         out["layers"] = layer_times(model, step, sync, args.layer_times, args.model)
     out["timing"] = "cuda events" if dev.type == "cuda" else "host"
@@ -190,6 +198,18 @@ def main():
     out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
+
+
+def proc_status_bytes(field):
+    """VmRSS (resident now) or VmHWM (its high-water mark) of this process in bytes; 0 without /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 # the aten ops of the functional pools inside torchvision's Inception blocks, and stepbench's names

@@ -3,8 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace stepbench {
 
@@ -19,6 +25,23 @@ ResidentMemory resident_memory() {
     if (key == "VmHWM:" && f >> kb >> unit) r.peak = kb * 1024;
   }
   return r;
+}
+
+std::size_t resident_bytes(const void* p, std::size_t n) {
+  const long page = sysconf(_SC_PAGESIZE);
+  if (!p || n == 0 || page <= 0) return 0;
+  const auto ps = static_cast<std::uintptr_t>(page);
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p), first = a / ps * ps, end = a + n;
+  std::vector<unsigned char> v((end - first + ps - 1) / ps);
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the page the range starts in, as mincore wants it
+  if (mincore(reinterpret_cast<void*>(first), end - first, v.data()) != 0) return 0;
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!(v[i] & 1)) continue;
+    const std::uintptr_t lo = std::max(a, first + i * ps), hi = std::min(end, first + (i + 1) * ps);
+    bytes += hi - lo;
+  }
+  return bytes;
 }
 
 MemoryReport memory_report(const Towers& t, const ResidentMemory& before) {
@@ -36,7 +59,12 @@ MemoryReport memory_report(const Towers& t, const ResidentMemory& before) {
     const PlanStep& st = p.steps[static_cast<std::size_t>(s)];
     m.where[i] = st.label.empty() ? st.part : st.label + " " + st.part;
   }
+  for (const auto& b : p.buffers)
+    if (b.recomputed) m.recomputed += b.bytes, ++m.recomputed_buffers;
   m.host = t.backend(0).name() == "cpu";
+  if (m.host)
+    for (int i = 0; i < t.size(); ++i)
+      m.arena_resident += resident_bytes(t.graph(i).arena_data(), t.graph(i).device_bytes());
   m.before = before;
   m.after = resident_memory();
   return m;
@@ -64,16 +92,39 @@ std::string memory_lines(const MemoryReport& m) {
   for (const auto& p : m.peaks)
     if (p.step >= 0 && p.phase != top.phase)
       phases += fmt::format("{}{} {}", phases.empty() ? "" : ", ", to_string(p.phase), bytes(p.bytes));
-  std::string s = fmt::format("memory plan{}: peak {} in {} ({}); {}; arena {} ({} without sharing)\n",
-                              m.towers > 1 ? " (per tower)" : "", bytes(top.bytes), to_string(top.phase), parts, phases,
-                              bytes(m.arena), bytes(m.unshared));
+  std::string s = fmt::format(
+      "memory plan{}: peak {} in {} ({}); {}; arena {} ({} without sharing{})\n", m.towers > 1 ? " (per tower)" : "",
+      bytes(top.bytes), to_string(top.phase), parts, phases, bytes(m.arena), bytes(m.unshared),
+      m.recomputed_buffers ? fmt::format("; {} outputs, {}, recomputed in backward: --recompute off keeps them",
+                                         m.recomputed_buffers, bytes(m.recomputed))
+                           : "");
   if (m.host && m.after.peak > 0) {
     const std::size_t above = m.after.peak > m.before.now ? m.after.peak - m.before.now : 0;
+    const std::size_t planned = m.arena * static_cast<std::size_t>(m.towers);
     s += fmt::format(
         "resident memory: peak {}, {} above the {} before the towers were built; the plan's arenas ({} x {}) are "
-        "{:.0f}% of that\n",
+        "{:.0f}% of that{}\n",
         bytes(m.after.peak), bytes(above), bytes(m.before.now), m.towers, bytes(m.arena),
-        above ? 100.0 * static_cast<double>(m.arena) * m.towers / static_cast<double>(above) : 0.0);
+        above ? 100.0 * static_cast<double>(planned) / static_cast<double>(above) : 0.0,
+        m.arena_resident
+            ? fmt::format(" (resident: {} of their pages), the rest, at most {}, outside the plan "
+                          "(oneDNN's kernels, threads, the input batch)",
+                          bytes(m.arena_resident), bytes(above > m.arena_resident ? above - m.arena_resident : 0))
+            : "");
+  }
+  if (m.towers == 1 && m.host && m.peer_peak > 0 && m.after.peak > 0) {
+    const std::size_t above = m.after.peak > m.before.now ? m.after.peak - m.before.now : 0;
+    const std::size_t peer_above = m.peer_peak > m.peer_baseline ? m.peer_peak - m.peer_baseline : 0;
+    s += fmt::format(
+        "against PyTorch {}: the process's peak {} to its {}, {:.2f}x; above what each held before its model was "
+        "built, {} to {}, {:.2f}x\n",
+        m.peer_torch, bytes(m.after.peak), bytes(m.peer_peak),
+        static_cast<double>(m.after.peak) / static_cast<double>(m.peer_peak), bytes(above), bytes(peer_above),
+        peer_above ? static_cast<double>(above) / static_cast<double>(peer_above) : 0.0);
+  } else if (m.towers == 1 && !m.host && m.peer_cuda > 0) {
+    s += fmt::format("against PyTorch {}: the plan's arena {} to torch.cuda.max_memory_allocated {}, {:.2f}x\n",
+                     m.peer_torch, bytes(m.arena), bytes(m.peer_cuda),
+                     static_cast<double>(m.arena) / static_cast<double>(m.peer_cuda));
   }
   return s;
 }
@@ -96,7 +147,18 @@ nlohmann::json memory_json(const MemoryReport& m) {
                    {"unshared_bytes", m.unshared},
                    {"persistent_bytes", m.persistent},
                    {"phases", phases}};
-  if (m.host && m.after.peak > 0) j["resident"] = {{"before_towers_bytes", m.before.now}, {"peak_bytes", m.after.peak}};
+  j["recomputed_bytes"] = m.recomputed;
+  j["recomputed_buffers"] = m.recomputed_buffers;
+  if (m.host && m.after.peak > 0)
+    j["resident"] = {{"before_towers_bytes", m.before.now},
+                     {"peak_bytes", m.after.peak},
+                     {"arena_resident_bytes", m.arena_resident}};
+  if (m.peer_peak > 0 || m.peer_cuda > 0) {
+    j["peer"] = {{"torch", m.peer_torch},
+                 {"baseline_rss_bytes", m.peer_baseline},
+                 {"peak_rss_bytes", m.peer_peak},
+                 {"cuda_max_allocated_bytes", m.peer_cuda}};
+  }
   return j;
 }
 

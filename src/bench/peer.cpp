@@ -166,6 +166,12 @@ PeerResult run_peer(const BenchConfig& c, const std::vector<std::string>& script
         out.layers[k] = {v.value("forward_ms", 0.0), v.value("backward_ms", 0.0)};
       out.layer_steps = layer_steps;
     }
+    if (j.contains("memory") && j["memory"].is_object()) {
+      const auto& m = j["memory"];
+      out.baseline_rss = m.value("baseline_rss_bytes", std::size_t{0});
+      out.peak_rss = m.value("peak_rss_bytes", std::size_t{0});
+      out.cuda_max_allocated = m.value("cuda_max_allocated_bytes", std::size_t{0});
+    }
     out.timing = j.value("timing", std::string("host"));
     out.settings = j.value("settings", std::string("not reported"));
     out.torch = j.value("torch", std::string("?"));

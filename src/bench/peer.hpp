@@ -1,6 +1,7 @@
 // --peer pytorch / pytorch-compile: the same phases timed by bench/torch_peer.py after stepbench,
 // for ratios.
 #pragma once
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ struct PeerResult {
   };
   std::map<std::string, LayerMs> layers;
   int layer_steps = 0;
+  // Its memory (0: not reported): the process's resident memory before the model was built and its
+  // peak over the phases, and on CUDA torch.cuda.max_memory_allocated.
+  std::size_t baseline_rss = 0, peak_rss = 0, cuda_max_allocated = 0;
   bool empty() const { return ms.empty(); }
 };
 

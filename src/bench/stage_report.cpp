@@ -103,7 +103,11 @@ void keep_run(Run& run, const Timings& t) {
 
 int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) {
   const BenchConfig& c = run.c;
-  const MemoryReport memory = memory_report(*run.towers, run.resident_before);
+  MemoryReport memory = memory_report(*run.towers, run.resident_before);
+  memory.peer_torch = peer.torch;
+  memory.peer_baseline = peer.baseline_rss;
+  memory.peer_peak = peer.peak_rss;
+  memory.peer_cuda = peer.cuda_max_allocated;
   add_json_section(run, t, "memory_plan", memory_json(memory));
   print_summary(c, *run.towers, *t.reporter, run.prefix, peer, *run.feeder, memory);
   if (p.stragglers) print_stragglers(std::cout, run, *p.stragglers);

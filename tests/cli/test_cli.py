@@ -375,6 +375,12 @@ class Json(unittest.TestCase):
         self.assertEqual(phases["update"]["by_kind"]["saved"], 0)
         self.assertLess(mem["arena_bytes"], mem["unshared_bytes"])
         self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
+        # every page of the arenas was touched: their resident pages are the arenas' bytes
+        self.assertGreaterEqual(mem["resident"]["arena_resident_bytes"], 0.99 * 2 * mem["arena_bytes"])
+        # the cpu's default: the conv + BN outputs recomputed in backward
+        self.assertEqual(ctx["recompute"], "on")
+        self.assertGreater(mem["recomputed_buffers"], 0)
+        self.assertGreater(mem["recomputed_bytes"], 0)
         self.assertRegex(out, r"memory plan \(per tower\): peak [0-9.]+ [KMG]iB in [a-z ]+ \(weights ")
         self.assertRegex(out, r"resident memory: peak [0-9.]+ [KMG]iB")
 
@@ -591,6 +597,15 @@ class Peer(unittest.TestCase):
             # 5e-4 ms, the ratio to 0.005
             q = mine / theirs
             self.assertAlmostEqual(ratio, q, delta=0.005 + q * (5e-4 / mine + 5e-4 / theirs) + 1e-9, msg=" ".join(row))
+        # memory beside the peer's: each process's resident peak, and above what it held before its model
+        m = re.search(r"against PyTorch \S+: the process's peak ([0-9.]+) ([KMG])iB to its ([0-9.]+) ([KMG])iB, "
+                      r"([0-9.]+)x; above what each held before its model was built, [0-9.]+ [KMG]iB to "
+                      r"[0-9.]+ [KMG]iB, ([0-9.]+)x", said)
+        self.assertTrue(m, said)
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        mine, theirs = float(m[1]) * unit[m[2]], float(m[3]) * unit[m[4]]
+        self.assertGreater(theirs, 100 << 20)  # torch alone holds more than that
+        self.assertAlmostEqual(float(m[5]), mine / theirs, delta=0.01 + 0.002 * mine / theirs)
 
     def test_layer_times_beside_the_peers_profiler(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
