@@ -15,12 +15,14 @@
 #include "tensor/error.hpp"
 
 #include "bench/layer_times.hpp"
+#include "bench/text.hpp"
 
 namespace stepbench {
 namespace {
 
 // What kind of work a piece is, for the summary's per-kind lines.
 std::string work_kind(const LayerTimes::Row& r) {
+  if (r.part.size() > 10 && r.part.compare(r.part.size() - 10, 10, "_recompute") == 0) return "batch norm recomputed";
   if (r.part.rfind("conv_", 0) == 0) return "convolution";
   if (r.part.rfind("bn_relu", 0) == 0) return "batch norm + ReLU";
   if (r.part.rfind("bn_", 0) == 0) return "batch norm";
@@ -28,9 +30,17 @@ std::string work_kind(const LayerTimes::Row& r) {
   if (r.kind == "pool") return "pooling";
   if (r.kind == "linear") return "fully connected";
   if (r.kind == "cross_entropy") return "loss";
-  if (r.kind == "graph") return "16-bit weight cast, gradient zeroing";
+  if (r.kind == "graph") return "weight cast, gradient zeroing";
   return r.kind;
 }
+
+constexpr int kLabel = 34;  // the tables' first column: with the others, 100 columns at most
+// A name in the first column, shortened at its start where it is longer ("...ch3x3dbl_3b").
+std::string cell(const std::string& name) {
+  return name.size() <= kLabel ? name : "..." + name.substr(name.size() - (kLabel - 3));
+}
+// A sentence of the section, wrapped at 100 columns under its first word.
+void say(const std::string& text) { std::cout << wrap(text, 4, kWidth, "  "); }
 
 std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}", 100.0 * part / whole) : "-"; }
 std::string ratio(double b, double f) { return f > 0 ? fmt::format("{:.2f}", b / f) : "-"; }
@@ -38,37 +48,38 @@ std::string ratio(double b, double f) { return f > 0 ? fmt::format("{:.2f}", b /
 }  // namespace
 
 void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
-  std::cout << fmt::format(
-      "\nlayer times: tower 0 inside the real step, medians of {} probed steps after the timed ones ({}; "
-      "--json has every piece)\n",
-      lt.steps, lt.clock);
-  std::cout << fmt::format(
-      "  probed step {:.3f} ms: forward {:.3f}, backward {:.3f} ({}x forward), grad_sync {:.3f}, update {:.3f}\n",
-      lt.step_ms, lt.forward_ms, lt.backward_ms, ratio(lt.backward_ms, lt.forward_ms), lt.sync_ms, lt.update_ms);
-  std::cout << fmt::format(
-      "  the pieces{} add up to {:.3f} ms, {}% of it; the remainder {:.3f} ms is launch gaps and synchronisation "
-      "(the {} between consecutive pieces: {:.3f} ms)\n",
+  std::cout << "\n"
+            << wrap(fmt::format("layer times: tower 0 inside the real step, medians of {} probed steps after the timed "
+                                "ones ({}; --json has every piece)",
+                                lt.steps, lt.clock),
+                    2);
+  say(fmt::format(
+      "probed step {:.3f} ms: forward {:.3f}, backward {:.3f} ({}x forward), grad_sync {:.3f}, update {:.3f}",
+      lt.step_ms, lt.forward_ms, lt.backward_ms, ratio(lt.backward_ms, lt.forward_ms), lt.sync_ms, lt.update_ms));
+  say(fmt::format(
+      "the pieces{} add up to {:.3f} ms, {}% of it; the remainder {:.3f} ms is launch gaps and synchronisation "
+      "(the {} between consecutive pieces: {:.3f} ms)",
       lt.towers_counted > 1
           ? fmt::format(" of all {} towers (on the CPU they run one after another)", lt.towers_counted)
           : "",
       lt.parts_ms, pct(lt.parts_ms, lt.step_ms), lt.remainder_ms,
-      lt.clock == "device events" ? "device idle" : "host's bookkeeping", lt.idle_ms);
+      lt.clock == "device events" ? "device idle" : "host's bookkeeping", lt.idle_ms));
   if (lt.kernels > 0) {
-    std::cout << fmt::format(
-        "  the device ({}: {} kernels, copies and sets per step) ran work {:.3f} of the {:.3f} ms from the first's "
+    std::string d = fmt::format(
+        "the device ({}: {} kernels, copies and sets per step) ran work {:.3f} of the {:.3f} ms from the first's "
         "start to the last's end ({}%); idle {:.3f} ms in {} gaps",
         lt.activity, lt.kernels, lt.busy_ms, lt.window_ms, pct(lt.busy_ms, lt.window_ms), lt.gap_ms, lt.gaps);
     if (!lt.largest_gaps.empty()) {
       const auto& g = lt.largest_gaps.front();
-      std::cout << fmt::format(", the largest {:.3f} ms between {} and {}", g.ms, g.after, g.before);
+      d += fmt::format(", the largest {:.3f} ms between {} and {}", g.ms, g.after, g.before);
     }
-    std::cout << "\n";
+    say(d);
   } else if (!lt.activity.empty()) {
-    std::cout << "  no kernel names: " << lt.activity << "\n";
+    say("no kernel names: " + lt.activity);
   }
   if (!std::isnan(timed_step_ms))
-    std::cout << fmt::format("  the timed step's median was {:.3f} ms: the probes' events and clock reads cost {}%\n",
-                             timed_step_ms, fmt::format("{:+.1f}", 100.0 * (lt.step_ms / timed_step_ms - 1)));
+    say(fmt::format("the timed step's median was {:.3f} ms: the probes' events and clock reads cost {}%", timed_step_ms,
+                    fmt::format("{:+.1f}", 100.0 * (lt.step_ms / timed_step_ms - 1))));
   struct Sum {
     double f = 0, b = 0, bd = 0, bf = 0, flops = 0, flop_ms = 0;
     std::string kind;
@@ -89,31 +100,33 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
     label[r.layer] = r.label;
     layers[r.layer].kind = r.kind;
   }
-  std::cout << fmt::format("  {:<38} {:>11} {:>12} {:>8} {:>10}\n", "by kind of work", "forward ms", "backward ms",
-                           "bwd/fwd", "% of step");
+  std::cout << fmt::format("  {:<{}} {:>11} {:>12} {:>8} {:>10}\n", "by kind of work", kLabel, "forward ms",
+                           "backward ms", "bwd/fwd", "% of step");
   for (const auto& k : kind_order) {
     const Sum& s = kinds[k];
-    std::cout << fmt::format(
-        "  {:<38} {:>11.3f} {:>12.3f} {:>8} {:>10}{}\n", k, s.f, s.b, ratio(s.b, s.f), pct(s.f + s.b, lt.step_ms),
-        k == "convolution" ? fmt::format("   (backward: data {:.3f}, filter {:.3f})", s.bd, s.bf) : "");
+    std::cout << fmt::format("  {:<{}} {:>11.3f} {:>12.3f} {:>8} {:>10}\n", cell(k), kLabel, s.f, s.b, ratio(s.b, s.f),
+                             pct(s.f + s.b, lt.step_ms));
+    if (k == "convolution")
+      std::cout << fmt::format("  {:<{}} {:>11} {:>12.3f}   data\n  {:<{}} {:>11} {:>12.3f}   filter\n", "", kLabel, "",
+                               s.bd, "", kLabel, "", s.bf);
   }
   for (const auto& [name, ms] :
        {std::pair<const char*, double>{"gradient sync (exposed)", lt.sync_ms}, {"update", lt.update_ms}})
-    std::cout << fmt::format("  {:<38} {:>11} {:>12.3f} {:>8} {:>10}\n", name, "", ms, "", pct(ms, lt.step_ms));
+    std::cout << fmt::format("  {:<{}} {:>11} {:>12.3f} {:>8} {:>10}\n", name, kLabel, "", ms, "", pct(ms, lt.step_ms));
   std::vector<int> idx;
   for (const auto& [i, s] : layers)
     if (i >= 0) idx.push_back(i);
   std::sort(idx.begin(), idx.end(),
             [&](int a, int b) { return layers[a].f + layers[a].b > layers[b].f + layers[b].b; });
   if (static_cast<int>(idx.size()) > top) idx.resize(static_cast<std::size_t>(top));
-  std::cout << fmt::format("  {:<38} {:>11} {:>12} {:>8} {:>10} {:>8}{}\n", fmt::format("top {} layers", idx.size()),
-                           "forward ms", "backward ms", "bwd/fwd", "% of step", "TFLOP/s",
+  std::cout << fmt::format("  {:<{}} {:>11} {:>12} {:>8} {:>10} {:>8}{}\n", fmt::format("top {} layers", idx.size()),
+                           kLabel, "forward ms", "backward ms", "bwd/fwd", "% of step", "TFLOP/s",
                            lt.peak_tflops > 0 ? fmt::format(" {:>9}", "% of peak") : "");
   for (int i : idx) {
     const Sum& s = layers[i];
     const double tf = s.flop_ms > 0 ? s.flops / (s.flop_ms * 1e9) : 0;
-    std::cout << fmt::format("  {:<38} {:>11.3f} {:>12.3f} {:>8} {:>10} {:>8}{}\n", label[i], s.f, s.b, ratio(s.b, s.f),
-                             pct(s.f + s.b, lt.step_ms), tf > 0 ? fmt::format("{:.3f}", tf) : "-",
+    std::cout << fmt::format("  {:<{}} {:>11.3f} {:>12.3f} {:>8} {:>10} {:>8}{}\n", cell(label[i]), kLabel, s.f, s.b,
+                             ratio(s.b, s.f), pct(s.f + s.b, lt.step_ms), tf > 0 ? fmt::format("{:.3f}", tf) : "-",
                              lt.peak_tflops > 0 ? fmt::format(" {:>9}", tf > 0 ? pct(tf, lt.peak_tflops) : "-") : "");
   }
   if (lt.row_kernels.empty()) return;
@@ -128,8 +141,9 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
     std::cout << fmt::format("    {}/{} ({}, {:.3f} ms):\n", r.label, r.part, r.pass, r.ms);
     for (std::size_t k = 0; k < std::min<std::size_t>(lt.row_kernels[best].size(), 3); ++k) {
       const auto& kr = lt.row_kernels[best][k];
+      constexpr std::size_t kName = kWidth - 20;  // after "      12345.678 123x "
       std::cout << fmt::format("      {:>8.3f} {:>3}x {}\n", kr.ms, kr.count,
-                               kr.name.size() > 110 ? kr.name.substr(0, 107) + "..." : kr.name);
+                               kr.name.size() > kName ? kr.name.substr(0, kName - 3) + "..." : kr.name);
     }
   }
 }

@@ -127,8 +127,12 @@ class LayerTimes(unittest.TestCase):
             self.assertIn("layer times: tower 0 inside the real step", out)
             self.assertIn("by kind of work", out)
             self.assertIn("top 12 layers", out)
-            self.assertRegex(out, r"convolution +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +\(backward: data [0-9.]+, "
-                                  r"filter [0-9.]+\)")
+            self.assertRegex(out, r"convolution +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n +[0-9.]+   data\n +[0-9.]+   filter\n")
+            # the cpu's default recomputes the conv + BN outputs in backward: pieces of their own
+            self.assertRegex(out, r"batch norm recomputed +0\.000 +[0-9.]+ ")
+            self.assertIn("bn_relu_recompute", {p["part"] for p in lt["pieces"] if p["pass"] == "backward"})
+            section = out[out.index("layer times:"):]
+            self.assertEqual([l for l in section.splitlines() if len(l) > 100], [], "wider than 100 columns")
 
     def test_the_section_joins_a_json_that_holds_nan(self):
         # Google Benchmark writes NaN for the cv of a counter that is 0 in every repetition (gap_ms of
