@@ -11,7 +11,8 @@
 #                             TF32 as stepbench, then torch.compile); images/s ratios against OUT/bench.json
 #                             or BENCH_JSON
 #   gpu-check.sh layers OUT   where the time goes: Inception-v3 bf16 NHWC, --layer-times and --trace (the
-#                             trace checked as the CPU test checks it), and a one-GPU --sweep-batch
+#                             trace checked as the CPU test checks it), a one-GPU --sweep-batch with
+#                             and without --recompute on, --peer pytorch (time and memory)
 #   gpu-check.sh input OUT    the input fixtures on the GPU: a JPEG folder decoded on the GPU (--decode gpu) and
 #                             on the CPU, each with --suggest, its record file, synthetic-host
 #   gpu-check.sh ranks OUT    several NCCL ranks (on one GPU: NCCL_HOSTID per process before NCCL 2.30):
@@ -421,6 +422,19 @@ PY
     echo "failed:"; tail -5 "$tmp/sweep.err"
   fi
   sed -n '/^sweep/,$p' "$tmp/sweep.txt" | head -25
+  echo "(the sweep took $((SECONDS - start)) s)"
+  # the conv + BN outputs recomputed in backward: the step's cost against the sweep above, and the
+  # largest batch with it (issue 39: at least 1.3x the batch without it)
+  start=$SECONDS
+  echo "== the same sweep with --recompute on"
+  if ! timeout 150 "$BIN/stepbench" --backend cuda --model inception_v3 --precision bf16 --format nhwc \
+      --sweep-gpus 1 --sweep-batch "$sweep" --warmup 3 --repetitions 3 --plan-cache "$tmp/plans.json" \
+      --recompute on --json "$tmp/sweep-recompute.json" \
+      > "$tmp/sweep-recompute.txt" 2> "$tmp/sweep-recompute.err"; then
+    rc=1
+    echo "failed:"; tail -5 "$tmp/sweep-recompute.err"
+  fi
+  sed -n '/^sweep/,$p' "$tmp/sweep-recompute.txt" | head -25
   echo "(the sweep took $((SECONDS - start)) s)"
   if [ "${STEPBENCH_CHECK_PEER:-1}" = 1 ]; then
     echo "== --peer pytorch from stepbench itself: bf16 nhwc batch $BATCH, forward and step"
