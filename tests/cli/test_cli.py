@@ -375,8 +375,10 @@ class Json(unittest.TestCase):
         self.assertEqual(phases["update"]["by_kind"]["saved"], 0)
         self.assertLess(mem["arena_bytes"], mem["unshared_bytes"])
         self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
-        # every page of the arenas was touched: their resident pages are the arenas' bytes
-        self.assertGreaterEqual(mem["resident"]["arena_resident_bytes"], 0.99 * 2 * mem["arena_bytes"])
+        # the arenas' pages are resident once the steps touched them (not every byte of a workspace is
+        # written: most, not all)
+        self.assertGreaterEqual(mem["resident"]["arena_resident_bytes"], 0.8 * 2 * mem["arena_bytes"])
+        self.assertLessEqual(mem["resident"]["arena_resident_bytes"], 2 * mem["arena_bytes"])
         # the cpu's default: the conv + BN outputs recomputed in backward
         self.assertEqual(ctx["recompute"], "on")
         self.assertGreater(mem["recomputed_buffers"], 0)

@@ -63,7 +63,9 @@ class DnnlBatchNorm final : public BatchNormOp {
   // measured: oneDNN's AVX-512 jit kernels (elsewhere, e.g. bnorm_tbb_jit:avx2 or ncsp, unmeasured)
   bool measured_faster() const {
     const std::string impl = fwd_pd_.impl_info_str();
-    return impl.rfind("bnorm_jit:avx512", 0) == 0 && std::string(bwd_pd_.impl_info_str()) == impl;
+    // the recompute (global statistics) on the same kernel too: then it gives the forward's bits
+    return impl.rfind("bnorm_jit:avx512", 0) == 0 && std::string(bwd_pd_.impl_info_str()) == impl &&
+           std::string(re_pd_.impl_info_str()) == impl;
   }
   std::unique_ptr<BatchNormOp> release_fallback() { return std::move(fallback_); }
   std::string implementation() const override {

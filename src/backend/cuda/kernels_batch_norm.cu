@@ -54,7 +54,8 @@ __global__ void bn_infer_k(View x, View y, const float* gamma, const float* beta
   }
 }
 
-// The recompute's factors from the saved statistics, as bn_finalize_k's forward ones: a, beta, mean.
+// The recompute's factors from the saved statistics, laid out as bn_finalize_k's forward ones (a, beta,
+// mean); a from the saved float invstd where the forward used the double one, so within a rounding of it.
 __global__ void bn_saved_coef_k(const float* gamma, const float* beta, const float* smean, const float* sinvstd,
                                 long long C, float4* coef) {
   const long long c = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
