@@ -4,18 +4,11 @@
 #include <cmath>
 
 #include "data/data.hpp"
+#include "data/random.hpp"
 
 namespace stepbench {
 
 namespace {
-
-std::uint64_t splitmix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-double uniform(std::uint64_t& s) { return static_cast<double>(splitmix(s) >> 11) * 0x1.0p-53; }
 
 // One axis of the resize: R outputs from L inputs, output i at position i + off of a virtual
 // length Lv (the centred window of the scaled axis). A triangle filter as wide as the scale when

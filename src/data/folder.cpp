@@ -9,22 +9,11 @@
 #include <fstream>
 
 #include "data/data.hpp"
+#include "data/random.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench {
 namespace fs = std::filesystem;
-
-namespace {
-
-std::uint64_t splitmix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-double uniform(std::uint64_t& s) { return static_cast<double>(splitmix(s) >> 11) * 0x1.0p-53; }
-
-}  // namespace
 
 ImageFolder scan_image_folder(const std::string& dir) {
   std::error_code ec;

@@ -1,6 +1,7 @@
 // The convolution plan cache (src/backend/plan_cache.*): what its key tells apart, how towers
 // searching at once agree, and its file (round trip, a missing file, damaged files as usage errors).
 #include "backend/plan_cache.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -79,19 +80,8 @@ TEST(PlanCache, TowersPlanningAtOnceAllRunOnePlan) {
   for (const auto& g : got) EXPECT_EQ(g, got[0]);
 }
 
-struct TempDir {
-  fs::path p = fs::temp_directory_path() / ("stepbench_plans_" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(p); }
-  ~TempDir() { fs::remove_all(p); }
-  std::string file(const std::string& name, const std::string& text = "") const {
-    const auto f = p / name;
-    if (!text.empty()) std::ofstream(f) << text;
-    return f.string();
-  }
-};
-
 TEST(PlanCache, AFileKeepsEveryPlanBetweenRuns) {
-  TempDir d;
+  test::TempDir d("plans");
   const std::string f = d.file("plans.json");
   ConvPlanCache first;
   first.load(f);  // not there yet: empty, and this run writes it
@@ -123,7 +113,7 @@ TEST(PlanCache, AFileKeepsEveryPlanBetweenRuns) {
 }
 
 TEST(PlanCache, ADamagedFileIsAUsageErrorNamingIt) {
-  TempDir d;
+  test::TempDir d("plans");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"not json", "{\"format\": "},
       {"an array", "[1, 2]"},
@@ -162,7 +152,7 @@ TEST(PlanCache, ADamagedFileIsAUsageErrorNamingIt) {
 }
 
 TEST(PlanCache, AFileThatCannotBeReadIsAUsageErrorNotAnEmptyCache) {
-  TempDir d;
+  test::TempDir d("plans");
   ConvPlanCache c;
   EXPECT_THROW(c.load(d.p.string()), UsageError);  // a directory: there, but not readable as a file
 }

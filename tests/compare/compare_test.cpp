@@ -10,6 +10,7 @@
 
 #include "compare/compare.hpp"
 #include "compare/stats.hpp"
+#include "support/temp_dir.hpp"
 
 namespace stepbench::compare {
 namespace {
@@ -274,21 +275,8 @@ TEST(CompareGate, NamesTheLayerAndDirectionThatMoved) {
   EXPECT_NE(format_json(rep).find("\"direction\": \"backward filter\""), std::string::npos);
 }
 
-struct TempDir {
-  std::filesystem::path p = std::filesystem::temp_directory_path() / ("stepbench-compare-" + std::to_string(getpid()));
-  TempDir() { std::filesystem::create_directories(p); }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(p, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(p / name) << text;
-    return (p / name).string();
-  }
-};
-
 TEST(CompareFiles, ReadsIterationsAcrossUnitsAndRefusesWhatIsNotARun) {
-  TempDir d;
+  test::TempDir d("compare");
   const std::string f = d.write("run.json", R"({"context": {"device": "x", "host_name": "h"},
     "benchmarks": [
       {"name": "m/step/repeats:2/manual_time", "run_name": "m/step/repeats:2/manual_time", "run_type": "iteration",
@@ -331,7 +319,7 @@ TEST(CompareFiles, ReadsIterationsAcrossUnitsAndRefusesWhatIsNotARun) {
 }
 
 TEST(CompareFiles, HistoryPoolsTheLastMatchingRunsOfOtherRevisions) {
-  TempDir d;
+  test::TempDir d("compare");
   std::mt19937_64 rng(9);
   std::string lines;
   for (int i = 0; i < 4; ++i) {

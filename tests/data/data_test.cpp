@@ -8,25 +8,12 @@
 #include <fstream>
 
 #include "data/data.hpp"
+#include "support/temp_dir.hpp"
 #include "support/test_util.hpp"
 
 namespace stepbench {
 namespace {
 namespace fs = std::filesystem;
-
-struct TempDir {
-  fs::path p;
-  TempDir() {
-    p = fs::temp_directory_path() / fmt::format("stepbench-data-{}-{}", ::getpid(), counter()++);
-    fs::create_directories(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::string str() const { return p.string(); }
-};
 
 void write_solid_jpeg(const fs::path& path, int w, int h, unsigned char r, unsigned char g, unsigned char b) {
   std::vector<unsigned char> rgb(static_cast<std::size_t>(w) * h * 3);
@@ -45,7 +32,7 @@ void write_solid_jpeg(const fs::path& path, int w, int h, unsigned char r, unsig
 }
 
 TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {
-  TempDir d;
+  test::TempDir d("data");
   EXPECT_EQ(make_dataset(d.str(), 10, 3, 50, 40), 10u);
   const auto f = scan_image_folder(d.str());
   EXPECT_EQ(f.files.size(), 10u);
@@ -57,7 +44,7 @@ TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {
 }
 
 TEST(Data, MissingOrEmptyFoldersAreUsageErrors) {
-  TempDir d;
+  test::TempDir d("data");
   EXPECT_THROW(scan_image_folder(d.str() + "/nope"), UsageError);
   EXPECT_THROW(scan_image_folder(d.str()), UsageError);  // empty
   fs::create_directories(d.p / "cls");
@@ -71,7 +58,7 @@ TEST(Data, MissingOrEmptyFoldersAreUsageErrors) {
 }
 
 TEST(Data, DecodeCropNormaliseGivesImageNetNormalisedValuesInEitherLayout) {
-  TempDir d;
+  test::TempDir d("data");
   const auto path = (d.p / "solid.jpg").string();
   write_solid_jpeg(path, 64, 48, 200, 100, 50);
   PipelineOptions o;
@@ -96,7 +83,7 @@ TEST(Data, DecodeCropNormaliseGivesImageNetNormalisedValuesInEitherLayout) {
 }
 
 TEST(Data, CropsAreRandomButSeeded) {
-  TempDir d;
+  test::TempDir d("data");
   make_dataset(d.str(), 1, 1, 120, 90);
   const auto f = scan_image_folder(d.str());
   PipelineOptions o;
@@ -111,7 +98,7 @@ TEST(Data, CropsAreRandomButSeeded) {
 }
 
 TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
-  TempDir d;
+  test::TempDir d("data");
   make_dataset(d.str(), 12, 2, 64, 48);
   std::ofstream(d.p / "class_0000" / "broken.jpg") << "this is not a jpeg";
   std::ofstream(d.p / "class_0001" / "empty.jpg");
@@ -143,7 +130,7 @@ TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
 }
 
 TEST(Data, AFolderOfOnlyCorruptFilesIsAnErrorNotAHang) {
-  TempDir d;
+  test::TempDir d("data");
   fs::create_directories(d.p / "a");
   for (int i = 0; i < 3; ++i) std::ofstream(d.p / "a" / fmt::format("x{}.jpg", i)) << "garbage";
   PipelineOptions o;
@@ -154,7 +141,7 @@ TEST(Data, AFolderOfOnlyCorruptFilesIsAnErrorNotAHang) {
 }
 
 TEST(Data, BadThreadCountsAreUsageErrors) {
-  TempDir d;
+  test::TempDir d("data");
   make_dataset(d.str(), 2, 1, 32, 32);
   PipelineOptions o;
   o.threads = 0;

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "data/data.hpp"
+#include "support/temp_dir.hpp"
 
 namespace stepbench {
 namespace {
@@ -204,14 +205,8 @@ TEST(Png, DamagedAndTruncatedFilesDecodeOrSayWhyNeverCrash) {
   EXPECT_FALSE(why.empty());
 }
 
-struct TempDir {
-  fs::path p = fs::temp_directory_path() / fmt::format("stepbench-png-{}", ::getpid());
-  TempDir() { fs::create_directories(p); }
-  ~TempDir() { fs::remove_all(p); }
-};
-
 TEST(Png, FoldersMixJpegAndPngAndSkipDamagedPngs) {
-  TempDir d;
+  test::TempDir d("png");
   make_dataset((d.p / "a").string(), 6, 2, 40, 30, ImageFormat::png);
   make_dataset((d.p / "b").string(), 6, 2, 40, 30, ImageFormat::jpeg);
   for (const auto& e : fs::directory_iterator(d.p / "b" / "class_0000"))

@@ -12,17 +12,12 @@
 #include <fstream>
 
 #include "data/data.hpp"
+#include "support/temp_dir.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench {
 namespace {
 namespace fs = std::filesystem;
-
-struct TempDir {
-  fs::path p = fs::temp_directory_path() / fmt::format("stepbench-records-{}", ::getpid());
-  TempDir() { fs::create_directories(p); }
-  ~TempDir() { fs::remove_all(p); }
-};
 
 PipelineOptions options(Layout layout) {
   PipelineOptions o;
@@ -47,7 +42,7 @@ std::vector<std::vector<float>> batches(ImagePipeline& p, int n, std::vector<std
 }
 
 TEST(Records, CacheAndRecordsGiveThePlainPipelinesBatchesBitForBit) {
-  TempDir d;
+  test::TempDir d("records");
   make_dataset((d.p / "png").string(), 5, 2, 45, 33, ImageFormat::png);
   make_dataset((d.p / "png").string() + "/../jpg", 4, 2, 33, 45, ImageFormat::jpeg, 3);
   for (const auto& e : fs::recursive_directory_iterator(d.p / "jpg"))
@@ -89,7 +84,7 @@ TEST(Records, CacheAndRecordsGiveThePlainPipelinesBatchesBitForBit) {
 }
 
 TEST(Records, ACacheThatDoesNotFitIsRefusedAtStartWithItsBytes) {
-  TempDir d;
+  test::TempDir d("records");
   make_dataset(d.p.string(), 4, 1, 40, 30);
   PipelineOptions o = options(Layout::nchw);
   o.cache = InputCache::memory;
@@ -105,7 +100,7 @@ TEST(Records, ACacheThatDoesNotFitIsRefusedAtStartWithItsBytes) {
 }
 
 TEST(Records, DamagedTruncatedAndForeignFilesAreRefusedWithTheReason) {
-  TempDir d;
+  test::TempDir d("records");
   make_dataset((d.p / "ds").string(), 3, 1, 20, 20);
   const auto rec = (d.p / "r.records").string();
   write_records(scan_image_folder((d.p / "ds").string()), rec, 16, 1);
@@ -153,7 +148,7 @@ TEST(Records, DamagedTruncatedAndForeignFilesAreRefusedWithTheReason) {
 }
 
 TEST(Records, BadThreadCountsAreUsageErrorsBeforeTheCacheFills) {
-  TempDir d;
+  test::TempDir d("records");
   make_dataset(d.p.string(), 2, 1, 20, 20);
   for (int threads : {0, -3}) {
     PipelineOptions o = options(Layout::nchw);
@@ -164,7 +159,7 @@ TEST(Records, BadThreadCountsAreUsageErrorsBeforeTheCacheFills) {
 }
 
 TEST(Records, TheStageTimesAccountForTheThreadsTime) {
-  TempDir d;
+  test::TempDir d("records");
   make_dataset(d.p.string(), 24, 2, 160, 120, ImageFormat::png);
   PipelineOptions o = options(Layout::nchw);
   o.batch = 4;

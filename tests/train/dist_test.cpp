@@ -45,26 +45,26 @@ TowerOptions tiny(BackendKind backend, int towers, VariableUpdate mode, bool on_
   return o;
 }
 
-std::vector<float> params(const Towers& t, int i) {
+std::vector<float> tower_params(const Towers& t, int i) {
   std::vector<float> v(t.graph(i).param_arena_floats());
   t.backend(i).copy(t.stream(i), v.data(), t.graph(i).param_arena(), v.size() * sizeof(float));
   t.backend(i).synchronize(t.stream(i));
   return v;
 }
 
-struct Mode {
+struct DistMode {
   VariableUpdate update;
   bool on_host;  // --ps-device cpu
   std::string name() const { return fmt::format("{}{}", to_string(update), on_host ? " on the host" : ""); }
 };
-const Mode kModes[] = {{VariableUpdate::replicated, false},
-                       {VariableUpdate::parameter_server, false},
-                       {VariableUpdate::parameter_server, true}};
+const DistMode kModes[] = {{VariableUpdate::replicated, false},
+                           {VariableUpdate::parameter_server, false},
+                           {VariableUpdate::parameter_server, true}};
 
 TEST(Dist, TwoProcessesEqualTwoTowersInOneProcess) {
   const auto& pg = test_group();
   if (pg.size() != 2) GTEST_SKIP() << "run under a launcher with 2 processes (ctest: mpi.two_processes, dist.*)";
-  for (const Mode& m : kModes) {
+  for (const DistMode& m : kModes) {
     SCOPED_TRACE(m.name());
     auto dio = tiny(BackendKind::cpu, 1, m.update, m.on_host);
     dio.group = &test_group();
@@ -80,8 +80,8 @@ TEST(Dist, TwoProcessesEqualTwoTowersInOneProcess) {
     }
     dist.synchronize();
     local.synchronize();
-    EXPECT_EQ(params(dist, 0), params(local, pg.rank()));
-    EXPECT_EQ(params(local, 0), params(local, 1));
+    EXPECT_EQ(tower_params(dist, 0), tower_params(local, pg.rank()));
+    EXPECT_EQ(tower_params(local, 0), tower_params(local, 1));
   }
 }
 
@@ -111,13 +111,13 @@ TEST(Dist, NcclRanksEqualTheOracle) {
   for (const auto& v : share.env) setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
   if (pg.rank() == 0) std::printf("NCCL %s; %s\n", nccl_version_string().c_str(), share.how.c_str());
   struct Case {
-    Mode mode;
+    DistMode mode;
     bool overlap;
     Precision precision;
     bool graph;  // replayed from a CUDA Graph (the collective inside)
   };
   std::vector<Case> cases;
-  for (const Mode& m : kModes)
+  for (const DistMode& m : kModes)
     for (bool overlap : {true, false}) cases.push_back({m, overlap, Precision::fp32, false});
   cases.push_back({kModes[0], true, Precision::bf16, false});
   cases.push_back({kModes[1], true, Precision::bf16, false});
@@ -164,7 +164,7 @@ TEST(Dist, NcclRanksEqualTheOracle) {
     }
     g.synchronize();
     EXPECT_TRUE(test::params_within(g.graph(0), want)) << "rank " << pg.rank();
-    EXPECT_TRUE(every_rank_holds(pg, params(g, 0))) << "the ranks' parameters differ";
+    EXPECT_TRUE(every_rank_holds(pg, tower_params(g, 0))) << "the ranks' parameters differ";
     if (c.overlap && !c.mode.on_host) {
       EXPECT_GT(g.overlapped_buckets(), 0u);
     }

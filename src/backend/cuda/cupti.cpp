@@ -15,6 +15,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "backend/cuda/dl.hpp"
 #include "tensor/error.hpp"
 
 #if __has_include(<cupti.h>)
@@ -91,11 +92,6 @@ std::string err(const Api& a, CUptiResult r) {
   if (a.result_string != nullptr && a.result_string(r, &s) == CUPTI_SUCCESS && s != nullptr)
     return fmt::format("{} ({})", s, static_cast<int>(r));
   return fmt::format("CUPTI error {}", static_cast<int>(r));
-}
-
-template <class F>
-void resolve(void* lib, const char* name, F& f) {
-  f = reinterpret_cast<F>(dlsym(lib, name));
 }
 
 // Loads the library once; state().why says why not. Called with the mutex held.

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "backend/cuda/common.hpp"
+#include "backend/cuda/dl.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench::cuda {
@@ -67,11 +68,6 @@ struct NvJpeg {
   nvjpegStatus_t (*hw_info)(nvjpegHandle_t, unsigned*, unsigned*) = nullptr;                // engines, cores per engine
   std::string why;                                                                          // "" when loaded
 };
-
-template <class F>
-void resolve(void* lib, const char* name, F& f) {
-  f = reinterpret_cast<F>(dlsym(lib, name));
-}
 
 const NvJpeg& nvjpeg() {
   static NvJpeg api;

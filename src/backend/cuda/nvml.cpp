@@ -10,6 +10,8 @@
 #include <array>
 #include <utility>
 
+#include "backend/cuda/dl.hpp"
+
 namespace stepbench::cuda {
 namespace {
 
@@ -48,11 +50,6 @@ constexpr std::array<ReasonBit, 9> kReasons{{
 template <class F, class... A>
 bool ok(F f, A... args) {
   return f != nullptr && f(args...) == kNvmlSuccess;
-}
-
-template <class F>
-void resolve(void* lib, const char* name, F& f) {
-  f = reinterpret_cast<F>(dlsym(lib, name));
 }
 
 }  // namespace
