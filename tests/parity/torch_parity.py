@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Model parity: the same weights and input through torchvision's inception_v3 or resnet50 (PyTorch)
 and through `stepbench check`, in eval and train mode, NCHW and NHWC. Compares logits, aux logits,
-the loss and every parameter gradient by max|a - b| / max|b| per tensor.
+the loss and every parameter gradient by max|a - b| / max|b| per tensor. --also-isa SSE41:nhwc runs
+stepbench again under another oneDNN instruction set against the same reference.
 
 Exit 0 on agreement, 1 on a mismatch, 77 (skip) when PyTorch or torchvision is missing.
 Also usable by hand to check a user's own weights: see docs/usage.md ("Checking numerics against PyTorch")."""
@@ -106,6 +107,10 @@ def main():
     ap.add_argument("--max-grad-ratio", type=float, default=32.0,
                     help="no gradient's error above this many times PyTorch fp32's (a wrong gradient is orders of magnitude off)")
     ap.add_argument("--formats", default="nchw,nhwc")
+    ap.add_argument("--also-isa", default="", metavar="ISA:FORMATS",
+                    help="check these formats again with stepbench under ONEDNN_MAX_CPU_ISA=ISA (and its plain "
+                         "x86-64 kernels), against the same reference: e.g. SSE41:nhwc (the reference, minutes "
+                         "in float64, is computed once)")
     ap.add_argument("--strict-grads", action=argparse.BooleanOptionalAction, default=None,
                     help="every gradient within --noise-factor x its yardstick, as the outputs (default for the "
                          "well-conditioned tiny model)")
@@ -196,13 +201,19 @@ def main():
         if not err <= args.noise_factor * max(base, floor):
             failed.append(f"{name}: {err:.3g} (PyTorch fp32: {base:.3g})")
 
-    for fmt in args.formats.split(","):
+    runs = [("", fmt) for fmt in args.formats.split(",")]
+    if args.also_isa:
+        isa, _, fmts = args.also_isa.partition(":")
+        runs += [(isa, fmt) for fmt in (fmts or args.formats).split(",")]
+    for isa, run_fmt in runs:
+        fmt = f"{isa.lower()}:{run_fmt}" if isa else run_fmt  # how the rows name it
+        env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else None
         for mode in ("eval", "train"):
-            opath = os.path.join(tmp, f"{fmt}-{mode}.safetensors")
+            opath = os.path.join(tmp, f"{isa}{run_fmt}-{mode}.safetensors")
             cmd = [args.stepbench, "check", "--model", args.model, "--backend", "cpu", "--weights", wpath, "--input",
                    os.path.join(tmp, "x.npy"), "--labels", os.path.join(tmp, "y.npy"), "--mode", mode,
-                   "--format", fmt, "--output", opath]
-            subprocess.run(cmd, check=True)
+                   "--format", run_fmt, "--output", opath]
+            subprocess.run(cmd, check=True, env=env)
             got = read_safetensors(opath)
             if mode == "eval":
                 output(f"{fmt}/eval/logits", got["logits"], ref_eval, eval32, eval32)
