@@ -115,12 +115,17 @@ void check_fits(Graph::Impl& g, std::size_t need, bool estimate) {
   const double fixed = static_cast<double>(std::min(g.mem.persistent_bytes(), need));
   const double per_image = std::max(1.0, (static_cast<double>(need) - fixed) / static_cast<double>(g.cfg.batch));
   const auto fits = std::max<std::int64_t>(1, static_cast<std::int64_t>((usable - fixed) / per_image));
+  // where nothing is recomputed and something could be, the other way to fit
+  const bool could_recompute =
+      !recomputes(g.cfg.recompute, be.kind()) && g.cfg.sharing == BufferSharing::by_liveness &&
+      std::any_of(g.layers.begin(), g.layers.end(), [](const auto& l) { return l->recomputes_output(); });
   throw UsageError(fmt::format(
       "batch size {} needs {}{} bytes ({:.2f} GiB{}) of {} memory on {} and {} bytes ({:.2f} GiB) are available{}, of "
-      "which planning uses {:.0f}%; use --batch-size {} or less",
+      "which planning uses {:.0f}%; use --batch-size {} or less{}",
       g.cfg.batch, estimate ? "at least " : "", need, static_cast<double>(need) / 1073741824.0,
       estimate ? ": the plan's peak before the ops' workspace and reserves" : ": the plan's arena", be.name(),
-      be.device_name(), have, static_cast<double>(have) / 1073741824.0, limit_note(be), 100 * kUsable, fits));
+      be.device_name(), have, static_cast<double>(have) / 1073741824.0, limit_note(be), 100 * kUsable, fits,
+      could_recompute ? ", or --recompute on (the conv + BN outputs made again in backward, not kept)" : ""));
 }
 
 // Walking backward, the gradients of every layer from the last down to this one are final: with

@@ -325,14 +325,16 @@ class Projection(unittest.TestCase):
         # against the measured towers: CPU towers share one host's caches, which the model (N x one tower + the
         # sync) leaves out, so the measured steps only ever run above it: 5-12% at 2 and 4 towers on two EPYCs,
         # then 8% at 2 and 19% at 4 in one CI run (its scaling check, errors at 2 and 4 within 5% of each other,
-        # failed twice in a row there). So the error is held to a one-sided band, -30% to +10%, at each count: a
-        # model that dropped the N x (-50% at 2, -75% at 4) or counted a tower twice (+100%) misses it
+        # failed twice in a row there), and on a 2-vCPU Sapphire Rapids VM errors of -14% at 2 towers and +18% at 4
+        # in both tries of one CI run (2026-11-28; alone, -4% to -19% in seven runs). So the error is held
+        # to a band, -30% to +25%, at each count: a model that dropped the N x (-50% at 2, -75% at 4) or counted a
+        # tower twice (+100%) misses it
         err = {g: points[g]["step_ms"] / measured[g] - 1 for g in (2, 4)}
         why = "; ".join(f"{g} towers: projected {points[g]['step_ms']:.3f} ms, measured {measured[g]:.3f} ms "
                         f"({err[g]:+.1%})" for g in (2, 4)) + f" (link {gbps:.3g} Gb/s, {us:.3g} us)\n{out}"
         for g in (2, 4):
             self.assertGreater(err[g], -0.30, why)
-            self.assertLess(err[g], 0.10, why)
+            self.assertLess(err[g], 0.25, why)
         self.assertGreater(points[64]["step_ms"], points[4]["step_ms"])
         self.assertIn("projection from one GPU's measured step", out)
         self.assertRegex(out, r"\n +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+% +host +[0-9.]+ +[-+][0-9.]+%\n")

@@ -103,6 +103,7 @@ class Flags(unittest.TestCase):
         self.bad(["--batch-size", "eight"], "--batch-size")
         self.bad(["--warmup", "0"], "--warmup")
         self.bad(["--phases", "forward,sideways"], "--phases")
+        self.bad(["--recompute", "maybe"], "--recompute", "auto", "on", "off")
 
     def test_unknown_flags_and_google_benchmark_flags(self):
         self.bad(["--batchsize", "8"], "--batchsize")
@@ -120,6 +121,11 @@ class Flags(unittest.TestCase):
         self.bad(["--backend", "cpu", "--model", "resnet50", "--image-size", "16"], "--image-size 16", "resnet50")
         self.bad(["--backend", "cpu", "--model", "resnet50", "--aux-logits", "on"], "--aux-logits", "resnet50 has none")
         self.bad(["--backend", "cpu", "--batch-size", "100000"], "batch size 100000", "GiB", "--batch-size")
+        # keeping every conv + BN output, the refusal names the other way to fit; recomputing, it does not
+        self.bad(["--backend", "cpu", "--batch-size", "100000", "--recompute", "off"], "--recompute on")
+        rc, _, err = run("--backend", "cpu", "--batch-size", "100000", "--list")
+        self.assertEqual(rc, 2, err)
+        self.assertNotIn("--recompute", err)
         self.bad(["--backend", "cpu", "--ps-device", "cpu"], "--ps-device cpu", "parameter_server")
         self.bad(["--ps-device", "gpu0"], "--ps-device", "device", "cpu")
         self.bad(["--sync-timeout-s", "-1"], "--sync-timeout-s")

@@ -368,7 +368,9 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
 
 // The step's timeline per tower: a tower held 40 ms at the start of its backward shows it there,
 // its buckets are ready after the other's (cpu towers run one after another) and the sync released
-// both after every bucket's sync ended.
+// both after every bucket's sync ended. Wall-clock: a loaded 2-core CI runner once stalled tower 0's
+// backward for 592 ms, so the delay must show on tower 1 and not on tower 0 in one of three steps
+// (held on the wrong tower, it would show in none).
 TEST(Towers, TimelinesShowADelayedTower) {
   auto o = tiny(2, VariableUpdate::replicated, 16384);
   Towers t(o);
@@ -376,10 +378,15 @@ TEST(Towers, TimelinesShowADelayedTower) {
   t.step();  // warm
   t.set_step_timing(true);
   t.set_delay(1, 40);
-  t.step();
-  t.synchronize();
-  const auto a = t.timeline(0), b = t.timeline(1);
-  EXPECT_GE(b.backward_ms, 40.0);
+  Towers::Timeline a, b;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    t.step();
+    t.synchronize();
+    a = t.timeline(0);
+    b = t.timeline(1);
+    EXPECT_GE(b.backward_ms, 40.0);  // a delay is never shorter than asked
+    if (a.backward_ms < b.backward_ms - 30) break;
+  }
   EXPECT_LT(a.backward_ms, b.backward_ms - 30);
   EXPECT_GT(b.begin_ms, a.begin_ms);  // after tower 0's forward
   ASSERT_EQ(a.ready_ms.size(), t.bucket_count());
