@@ -2,6 +2,8 @@
 # The habits CI keeps (scripts/test.sh runs this after the build):
 #   - layers: no include with "..", which would get around the per-layer include roots
 #     (cmake/StepbenchLayer.cmake); no file in src/ over 450 lines; no getenv/exit in the library;
+#   - unity builds: no name defined in the anonymous namespaces of two files of one target
+#     (scripts/unity-names.py);
 #   - format: clang-format --dry-run --Werror over src/ and tests/ (.clang-format);
 #   - clang-tidy over every C++ file of src/ with the build's compile_commands.json (.clang-tidy),
 #     no findings allowed.
@@ -27,6 +29,11 @@ if grep -rnE '\b(getenv|exit|_Exit|quick_exit)\s*\(' src --include='*.cpp' --inc
   echo "lint: environment reads or exit() in the library; read it in src/cli and pass it down" >&2
   fail=1
 fi
+# a name in two files' anonymous namespaces of one target breaks the unity builds (scripts/sanitize.sh)
+if ! python3 scripts/unity-names.py .; then
+  echo "lint: names defined twice in one target's anonymous namespaces (above)" >&2
+  fail=1
+fi
 
 mapfile -t fmt_files < <(find src tests include -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 if ! clang-format --dry-run --Werror "${fmt_files[@]}"; then
@@ -39,5 +46,5 @@ if ! printf '%s\n' "${tidy_files[@]}" | xargs -P "$(nproc)" -n 4 clang-tidy -p "
   echo "lint: clang-tidy findings above (.clang-tidy lists the checks)" >&2
   fail=1
 fi
-[ $fail -eq 0 ] && echo "lint: ok (layers, format, clang-tidy)"
+[ $fail -eq 0 ] && echo "lint: ok (layers, unity names, format, clang-tidy)"
 exit $fail

@@ -18,7 +18,7 @@ std::string kind_name(const std::string& kind) {
   if (kind == "linear") return "fully connected";
   return kind;
 }
-std::string ratio(double a, double b) { return b > 0 ? fmt::format("{:.2f}", a / b) : "-"; }
+std::string peer_ratio(double a, double b) { return b > 0 ? fmt::format("{:.2f}", a / b) : "-"; }
 
 }  // namespace
 
@@ -66,8 +66,8 @@ void print_peer_layers(const std::vector<PeerLayer>& rows, const PeerResult& pee
   };
   const auto line = [](const std::string& name, const PeerLayer& s) {
     return fmt::format("  {:<32} {:>9.3f} {:>9.3f} {:>6} {:>9.3f} {:>9.3f} {:>6} {:>+9.3f}\n", name, s.forward_ms,
-                       s.peer_forward_ms, ratio(s.forward_ms, s.peer_forward_ms), s.backward_ms, s.peer_backward_ms,
-                       ratio(s.backward_ms, s.peer_backward_ms), s.gap_ms());
+                       s.peer_forward_ms, peer_ratio(s.forward_ms, s.peer_forward_ms), s.backward_ms,
+                       s.peer_backward_ms, peer_ratio(s.backward_ms, s.peer_backward_ms), s.gap_ms());
   };
   std::vector<std::string> order;
   std::map<std::string, PeerLayer> kinds;

@@ -14,7 +14,7 @@ namespace stepbench::cli {
 namespace {
 
 template <class T>
-bool parse_number(std::string_view s, T& v) {
+bool parse_slow_number(std::string_view s, T& v) {
   const auto* end = s.data() + s.size();
   const auto [p, ec] = std::from_chars(s.data(), end, v);
   return ec == std::errc() && p == end;
@@ -46,7 +46,7 @@ void resolve_stragglers(Options& o) {
   if (ms) amount.remove_suffix(2);
   int t = -1;
   double v = 0;
-  if (!parse_number(tower, t) || t < 0 || !parse_number(amount, v) || !std::isfinite(v))
+  if (!parse_slow_number(tower, t) || t < 0 || !parse_slow_number(amount, v) || !std::isfinite(v))
     throw UsageError(
         fmt::format("--slow-tower {}: give TOWER:FACTOR (e.g. 1:1.5) or TOWER:Nms (e.g. 1:20ms), "
                     "TOWER counted over every process from 0",

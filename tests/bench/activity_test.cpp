@@ -15,7 +15,7 @@
 namespace stepbench {
 namespace {
 
-TowerOptions tiny() {
+TowerOptions tiny_towers() {
   TowerOptions o;
   o.backend = BackendKind::cpu;
   o.batch_per_tower = 4;
@@ -62,7 +62,7 @@ Laid lay(ProbedStep& st, const Towers& t) {
 }
 
 TEST(Activity, BusyIdleAndEachPiecesKernels) {
-  Towers t(tiny());
+  Towers t(tiny_towers());
   t.set_synthetic_batch(1);
   std::string note;
   auto steps = run_probed_steps(t, 3, true, &note);
@@ -101,7 +101,7 @@ TEST(Activity, BusyIdleAndEachPiecesKernels) {
 }
 
 TEST(Activity, TraceTracksPerStreamWithALaneForOverlaps) {
-  Towers t(tiny());
+  Towers t(tiny_towers());
   t.set_synthetic_batch(1);
   auto steps = run_probed_steps(t, 2);
   std::size_t records = 0;

@@ -24,18 +24,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Folder {
+struct SuggestFolder {
   fs::path dir;
   ImageFolder folder;
-  Folder(const char* tag, int images, ImageFormat format) {
+  SuggestFolder(const char* tag, int images, ImageFormat format) {
     dir = fs::temp_directory_path() / fmt::format("stepbench_suggest_{}_{}", tag, ::getpid());
     make_dataset(dir.string(), static_cast<std::size_t>(images), 2, 80, 60, format, 7);
     folder = scan_image_folder(dir.string());
   }
-  ~Folder() { fs::remove_all(dir); }
+  ~SuggestFolder() { fs::remove_all(dir); }
 };
 
-PipelineOptions options() {
+PipelineOptions suggest_options() {
   PipelineOptions o;
   o.batch = 4;
   o.image_size = 32;
@@ -103,13 +103,13 @@ const RemedyRow& find(const std::vector<RemedyRow>& rows, const std::string& nam
 }
 
 TEST(Suggest, AFolderGetsEveryRemedyAndTheDecodeGpuRowRunsTheDecoder) {
-  Folder f("jpeg", 40, ImageFormat::jpeg);
+  SuggestFolder f("jpeg", 40, ImageFormat::jpeg);
   auto be = make_backend(BackendOptions{});
   std::atomic<long> calls{0};
   const ImageDecoderMaker make = [&](const ImageDecodeParams& p) {
     return std::make_unique<CpuDecoder>(p, Layout::nchw, 3, &calls);
   };
-  const auto rows = run_suggest(options(), f.folder, nullptr, *be, make);
+  const auto rows = run_suggest(suggest_options(), f.folder, nullptr, *be, make);
   EXPECT_EQ(names(rows), (std::vector<std::string>{"as run", "--data-threads 2", "--cache memory",
                                                    "make-records, --data OUT.records", "--decode gpu"}));
   for (const auto& r : rows) EXPECT_GT(r.images_per_s, 0) << r.name << ": " << r.note;
@@ -120,18 +120,18 @@ TEST(Suggest, AFolderGetsEveryRemedyAndTheDecodeGpuRowRunsTheDecoder) {
   EXPECT_TRUE(find(rows, "--cache memory").applies);  // 40 small images fit
 
   // run with --cache memory: what excludes the cache says so, and a cache-limit the folder passes
-  PipelineOptions c = options();
+  PipelineOptions c = suggest_options();
   c.cache = InputCache::memory;
   const auto crows = run_suggest(c, f.folder, nullptr, *be, make);
   EXPECT_EQ(names(crows), (std::vector<std::string>{"as run (--cache memory)", "without the cache", "--data-threads 2",
                                                     "make-records, --data OUT.records (drop --cache)",
                                                     "--decode gpu (drop --cache)"}));
-  PipelineOptions small = options();
+  PipelineOptions small = suggest_options();
   small.cache_limit_bytes = 1024;
   EXPECT_FALSE(find(run_suggest(small, f.folder, nullptr, *be, make), "--cache memory").applies);
 
   // run with --decode gpu: as run on the device, twice the reading threads, the CPU's decode
-  PipelineOptions g = options();
+  PipelineOptions g = suggest_options();
   g.encoded = true;
   calls = 0;
   const auto grows = run_suggest(g, f.folder, nullptr, *be, make);
@@ -147,8 +147,8 @@ TEST(Suggest, AFolderGetsEveryRemedyAndTheDecodeGpuRowRunsTheDecoder) {
 TEST(Suggest, TheDecodeGpuRowSaysWhyWhereItCannotRun) {
   auto be = make_backend(BackendOptions{});
   {  // the cpu backend's own decoder: none
-    Folder f("cpu", 12, ImageFormat::jpeg);
-    const auto rows = run_suggest(options(), f.folder, nullptr, *be,
+    SuggestFolder f("cpu", 12, ImageFormat::jpeg);
+    const auto rows = run_suggest(suggest_options(), f.folder, nullptr, *be,
                                   [&](const ImageDecodeParams& p) { return be->make_image_decoder(p); });
     const RemedyRow& r = find(rows, "--decode gpu");
     EXPECT_EQ(r.images_per_s, 0);
@@ -156,9 +156,9 @@ TEST(Suggest, TheDecodeGpuRowSaysWhyWhereItCannotRun) {
     EXPECT_NE(r.note.find("--backend cuda"), std::string::npos) << r.note;
   }
   {  // PNG files: nvJPEG decodes JPEG only
-    Folder f("png", 12, ImageFormat::png);
+    SuggestFolder f("png", 12, ImageFormat::png);
     std::atomic<long> calls{0};
-    const auto rows = run_suggest(options(), f.folder, nullptr, *be, [&](const ImageDecodeParams& p) {
+    const auto rows = run_suggest(suggest_options(), f.folder, nullptr, *be, [&](const ImageDecodeParams& p) {
       return std::make_unique<CpuDecoder>(p, Layout::nchw, 0, &calls);
     });
     const RemedyRow& r = find(rows, "--decode gpu");
@@ -173,11 +173,11 @@ TEST(Suggest, TheDecodeGpuRowSaysWhyWhereItCannotRun) {
 // device refused (decoded on the CPU, transformed by the decoder); a file neither can decode is
 // counted as skipped and its slot zeroed.
 TEST(Suggest, DecodeOnDeviceGivesThePlainPipelinesBatch) {
-  Folder f("same", 16, ImageFormat::jpeg);
+  SuggestFolder f("same", 16, ImageFormat::jpeg);
   auto be = make_backend(BackendOptions{});
   auto stream = be->create_stream();
   for (Layout l : {Layout::nchw, Layout::nhwc}) {
-    PipelineOptions o = options();
+    PipelineOptions o = suggest_options();
     o.layout = l;
     ImagePipeline plain(f.folder, o);
     PipelineOptions e = o;

@@ -42,13 +42,13 @@ std::unique_ptr<Backend> gpu_or_skip(std::string& why) {
   return make_backend(test::gpu_options());
 }
 
-PipelineOptions options(Layout l) {
+PipelineOptions decode_options(Layout l) {
   PipelineOptions o;
   o.image_size = 64;
   o.layout = l;
   return o;
 }
-ImageDecodeParams params(const PipelineOptions& o, int batch, bool hardware = false) {
+ImageDecodeParams decode_params(const PipelineOptions& o, int batch, bool hardware = false) {
   ImageDecodeParams p;
   p.batch = batch;
   p.hardware = hardware;  // the GPU's JPEG engines where it has them; the hybrid backend by default here
@@ -109,7 +109,7 @@ TEST(GpuDecode, RefusedWithoutAGpuBackend) {
 TEST(GpuDecode, PngFoldersAndCachesAreRefused) {
   const auto dir = fs::temp_directory_path() / fmt::format("stepbench_gpudecode_png_{}", ::getpid());
   make_dataset(dir.string(), 4, 2, 40, 30, ImageFormat::png);
-  PipelineOptions o = options(Layout::nchw);
+  PipelineOptions o = decode_options(Layout::nchw);
   o.encoded = true;
   try {
     ImagePipeline p(scan_image_folder(dir.string()), o);
@@ -131,10 +131,10 @@ TEST(GpuDecode, TransformsEqualTheCpusBitForBit) {
     const auto files = read_all(f.folder);
     for (Layout l : {Layout::nchw, Layout::nhwc}) {
       SCOPED_TRACE(fmt::format("{}x{} {}", w, h, to_string(l)));
-      const PipelineOptions o = options(l);
+      const PipelineOptions o = decode_options(l);
       std::vector<ImageCrop> crops;
       const auto want = cpu_batch(files, o, crops);
-      auto dec = gpu->make_image_decoder(params(o, 4));
+      auto dec = gpu->make_image_decoder(decode_params(o, 4));
       std::vector<Image8> ims(files.size());
       std::vector<HostRgb> rgb;
       for (std::size_t i = 0; i < files.size(); ++i) {
@@ -173,11 +173,11 @@ TEST(GpuDecode, NvJpegAgainstLibjpegTurbo) {
   if (!gpu) GTEST_SKIP() << why;
   Folder f(8, 500, 375, 3);
   const auto files = read_all(f.folder);
-  const PipelineOptions o = options(Layout::nhwc);
+  const PipelineOptions o = decode_options(Layout::nhwc);
   std::vector<ImageCrop> crops;
   const auto want = cpu_batch(files, o, crops);
   for (bool hardware : {false, true}) {
-    auto dec = gpu->make_image_decoder(params(o, 8, hardware));
+    auto dec = gpu->make_image_decoder(decode_params(o, 8, hardware));
     Buffer out(*gpu, want.size() * sizeof(float));
     gpu->fill(gpu->default_stream(), out.as<float>(), NAN, want.size());
     std::vector<std::pair<const unsigned char*, std::size_t>> in;
@@ -231,11 +231,11 @@ TEST(GpuDecode, ADamagedFileIsNamedAndTheOthersDecode) {
   auto files = read_all(f.folder);
   auto bad = files[1];
   for (std::size_t k = bad.size() / 3; k < bad.size() - 2; ++k) bad[k] = static_cast<unsigned char>(k * 37);
-  const PipelineOptions o = options(Layout::nchw);
+  const PipelineOptions o = decode_options(Layout::nchw);
   std::vector<ImageCrop> crops;
   cpu_batch(files, o, crops);
   for (bool hardware : {false, true}) {
-    auto dec = gpu->make_image_decoder(params(o, 3, hardware));
+    auto dec = gpu->make_image_decoder(decode_params(o, 3, hardware));
     const std::size_t per = static_cast<std::size_t>(3 * o.image_size * o.image_size);
     auto run = [&](const std::vector<std::vector<unsigned char>>& v, std::vector<std::string>* errs) {
       Buffer out(*gpu, 3 * per * sizeof(float));
@@ -287,7 +287,7 @@ TEST(GpuDecode, ADamagedFileIsNamedAndTheOthersDecode) {
 // The pipeline with encoded batches: the files' bytes and the crops the plain pipeline draws.
 TEST(GpuDecode, EncodedBatchesCarryTheFilesAndThePlainPipelinesCrops) {
   Folder f(6, 120, 90, 9);
-  PipelineOptions o = options(Layout::nchw);
+  PipelineOptions o = decode_options(Layout::nchw);
   o.batch = 3;
   o.threads = 1;
   PipelineOptions e = o;

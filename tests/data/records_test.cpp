@@ -19,7 +19,7 @@ namespace stepbench {
 namespace {
 namespace fs = std::filesystem;
 
-PipelineOptions options(Layout layout) {
+PipelineOptions records_options(Layout layout) {
   PipelineOptions o;
   o.batch = 3;
   o.image_size = 24;
@@ -60,11 +60,11 @@ TEST(Records, CacheAndRecordsGiveThePlainPipelinesBatchesBitForBit) {
   EXPECT_EQ(records->classes(), f.classes);
   for (Layout layout : {Layout::nchw, Layout::nhwc}) {
     std::vector<std::int32_t> l_plain, l_cache, l_rec;
-    ImagePipeline plain(f, options(layout));
-    PipelineOptions oc = options(layout);
+    ImagePipeline plain(f, records_options(layout));
+    PipelineOptions oc = records_options(layout);
     oc.cache = InputCache::memory;
     ImagePipeline cached(f, oc);
-    ImagePipeline from_records(records, options(layout));
+    ImagePipeline from_records(records, records_options(layout));
     const auto a = batches(plain, 7, &l_plain);  // 21 images: more than two epochs
     const auto b = batches(cached, 7, &l_cache);
     const auto c = batches(from_records, 7, &l_rec);
@@ -76,7 +76,7 @@ TEST(Records, CacheAndRecordsGiveThePlainPipelinesBatchesBitForBit) {
     EXPECT_EQ(l_plain, l_cache);
     EXPECT_EQ(l_plain, l_rec);
     // and a different seed gives different crops
-    PipelineOptions o2 = options(layout);
+    PipelineOptions o2 = records_options(layout);
     o2.seed = 8;
     ImagePipeline other(f, o2);
     EXPECT_NE(batches(other, 1)[0], a[0]);
@@ -86,7 +86,7 @@ TEST(Records, CacheAndRecordsGiveThePlainPipelinesBatchesBitForBit) {
 TEST(Records, ACacheThatDoesNotFitIsRefusedAtStartWithItsBytes) {
   test::TempDir d("records");
   make_dataset(d.p.string(), 4, 1, 40, 30);
-  PipelineOptions o = options(Layout::nchw);
+  PipelineOptions o = records_options(Layout::nchw);
   o.cache = InputCache::memory;
   o.cache_limit_bytes = 1000;  // 4 x 27 x 27 x 3 = 8748 bytes needed
   try {
@@ -151,7 +151,7 @@ TEST(Records, BadThreadCountsAreUsageErrorsBeforeTheCacheFills) {
   test::TempDir d("records");
   make_dataset(d.p.string(), 2, 1, 20, 20);
   for (int threads : {0, -3}) {
-    PipelineOptions o = options(Layout::nchw);
+    PipelineOptions o = records_options(Layout::nchw);
     o.threads = threads;
     o.cache = InputCache::memory;
     EXPECT_THROW(ImagePipeline(scan_image_folder(d.p.string()), o), UsageError) << threads;
@@ -161,7 +161,7 @@ TEST(Records, BadThreadCountsAreUsageErrorsBeforeTheCacheFills) {
 TEST(Records, TheStageTimesAccountForTheThreadsTime) {
   test::TempDir d("records");
   make_dataset(d.p.string(), 24, 2, 160, 120, ImageFormat::png);
-  PipelineOptions o = options(Layout::nchw);
+  PipelineOptions o = records_options(Layout::nchw);
   o.batch = 4;
   o.image_size = 64;
   o.threads = 2;

@@ -30,7 +30,7 @@ ProcessGroup& test_group() {
   return *g;
 }
 
-TowerOptions tiny(BackendKind backend, int towers, VariableUpdate mode, bool on_host) {
+TowerOptions tiny_dist(BackendKind backend, int towers, VariableUpdate mode, bool on_host) {
   TowerOptions o;
   o.backend = backend;
   o.towers = towers;
@@ -66,10 +66,10 @@ TEST(Dist, TwoProcessesEqualTwoTowersInOneProcess) {
   if (pg.size() != 2) GTEST_SKIP() << "run under a launcher with 2 processes (ctest: mpi.two_processes, dist.*)";
   for (const DistMode& m : kModes) {
     SCOPED_TRACE(m.name());
-    auto dio = tiny(BackendKind::cpu, 1, m.update, m.on_host);
+    auto dio = tiny_dist(BackendKind::cpu, 1, m.update, m.on_host);
     dio.group = &test_group();
     Towers dist(dio);
-    Towers local(tiny(BackendKind::cpu, 2, m.update, m.on_host));
+    Towers local(tiny_dist(BackendKind::cpu, 2, m.update, m.on_host));
     EXPECT_EQ(dist.global_size(), 2);
     EXPECT_EQ(dist.sync_bytes(), local.sync_bytes());
     dist.set_synthetic_batch(77);  // process r gets the batch of tower r
@@ -126,7 +126,7 @@ TEST(Dist, NcclRanksEqualTheOracle) {
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{}, overlap {}, {}{}", c.mode.name(), c.overlap ? "on" : "off", to_string(c.precision),
                              c.graph ? ", CUDA Graph" : ""));
-    auto o = tiny(BackendKind::cuda, 1, c.mode.update, c.mode.on_host);
+    auto o = tiny_dist(BackendKind::cuda, 1, c.mode.update, c.mode.on_host);
     o.layout = Layout::nhwc;
     o.precision = c.precision;
     o.overlap = c.overlap;
@@ -137,7 +137,7 @@ TEST(Dist, NcclRanksEqualTheOracle) {
     Towers g(o);
     g.set_synthetic_batch(3);
     // every rank's batch, as towers in one process draw them (tower r = rank r), in NCHW fp32
-    auto co = tiny(BackendKind::cpu, pg.size(), c.mode.update, c.mode.on_host);
+    auto co = tiny_dist(BackendKind::cpu, pg.size(), c.mode.update, c.mode.on_host);
     Towers h(co);
     h.set_synthetic_batch(3);
     const test::ChainOracle base(g.graph(0));  // this rank's structure, dtype and parameters
