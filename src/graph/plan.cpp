@@ -125,7 +125,9 @@ void check_fits(Graph::Impl& g, std::size_t need, bool estimate) {
       g.cfg.batch, estimate ? "at least " : "", need, static_cast<double>(need) / 1073741824.0,
       estimate ? ": the plan's peak before the ops' workspace and reserves" : ": the plan's arena", be.name(),
       be.device_name(), have, static_cast<double>(have) / 1073741824.0, limit_note(be), 100 * kUsable, fits,
-      could_recompute ? ", or --recompute on (the conv + BN outputs made again in backward, not kept)" : ""));
+      could_recompute ? ", or try --recompute on (less memory per image: the conv + BN outputs made again in backward, "
+                        "not kept)"
+                      : ""));
 }
 
 // Walking backward, the gradients of every layer from the last down to this one are final: with

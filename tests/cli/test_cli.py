@@ -103,7 +103,7 @@ class Flags(unittest.TestCase):
         self.bad(["--batch-size", "eight"], "--batch-size")
         self.bad(["--warmup", "0"], "--warmup")
         self.bad(["--phases", "forward,sideways"], "--phases")
-        self.bad(["--recompute", "maybe"], "--recompute", "auto", "on", "off")
+        self.bad(["--recompute", "maybe"], "--recompute", "maybe", "{auto,on,off}")
 
     def test_unknown_flags_and_google_benchmark_flags(self):
         self.bad(["--batchsize", "8"], "--batchsize")
