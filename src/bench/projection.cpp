@@ -64,7 +64,10 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   in.forward_ms = med("forward");
   in.backward_ms = med("backward");
   in.update_ms = med("update");
-  if (phase.count("step")) in.step_samples = phase["step"];  // the band's spread (a run's timed steps replace them)
+  if (phase.count("step")) {
+    in.step_samples = phase["step"];
+    in.step_ms = median(phase["step"]);
+  }  // the band's spread (a run's timed steps replace them)
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
   for (const auto& [off, count] : t.buckets()) {
     double ready = in.backward_ms;
@@ -78,11 +81,13 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   return in;
 }
 
+void set_measured_step(ProjectionInput& in, double step_ms) { in.step_ms = step_ms; }
+
 std::vector<ProjectedPoint> project(const ProjectionInput& in, const Fabric& fabric, const std::vector<int>& gpus) {
   const LinkModel& link = fabric.between;
   const double alpha = link.latency_us / 1e3;     // ms
   const double beta = link.gbps * 1e9 / 8 / 1e3;  // bytes per ms
-  const double base = in.forward_ms + in.backward_ms + in.update_ms;
+  const double base = in.base_ms();
   std::vector<ProjectedPoint> out;
   for (int g : gpus) {
     ProjectedPoint p;
@@ -131,10 +136,11 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
   double bytes = 0;
   for (const auto& b : in.buckets) bytes += b.bytes;
   std::cout << "\n"
-            << wrap(fmt::format("projection from one GPU's measured step (forward {:.3f} ms, backward {:.3f} ms, "
-                                "update {:.3f} ms; {} buckets, {:.1f} MB of gradients) over {}, batch {} per GPU:",
-                                in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
-                                describe(fabric), batch),
+            << wrap(fmt::format("projection from one GPU's measured step, {:.3f} ms (in the probed steps forward "
+                                "{:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} buckets, {:.1f} MB of gradients) "
+                                "over {}, batch {} per GPU:",
+                                in.base_ms(), in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(),
+                                bytes / 1e6, describe(fabric), batch),
                     2);
   const bool band = std::any_of(pts.begin(), pts.end(), [](const ProjectedPoint& p) { return p.tax_hi_ms > 0; });
   std::cout << fmt::format("{:>6} {:>10}{} {:>9} {:>10} {:>8} {:>17} {:>11} {:>8}\n", "gpus", "step ms",
@@ -158,7 +164,7 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
     std::cout << "(no count projected is one this run measured: no error to show; add it to --project-gpus)\n";
   std::cout << wrap(
       in.sequential
-          ? "assumptions: cpu towers in one process run one after another (N x forward, backward and update); "
+          ? "assumptions: cpu towers in one process run one after another (N x one tower's step); "
             "each bucket sums in host memory, alpha + 2 (N-1) s / beta, overlapping the last tower's backward "
             "from when it is ready"
           : fmt::format("assumptions: weak scaling (batch per GPU fixed), the per-GPU compute measured here; "
@@ -198,6 +204,7 @@ nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric,
                    {"forward_ms", in.forward_ms},
                    {"backward_ms", in.backward_ms},
                    {"update_ms", in.update_ms},
+                   {"one_gpu_step_ms", in.base_ms()},
                    {"towers_one_after_another", in.sequential},
                    {"buckets", buckets},
                    {"step_samples", in.step_samples.size()},

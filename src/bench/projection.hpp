@@ -40,6 +40,11 @@ std::vector<std::string> fabric_names();
 
 struct ProjectionInput {
   double forward_ms = 0, backward_ms = 0, update_ms = 0;
+  // one GPU's whole step (ms): the timed steps' median (set_measured_step), else the probed steps'
+  // median span; it holds what the parts leave out (the loss, gradient zeroing, the gaps between
+  // phases) and leaves out what the probes add. 0: the parts' sum
+  double step_ms = 0;
+  double base_ms() const { return step_ms > 0 ? step_ms : forward_ms + backward_ms + update_ms; }
   struct Bucket {
     double ready_ms;  // after the backward's start
     double bytes;
@@ -53,6 +58,8 @@ struct ProjectionInput {
 // Tower 0's medians over the probed steps of a one-tower run. overlap false (--no-overlap): every
 // bucket waits for the end of backward.
 ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap);
+// One GPU's step as the run timed it (its median, ms, without probes): the step every tower repeats
+void set_measured_step(ProjectionInput& in, double step_ms);
 
 struct ProjectedPoint {
   int gpus = 0;

@@ -9,6 +9,7 @@
 
 #include "bench/fabric.hpp"
 #include "bench/stages.hpp"
+#include "bench/stats.hpp"
 
 namespace stepbench {
 namespace {
@@ -54,6 +55,7 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
       p.projection->step_samples.clear();
       for (std::size_t k = calls.size() - keep; k < calls.size(); ++k)
         p.projection->step_samples.insert(p.projection->step_samples.end(), calls[k].begin(), calls[k].end());
+      set_measured_step(*p.projection, median(p.projection->step_samples));
     }
     auto j = projection_json(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus));
     if (!c.fabric_note.empty()) j["fabric_from"] = c.fabric_note;

@@ -56,9 +56,12 @@ SweepRow time_point(const BenchConfig& c, const ProcessGroup& group, int towers_
     rt.stop();
     per_step.push_back(group.allreduce_max(rt.device_ms(0, 1)) / k);
   }
-  if (projection) *projection = projection_input(run_probed_steps(t, std::max(c.repetitions, 3)), t, c.run.overlap);
   row.steps_per_repetition = k;
   row.step_ms = median(per_step);
+  if (projection) {
+    *projection = projection_input(run_probed_steps(t, std::max(c.repetitions, 3)), t, c.run.overlap);
+    set_measured_step(*projection, row.step_ms);
+  }
   row.images_per_s = static_cast<double>(row.gpus) * static_cast<double>(batch) / (row.step_ms / 1e3);
   return row;
 }

@@ -71,6 +71,25 @@ TEST(Projection, CpuTowersRunOneAfterAnother) {
   EXPECT_NEAR(p[0].efficiency, 31 / (124 + 6.01), 1e-12);
 }
 
+// One GPU's whole step, timed, holds what the parts leave out (the loss, gradient zeroing, the gaps
+// between phases): 4 CPU towers repeat it 4 times, one GPU once, and the exposed sync stays
+TEST(Projection, TheTimedStepIsWhatEveryTowerRepeats) {
+  ProjectionInput in = gpu_input();
+  set_measured_step(in, 33);
+  in.sequential = true;
+  const auto cpu = project(in, kLink, {4});
+  EXPECT_NEAR(cpu[0].step_ms, 4 * 33 + 6.01, 1e-9);
+  EXPECT_NEAR(cpu[0].efficiency, 33 / (4 * 33 + 6.01), 1e-12);
+  in.sequential = false;
+  const auto gpu = project(in, kLink, {1, 4});
+  EXPECT_DOUBLE_EQ(gpu[0].step_ms, 33);
+  EXPECT_NEAR(gpu[1].exposed_ms, 1.56, 1e-9);
+  EXPECT_NEAR(gpu[1].step_ms, 33 + 1.56, 1e-9);
+  // shorter than the probed parts (the probes cost time): the timed step still
+  set_measured_step(in, 30);
+  EXPECT_DOUBLE_EQ(project(in, kLink, {1})[0].step_ms, 30);
+}
+
 // --gpus-per-node: with every GPU in one node the projection is the flat one over the node's link;
 // across nodes the node's fast link makes it no slower than the flat network alone
 TEST(Projection, TwoLevelsAsTheFlatModelInOneNodeAndFasterAcross) {
