@@ -64,10 +64,10 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   in.forward_ms = med("forward");
   in.backward_ms = med("backward");
   in.update_ms = med("update");
-  if (phase.count("step")) {
+  if (phase.count("step")) {  // the band's spread and one GPU's step (a run's timed steps replace both)
     in.step_samples = phase["step"];
     in.step_ms = median(phase["step"]);
-  }  // the band's spread (a run's timed steps replace them)
+  }
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
   for (const auto& [off, count] : t.buckets()) {
     double ready = in.backward_ms;
