@@ -144,9 +144,10 @@ StageTimes Feeder::stage_times() const {
   return s;
 }
 
-void Feeder::add_measure(const StageTimes& delta, double wall_s, std::uint64_t images) {
+void Feeder::add_measure(const StageTimes& delta, double wall_s, double window_s, std::uint64_t images) {
   measure_.stages += delta;
   measure_.wall_s += wall_s;
+  measure_.window_s += window_s;
   measure_.images += images;
   measure_.threads = c_.data_threads;
 }

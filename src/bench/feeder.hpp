@@ -15,8 +15,9 @@ namespace stepbench {
 
 // What the input_pipeline benchmark measured, over all its repetitions.
 struct InputMeasure {
-  StageTimes stages;  // thread time per stage (copy: the step's side), idle, images, batches
-  double wall_s = 0;  // the benchmark's own time
+  StageTimes stages;    // thread time per stage (copy: the step's side), idle, images, batches
+  double wall_s = 0;    // the benchmark's own time: its timed iterations
+  double window_s = 0;  // from the first stage snapshot to the last: what the threads' times add up to
   std::uint64_t images = 0;
   int threads = 0;
 };
@@ -52,7 +53,7 @@ class Feeder {
 
   // The pipeline's stage times so far, with the staging copies' host time (zeros for synthetic-host).
   StageTimes stage_times() const;
-  void add_measure(const StageTimes& delta, double wall_s, std::uint64_t images);
+  void add_measure(const StageTimes& delta, double wall_s, double window_s, std::uint64_t images);
   const InputMeasure& measure() const { return measure_; }
   const ImagePipeline* pipeline() const { return pipe_.get(); }
   // The folder behind the pipeline (empty for records or synthetic-host): --suggest samples it.

@@ -134,7 +134,7 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
                        c.decode == DecodeOn::gpu
                            ? "--decode gpu: nvJPEG's decode, the resize, crop and normalisation on the GPU, the labels"
                            : "host-to-device staging");
-    const double wall_threads = m.wall_s * m.threads;
+    const double wall_threads = (m.window_s > 0 ? m.window_s : m.wall_s) * m.threads;
     out << fmt::format(
         "  the threads' time: stages {:.1f}%, waiting for room {:.1f}%, the rest {:+.1f}%; stages / threads = "
         "{:.3f} ms per image, the pipeline's measured {:.3f} ms (the same when the threads never wait)\n",
@@ -208,6 +208,7 @@ nlohmann::json input_stages_json(const Feeder& f) {
   j["images"] = m.images;
   j["threads"] = m.threads;
   j["wall_s"] = m.wall_s;
+  j["window_s"] = m.window_s;  // the threads' times add up to threads x window_s
   j["idle_s"] = m.stages.idle;
   j["open_s"] = m.stages.open;  // in a stage at either end of a repetition (may be negative: ended inside it)
   const double busy = m.stages.busy();

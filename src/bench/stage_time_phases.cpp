@@ -172,7 +172,10 @@ void register_input(Run& run) {
     register_fixture(run, run.prefix + "/input_pipeline", [&run](benchmark::State& st) {
       Feeder& feeder = *run.feeder;
       double host = 0;
+      // The threads' times cover every moment between the two snapshots, the time between the
+      // timed iterations too (a preempted benchmark thread), so they are judged against that window.
       const StageTimes before = feeder.stage_times();
+      const auto w0 = std::chrono::steady_clock::now();
       for (auto _ : st) {
         if (run.stop.stop_in_loop(st)) break;
         const auto t0 = std::chrono::steady_clock::now();
@@ -182,7 +185,8 @@ void register_input(Run& run) {
         st.SetIterationTime(run.group.allreduce_max(ms) / 1e3);
         host += ms;
       }
-      feeder.add_measure(feeder.stage_times() - before, host / 1e3,
+      const double window = ms_since(w0) / 1e3;
+      feeder.add_measure(feeder.stage_times() - before, host / 1e3, window,
                          static_cast<std::uint64_t>(st.iterations() * run.c.run.batch_per_tower * run.towers->size()));
       st.counters["host_ms"] = avg(host);
       st.counters["gap_ms"] = avg(0.0);
