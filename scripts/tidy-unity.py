@@ -23,7 +23,7 @@ import shlex
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 def command_of(entry):
@@ -31,27 +31,27 @@ def command_of(entry):
 
 
 def without_file(args, path):
-    """The compile command with the source and the object dropped: what a group must share."""
+    """The compile command with the source, -c and the object dropped: what a group must share."""
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
-            continue
-        if a in ("-o", "-c"):
+        elif a == "-o":
             skip = True
-            continue
-        if a == path:
-            continue
-        out.append(a)
+        elif a != "-c" and a != path:
+            out.append(a)
     return tuple(out)
 
 
 def tidy(build, files):
-    """clang-tidy on the given files with BUILD's compile_commands.json: (ok, its output)."""
-    p = subprocess.run(["clang-tidy", "-p", build, "--quiet", *files], capture_output=True, text=True)
+    """clang-tidy on the given files with BUILD's compile_commands.json: (exit status, its output).
+    The configuration is named: a unity file under a build folder outside the tree would otherwise
+    get clang-tidy's defaults, which report nothing in included files."""
+    p = subprocess.run(["clang-tidy", "-p", build, f"--config-file={os.path.join(ROOT, '.clang-tidy')}", "--quiet",
+                        *files], capture_output=True, text=True)
     text = "\n".join(line for line in (p.stdout + p.stderr).splitlines()
                      if not re.search(r"^[0-9]+ warnings?( and [0-9]+ errors?)? generated", line))
-    return p.returncode == 0, text
+    return p.returncode, text
 
 
 def main():
@@ -71,12 +71,11 @@ def main():
         return 2
     with open(db) as f:
         entries = json.load(f)
-    files = sorted(os.path.join(ROOT, d, n) for d, _, names in os.walk(os.path.join(ROOT, "src")) for n in names
-                   if n.endswith(".cpp"))
+    files = sorted(os.path.realpath(os.path.join(d, n)) for d, _, names in os.walk(os.path.join(ROOT, "src"))
+                   for n in names if n.endswith(".cpp"))
     first = {}
     for e in entries:  # a file two targets compile: its first command, as clang-tidy -p takes it
-        path = os.path.normpath(os.path.join(e["directory"], e["file"]))
-        first.setdefault(path, e)
+        first.setdefault(os.path.realpath(os.path.join(e["directory"], e["file"])), e)
 
     jobs = []  # (the files reported, the files given to clang-tidy, the build folder)
     alone = [f for f in files if f not in first]
@@ -108,17 +107,28 @@ def main():
                 jobs.append((part, [path], out_dir))
         with open(os.path.join(out_dir, "compile_commands.json"), "w") as f:
             json.dump(unity_db, f, indent=1)
-    jobs += [([f], [f], build) for f in alone]
+
+    def as_listed(f):  # the path the compile database names the file by, for clang-tidy -p to find it
+        e = first.get(f)
+        return os.path.join(e["directory"], e["file"]) if e else f
+
+    jobs += [([f], [as_listed(f)], build) for f in alone]
+
+    def names(files):
+        return ", ".join(os.path.relpath(m, ROOT) for m in files)
 
     def run(job):
         reported, given, where = job
-        ok, text = tidy(where, given)
-        if not ok and len(reported) > 1 and "clang-diagnostic-error" in text:
-            note = ("tidy-unity: " + ", ".join(os.path.relpath(m, ROOT) for m in reported) +
-                    " do not parse as one file; checked one by one\n")
-            results = [tidy(build, [m]) for m in reported]
-            return all(r[0] for r in results), note + "\n".join(r[1] for r in results if r[1])
-        return ok, text
+        rc, text = tidy(where, given)
+        found = re.search(r": (warning|error): ", text)
+        if rc != 0 and len(reported) > 1 and (rc < 0 or not found or "clang-diagnostic-error" in text):
+            why = (f"clang-tidy ended with {rc}" if rc < 0 or not found else "they do not parse as one file")
+            note = f"tidy-unity: {names(reported)}: {why}; checked one by one\n"
+            results = [tidy(build, [as_listed(m)]) for m in reported]
+            return all(r[0] == 0 for r in results), note + "\n".join(r[1] for r in results if r[1])
+        if rc != 0 and not found:
+            text += f"\ntidy-unity: clang-tidy ended with {rc} on {names(reported)} and printed no finding"
+        return rc == 0, text
 
     fail = False
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:

@@ -134,12 +134,14 @@ void print_input_section(std::ostream& out, const BenchConfig& c, const Feeder& 
                        c.decode == DecodeOn::gpu
                            ? "--decode gpu: nvJPEG's decode, the resize, crop and normalisation on the GPU, the labels"
                            : "host-to-device staging");
-    const double wall_threads = (m.window_s > 0 ? m.window_s : m.wall_s) * m.threads;
+    // the threads' clocks cover the window between the stage snapshots, the gaps between the timed
+    // iterations too: their shares and the time per image are of that window
+    const double window = m.window_s > 0 ? m.window_s : m.wall_s, wall_threads = window * m.threads;
     out << fmt::format(
         "  the threads' time: stages {:.1f}%, waiting for room {:.1f}%, the rest {:+.1f}%; stages / threads = "
-        "{:.3f} ms per image, the pipeline's measured {:.3f} ms (the same when the threads never wait)\n",
+        "{:.3f} ms per image, the window's {:.3f} ms (the same when the threads never wait)\n",
         100 * busy / wall_threads, 100 * st.idle / wall_threads, 100 * (1 - (busy + st.open + st.idle) / wall_threads),
-        1e3 * busy / m.threads / static_cast<double>(m.images), 1e3 * m.wall_s / static_cast<double>(m.images));
+        1e3 * busy / m.threads / static_cast<double>(m.images), 1e3 * window / static_cast<double>(m.images));
   }
   if (!std::isnan(P) && !std::isnan(S)) {
     if (P < S) {
