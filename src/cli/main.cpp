@@ -62,7 +62,8 @@ std::string share_gpus(const TowerOptions& r, const ProcessGroup& g) {
   if (r.backend != BackendKind::cuda) return "";
   char host[128] = {};
   gethostname(host, sizeof host - 1);
-  const GpuSharing s = nccl_gpu_sharing(nccl_version(), r.ranks_per_gpu, r.towers, g.size(), g.rank(), host);
+  const GpuSharing s =
+      nccl_gpu_sharing(nccl_version(), r.ranks_per_gpu, r.towers, g.size(), g.rank(), host, g.local_size() == g.size());
   if (s.refused) throw UsageError(s.how);
   if (!s.env.empty() && std::getenv("NCCL_COMM_BLOCKING"))
     throw UsageError(

@@ -2,6 +2,7 @@
 // implementations (host memory plus MPI for the cpu backend's towers, NCCL for GPU towers).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +20,8 @@ class Collective {
   virtual bool asynchronous() const { return false; }
   // Asynchronous ones: throws SyncError (after abort()) when the communicator reported an error.
   virtual void check() {}
-  // Ends the communicator so that work waiting on it returns (a hung collective).
+  // Ends the communicator so that work waiting on it returns (a hung collective). Returns within a
+  // bounded time: an end that does not come by then is left to run on (its resources leaked).
   virtual void abort() {}
   // Average `count` floats at offset `off` of every tower's buffer; result on every tower.
   virtual void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
@@ -28,6 +30,11 @@ class Collective {
   // Copy tower 0's range to every other tower.
   virtual void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
 };
+
+// Runs `fn` on a thread of its own and waits at most `seconds` for it: true when it returned in time.
+// Otherwise the thread is left running (detached) and false comes back. For calls that may block
+// on a peer that is gone (ncclCommAbort, seen hanging: NVIDIA/nccl#549, #863, #992).
+bool run_within(std::function<void()> fn, double seconds);
 
 // Towers whose memory the host can address (the cpu backend): sums on tower 0's backend, then,
 // across the processes of `group` (when it has more than one), with MPI on tower 0's buffer. Runs
@@ -68,7 +75,8 @@ struct GpuSharing {
   std::string how;       // for the run's report: "" when each rank has a GPU of its own
   bool refused = false;  // NCCL would refuse it: `how` says why and what to do instead
 };
+// one_host: every process runs on this host (the ranks then talk over loopback before 2.30).
 GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_process, int processes, int rank,
-                            const std::string& host);
+                            const std::string& host, bool one_host);
 
 }  // namespace stepbench

@@ -2,6 +2,12 @@
 
 #include <omp.h>
 
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "comm/collective.hpp"
+
 namespace stepbench {
 
 void CommThread::loop() {
@@ -27,6 +33,19 @@ void CommThread::loop() {
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+bool run_within(std::function<void()> fn, double seconds) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  std::thread([fn = std::move(fn), done] {
+    try {
+      fn();
+    } catch (...) {
+    }
+    done->set_value();
+  }).detach();
+  return f.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
 }
 
 }  // namespace stepbench

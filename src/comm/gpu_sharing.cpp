@@ -6,7 +6,7 @@
 namespace stepbench {
 
 GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_process, int processes, int rank,
-                            const std::string& host) {
+                            const std::string& host, bool one_host) {
   GpuSharing s;
   if (towers_per_process * processes < 2) return s;
   s.env.push_back({"NCCL_RUNTIME_CONNECT", "0", false});
@@ -28,6 +28,9 @@ GpuSharing nccl_gpu_sharing(int version, int ranks_per_gpu, int towers_per_proce
   } else {
     s.env.push_back({"NCCL_HOSTID", fmt::format("{}-stepbench-rank{}", host, rank), true});
     s.env.push_back({"NCCL_NET", "Socket", false});
+    // on one host the sockets take loopback: NCCL's default skips lo for any other interface, and a
+    // machine without a network may have one up without an address that connects
+    if (one_host) s.env.push_back({"NCCL_SOCKET_IFNAME", "lo", false});
     s.how = fmt::format(
         "{} ranks share each GPU ({}: a host id per process, the ranks talk over sockets): not "
         "scaling figures",

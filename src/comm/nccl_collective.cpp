@@ -159,11 +159,24 @@ class NcclCollective final : public Collective {
       }
     }
   }
+  // NCCL's abort can block (its proxy threads, a cudaFree behind a kernel that waits for a peer): it
+  // runs on a thread of its own for at most kAbortWaitS, and the communicators are gone from here
+  // either way, so the caller's error still comes.
   void abort() override {
     failed_ = true;
+    std::vector<ncclComm_t> comms;
     for (auto& c : comms_)
-      if (c) ncclCommAbort(std::exchange(c, nullptr));
+      if (c) comms.push_back(std::exchange(c, nullptr));
+    if (comms.empty()) return;
+    const int device = devices_.front();
+    run_within(
+        [comms, device] {
+          cudaSetDevice(device);
+          for (auto c : comms) ncclCommAbort(c);
+        },
+        kAbortWaitS);
   }
+  static constexpr double kAbortWaitS = 10;
 
  private:
   // An initialisation call: ncclInProgress is how a non-blocking one says it goes on.
@@ -181,7 +194,10 @@ class NcclCollective final : public Collective {
       bool pending = false;
       for (auto c : comms) {
         ncclResult_t st = ncclInProgress;  // a communicator not yet published by its job: pending
-        if (c != nullptr) ncclCommGetAsyncError(c, &st);
+        if (c != nullptr) {
+          const ncclResult_t q = ncclCommGetAsyncError(c, &st);
+          if (q != ncclSuccess) st = q;  // the query itself failed: not "still in progress"
+        }
         if (st == ncclInProgress) {
           pending = true;
         } else if (st != ncclSuccess) {

@@ -52,9 +52,11 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
     coll_->check();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
-      coll_->abort();
+      // who is silent first: the well ranks time out about now too, and exchange their tokens in
+      // step; an abort that takes its time (bounded: Collective::abort) would put them out of step
       const double window = std::clamp(t_.sync_timeout_s / 4, 2.0, 10.0);
-      const std::string who = t_.group.silent_ranks(window);  // the well ranks time out about now too
+      const std::string who = t_.group.silent_ranks(window);
+      coll_->abort();
       throw SyncError(fmt::format(
           "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: {}. If the "
           "step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",

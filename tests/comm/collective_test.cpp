@@ -2,7 +2,13 @@
 // repeats or misorders a tower, or touches floats outside its range, shows.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "backend/registry.hpp"
@@ -57,6 +63,28 @@ TEST(HostCollective, AveragesReducesAndBroadcastsDistinctValuesInTheirRangeOnly)
       for (std::size_t i = 0; i < n; ++i)
         expect(t, i, i >= off && i < off + count ? value(0, i) : value(t, i), "broadcast");
   }
+}
+
+// The bounded wait behind NCCL's abort: a call that returns (or throws) is waited for; one that
+// blocks is given up on at the bound and runs on to its end on its own thread.
+TEST(RunWithin, WaitsForACallThatReturnsAndGivesUpOnOneThatBlocks) {
+  int calls = 0;
+  EXPECT_TRUE(run_within([&] { ++calls; }, 600));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(run_within([] { throw std::runtime_error("a failed abort"); }, 600));
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto ended = std::make_shared<std::atomic<bool>>(false);
+  EXPECT_FALSE(run_within(
+      [gate, ended] {
+        gate.wait();  // blocks until the test lets it go: no timing in the verdict
+        *ended = true;
+      },
+      0.05));
+  EXPECT_FALSE(*ended);
+  release.set_value();
+  for (int i = 0; i < 60000 && !*ended; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(*ended) << "the call given up on did not run on";
 }
 
 }  // namespace

@@ -180,30 +180,37 @@ TEST(LaunchEnv, MalformedOrDisagreeingVariablesAreRefusedNamingThem) {
 
 // What NCCL is told when ranks share a GPU, by the version loaded.
 TEST(GpuSharing, WhatEachNcclVersionNeeds) {
-  EXPECT_TRUE(nccl_gpu_sharing(23003, 2, 1, 1, 0, "h").env.empty());  // one rank in all: nothing at all
-  const auto own = nccl_gpu_sharing(22807, 1, 1, 8, 3, "h");          // a GPU each: connect at initialisation
+  EXPECT_TRUE(nccl_gpu_sharing(23003, 2, 1, 1, 0, "h", false).env.empty());  // one rank in all: nothing at all
+  const auto own = nccl_gpu_sharing(22807, 1, 1, 8, 3, "h", false);          // a GPU each: connect at initialisation
   ASSERT_EQ(own.env.size(), 1u);
   EXPECT_EQ(own.env[0].name, "NCCL_RUNTIME_CONNECT");
   EXPECT_EQ(own.env[0].value, "0");
   EXPECT_TRUE(own.how.empty());
-  const auto multi = nccl_gpu_sharing(23003, 2, 1, 2, 1, "h");
+  const auto multi = nccl_gpu_sharing(23003, 2, 1, 2, 1, "h", false);
   ASSERT_GE(multi.env.size(), 2u);
   EXPECT_EQ(multi.env[1].name, "NCCL_MULTI_RANK_GPU_ENABLE");
   EXPECT_FALSE(multi.env[1].overwrite);  // the user's own setting wins
   EXPECT_NE(multi.how.find("NCCL 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1"), std::string::npos) << multi.how;
-  const auto host = nccl_gpu_sharing(22807, 2, 1, 2, 1, "node7");
+  const auto host = nccl_gpu_sharing(22807, 2, 1, 2, 1, "node7", false);  // ranks on several hosts
   ASSERT_EQ(host.env.size(), 3u);
   EXPECT_EQ(host.env[1].name, "NCCL_HOSTID");
   EXPECT_EQ(host.env[1].value, "node7-stepbench-rank1");
   EXPECT_TRUE(host.env[1].overwrite);
   EXPECT_EQ(host.env[2].name, "NCCL_NET");  // sockets, not an InfiniBand loopback
-  EXPECT_NE(nccl_gpu_sharing(22807, 2, 1, 2, 0, "node7").env[1].value, host.env[1].value);
+  EXPECT_NE(nccl_gpu_sharing(22807, 2, 1, 2, 0, "node7", false).env[1].value, host.env[1].value);
   EXPECT_NE(host.how.find("sockets"), std::string::npos);
-  const auto one = nccl_gpu_sharing(22807, 2, 2, 1, 0, "h");  // two towers of one process on one GPU
+  // every rank on this host: the sockets on loopback, unless the user picked an interface
+  const auto local = nccl_gpu_sharing(22807, 2, 1, 2, 1, "node7", true);
+  ASSERT_EQ(local.env.size(), 4u);
+  EXPECT_EQ(local.env[3].name, "NCCL_SOCKET_IFNAME");
+  EXPECT_EQ(local.env[3].value, "lo");
+  EXPECT_FALSE(local.env[3].overwrite);
+  EXPECT_EQ(nccl_gpu_sharing(23003, 2, 1, 2, 1, "h", true).env.size(), multi.env.size());  // 2.30: no sockets
+  const auto one = nccl_gpu_sharing(22807, 2, 2, 1, 0, "h", false);  // two towers of one process on one GPU
   EXPECT_TRUE(one.refused);
   EXPECT_NE(one.how.find("refuses before 2.30"), std::string::npos) << one.how;
   EXPECT_NE(one.how.find("stepbench launch --nproc 2 -- --gpus 1"), std::string::npos) << one.how;
-  EXPECT_FALSE(nccl_gpu_sharing(23003, 2, 2, 1, 0, "h").refused);  // 2.30 takes it
+  EXPECT_FALSE(nccl_gpu_sharing(23003, 2, 2, 1, 0, "h", false).refused);  // 2.30 takes it
 }
 
 }  // namespace

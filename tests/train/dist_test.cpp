@@ -107,7 +107,8 @@ TEST(Dist, NcclRanksEqualTheOracle) {
   const int visible = cuda_device_count(), per_gpu = (pg.local_size() + visible - 1) / visible;
   char host[128] = {};
   gethostname(host, sizeof host - 1);
-  const GpuSharing share = nccl_gpu_sharing(nccl_version(), per_gpu, 1, pg.size(), pg.rank(), host);
+  const GpuSharing share =
+      nccl_gpu_sharing(nccl_version(), per_gpu, 1, pg.size(), pg.rank(), host, pg.local_size() == pg.size());
   for (const auto& v : share.env) setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
   if (pg.rank() == 0) std::printf("NCCL %s; %s\n", nccl_version_string().c_str(), share.how.c_str());
   struct Case {
