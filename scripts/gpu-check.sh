@@ -23,6 +23,8 @@
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
+# STEPBENCH_CHECK_STAGE_S sets each stage's budget in seconds (default 480): what would not fit in what is
+# left of it is skipped, saying so (the bench stage starts no configuration past 330/480 of it).
 # STEPBENCH_PEER_COMPILE=bf16-nhwc,... limits the torch.compile runs (each compiles for 1-3 minutes;
 # default all); STEPBENCH_CHECK_BATCH sets the batch (default 128); STEPBENCH_CHECK_CONFIGS limits the
 # bench and peer configurations ("bf16-nhwc,fp32-nchw,bf16-nhwc-own"; default all five).
@@ -195,6 +197,8 @@ if [ -n "${STEPBENCH_CHECK_CONFIGS:-}" ]; then
   CONFIGS=("${picked[@]}")
 fi
 BATCH=${STEPBENCH_CHECK_BATCH:-128}
+STAGE_S=${STEPBENCH_CHECK_STAGE_S:-480}
+[[ $STAGE_S =~ ^[0-9]+$ ]] || { echo "gpu-check: STEPBENCH_CHECK_STAGE_S takes whole seconds, not '$STAGE_S'" >&2; exit 2; }
 
 stage_bench() {
   local rc=0 tmp=$OUT_DIR/bench-files
@@ -206,8 +210,8 @@ stage_bench() {
     local own=${3:-} name="inception_v3-$1-$2${3:+-$3}-b$BATCH"
     # the stage ends within 8 minutes: a configuration that could not finish in time is listed as
     # skipped (on an H100 each took 30-40 s, planning included)
-    if [ $((SECONDS - start)) -gt 330 ]; then
-      echo "skipped: the bench stage's 8-minute budget" > "$tmp/$name.err"
+    if [ $((SECONDS - start)) -gt $((STAGE_S * 330 / 480)) ]; then
+      echo "skipped: the bench stage's $STAGE_S s budget" > "$tmp/$name.err"
       continue
     fi
     echo "== $name"
@@ -222,8 +226,8 @@ stage_bench() {
   # ResNet-50 v1.5 as the published figures run it (MLPerf Training, NVIDIA's DeepLearningExamples):
   # bf16 NHWC, batch 256, CUDA Graph replay; its summary here, its JSON in the tar.gz
   local rn=resnet50-bf16-nhwc-b256
-  if [ $((SECONDS - start)) -gt 330 ]; then
-    echo "== $rn skipped: the bench stage's 8-minute budget"
+  if [ $((SECONDS - start)) -gt $((STAGE_S * 330 / 480)) ]; then
+    echo "== $rn skipped: the bench stage's $STAGE_S s budget"
   else
     echo "== $rn"
     if ! timeout 150 "$BIN/stepbench" --backend cuda --model resnet50 --batch-size 256 --precision bf16 --format nhwc \
@@ -325,8 +329,8 @@ stage_peer() {
       fi
       # the stage ends within 8 minutes; torch.compile took 1-3 minutes per configuration on an H100
       local limit=$([ "$mode" = compile ] && echo 200 || echo 120)
-      if [ $((SECONDS - start + limit)) -gt 480 ]; then
-        echo "{\"skipped\": \"the peer stage's 8-minute budget\"}" > "$tmp/$name.json"
+      if [ $((SECONDS - start + limit)) -gt "$STAGE_S" ]; then
+        echo "{\"skipped\": \"the peer stage's $STAGE_S s budget\"}" > "$tmp/$name.json"
         continue
       fi
       echo "== $name"
@@ -472,8 +476,8 @@ stage_input() {
       extra+=(--suggest); limit=180
     fi
     # the stage ends within 8 minutes (a command gets 10): what could not finish in time is skipped
-    if [ $((SECONDS - start + limit)) -gt 480 ]; then
-      echo "== --data $name: skipped, the input stage's 8-minute budget"
+    if [ $((SECONDS - start + limit)) -gt "$STAGE_S" ]; then
+      echo "== --data $name: skipped, the input stage's $STAGE_S s budget"
       continue
     fi
     echo "== --data $name, bf16 nhwc, batch $b, $threads threads ${extra[*]}"
@@ -495,11 +499,14 @@ stage_input() {
 # Several NCCL ranks on this machine's GPUs, one per process (as many processes as asked share a
 # GPU): the towers test, the binary in every mode, and the faults a multi-rank run must survive.
 # Each run has its own time limit; the stage ends within 8 minutes.
-rank_pid() {  # rank_pid LAUNCHER_PID RANK: the process stepbench launch started as RANK
-  local p ppid
+rank_pid() {  # rank_pid PID RANK: the process stepbench launch started as RANK, PID's child or grandchild
+  local p ppid gp
   for p in /proc/[0-9]*; do
     ppid=$(awk '{print $4}' "$p/stat" 2>/dev/null) || continue
-    [ "$ppid" = "$1" ] && tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "${p#/proc/}"; return 0; }
+    gp=$(awk '{print $4}' "/proc/$ppid/stat" 2>/dev/null)
+    # PID is timeout's, whose child is the launcher
+    [ "$ppid" = "$1" ] || [ "$gp" = "$1" ] || continue
+    tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "${p#/proc/}"; return 0; }
   done
   return 1
 }
@@ -511,7 +518,7 @@ fault_run() {  # fault_run NAME SIGNAL EXPECT: a long run on 2 ranks, rank 1 sen
   lp=$!
   for _ in $(seq 150); do pid=$(rank_pid "$lp" 1) && break; sleep 0.2; done
   sleep 15
-  [ -n "${pid:-}" ] && kill "-$sig" "$pid"
+  if [ -n "${pid:-}" ]; then kill "-$sig" "$pid"; else echo "   $name: rank 1's process not found"; fi
   wait "$lp"
   local r=$?
   if [ $r -ne 0 ] && grep -q "$expect" "$tmp/fault-$name.txt"; then
@@ -521,22 +528,58 @@ fault_run() {  # fault_run NAME SIGNAL EXPECT: a long run on 2 ranks, rank 1 sen
   fi
   [ -n "${pid:-}" ] && kill -CONT "$pid" 2>/dev/null
 }
-# the stage's budget: a run whose limit does not fit what is left of 480 s is skipped, saying so
-fits() {  # fits LIMIT NAME
-  if [ $((SECONDS - start + $1)) -gt 480 ]; then echo "== $2: skipped, the stage's 8-minute budget"; return 1; fi
+# the stage's budget: a run expected to take longer than what is left of STAGE_S is skipped, saying so
+# (each run's own time limit is longer than that expectation; the command's limit is the backstop)
+fits() {  # fits SECONDS NAME
+  if [ $((SECONDS - start + $1)) -gt "$STAGE_S" ]; then echo "== $2: skipped, the stage's $STAGE_S s budget"; return 1; fi
 }
 stage_ranks() {
   local rc=0 tmp=$OUT_DIR/ranks-files start=$SECONDS
   mkdir -p "$tmp"
   header ranks
-  for n in 2 4; do
-    fits 150 "Dist.* on $n ranks" || continue
-    echo "== Dist.* on $n ranks (stepbench launch; $GPUS GPU(s))"
-    timeout -k 10 150 "$BIN/stepbench" launch --nproc $n -- "$BIN/stepbench_tests" --gtest_filter='Dist.*' \
-      --gtest_brief=1 > "$tmp/dist-$n.txt" 2>&1 || rc=1
-    grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-$n.txt" | head -20
+  # in the order of what matters most: the oracle on 2 ranks, every mode of the binary, 4 ranks, the
+  # straggler report, a rendezvous by hand
+  dist_ranks() {  # dist_ranks N: Dist.* on N ranks under stepbench launch
+    fits 60 "Dist.* on $1 ranks" || return 0
+    echo "== Dist.* on $1 ranks (stepbench launch; $GPUS GPU(s))"
+    timeout -k 10 150 "$BIN/stepbench" launch --nproc "$1" -- "$BIN/stepbench_tests" --gtest_filter='Dist.*' \
+      --gtest_brief=1 > "$tmp/dist-$1.txt" 2>&1 || rc=1
+    grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-$1.txt" | head -20
+  }
+  dist_ranks 2
+  echo "== the binary on 2 ranks, every mode (tiny, batch 16)"
+  for mode in replicated parameter_server "parameter_server --ps-device cpu" independent; do
+    for ov in "" --no-overlap; do
+      fits 20 "$mode $ov" || continue
+      local f="$tmp/mode-${mode// /_}${ov}.txt"
+      # shellcheck disable=SC2086
+      if timeout -k 10 45 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
+          --batch-size 16 --phases step,grad_sync --warmup 2 --repetitions 3 --benchmark_min_time=0.05 \
+          --variable-update $mode $ov > "$f" 2>&1; then
+        echo "   $mode $ov: $(grep -m1 -E '^grad_sync:|nothing to sync' "$f" | cut -c1-160)"
+      else
+        echo "   $mode $ov: FAILED"; tail -5 "$f"; rc=1
+      fi
+    done
   done
-  if fits 120 "Dist.* by hand"; then
+  dist_ranks 4
+  if fits 20 "--slow-tower on 2 ranks"; then
+    # ranks that share a GPU take turns on it, so each one's compute includes the other's kernels (seen on
+    # an H200: 1.5x the compute, 2.2 ms, left rank 1 the faster): a delay several times the step is one
+    # that contention cannot hide
+    echo "== the straggler report on 2 ranks, rank 1 held 20 ms per step (tiny, batch 64)"
+    if timeout -k 10 60 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 64 \
+        --batch-size 64 --phases step --warmup 2 --repetitions 5 --benchmark_min_time=0.05 --slow-tower 1:20ms \
+        --json "$tmp/slow.json" > "$tmp/slow.txt" 2>&1 &&
+       python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["stragglers"]; i=s["injected"]["delay_ms"]
+t, v, c = s["slowest"], s["verdict"], s["cost_ms"]
+print(f"   slowest {t} ({v}), cost {c:.3f} ms for {i:.3f} ms injected")
+sys.exit(0 if t == 1 and abs(c - i) < 0.25 * i else 1)' "$tmp/slow.json"; then :
+    else
+      echo "   --slow-tower: FAILED"; grep -A8 '^stragglers' "$tmp/slow.txt"; tail -3 "$tmp/slow.txt"; rc=1
+    fi
+  fi
+  if fits 40 "Dist.* by hand"; then
     echo "== Dist.* on 2 ranks through a file rendezvous, started by hand"
     local pids=()
     for r in 0 1; do
@@ -547,33 +590,6 @@ stage_ranks() {
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     grep -hE "PASSED|FAILED|Failure" "$tmp"/by-hand-*.txt | head -10
   fi
-  echo "== the binary on 2 ranks, every mode (tiny, batch 16)"
-  for mode in replicated parameter_server "parameter_server --ps-device cpu" independent; do
-    for ov in "" --no-overlap; do
-      fits 45 "$mode $ov" || continue
-      # shellcheck disable=SC2086
-      if timeout -k 10 45 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 32 \
-          --batch-size 16 --phases step,grad_sync --warmup 2 --repetitions 3 --benchmark_min_time=0.05 \
-          --variable-update $mode $ov > "$tmp/mode.txt" 2>&1; then
-        echo "   $mode $ov: $(grep -m1 -E '^grad_sync:|nothing to sync' "$tmp/mode.txt" | cut -c1-160)"
-      else
-        echo "   $mode $ov: FAILED"; tail -5 "$tmp/mode.txt"; rc=1
-      fi
-    done
-  done
-  if fits 60 "--slow-tower on 2 ranks"; then
-    echo "== the straggler report on 2 ranks, rank 1 slowed 1.5x (tiny, batch 64)"
-    if timeout -k 10 60 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model tiny --image-size 64 \
-        --batch-size 64 --phases step --warmup 2 --repetitions 5 --benchmark_min_time=0.05 --slow-tower 1:1.5 \
-        --json "$tmp/slow.json" > "$tmp/slow.txt" 2>&1 &&
-       python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["stragglers"]; i=s["injected"]["delay_ms"]
-t, v, c = s["slowest"], s["verdict"], s["cost_ms"]
-print(f"   slowest {t} ({v}), cost {c:.3f} ms for {i:.3f} ms injected")
-sys.exit(0 if t == 1 and abs(c - i) < 0.25 * i else 1)' "$tmp/slow.json"; then :
-    else
-      echo "   --slow-tower: FAILED"; grep -A8 '^stragglers' "$tmp/slow.txt"; tail -3 "$tmp/slow.txt"; rc=1
-    fi
-  fi
   tar -C "$OUT_DIR" -czf "$OUT_DIR/ranks.tar.gz" ranks-files && rm -rf "$tmp"
   echo "== ranks: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
   return $rc
@@ -583,11 +599,11 @@ stage_ranks_faults() {
   mkdir -p "$tmp"
   header ranks-faults
   echo "== faults (2 ranks, --sync-timeout-s 10)"
-  fits 120 "a stopped rank" && fault_run stopped STOP "rank 1 (pid .*) is stopped"
-  fits 120 "a killed rank" && fault_run killed KILL "rank 1 (pid .*) was killed by signal 9"
+  fits 40 "a stopped rank" && fault_run stopped STOP "rank 1 (pid .*) is stopped"
+  fits 35 "a killed rank" && fault_run killed KILL "rank 1 (pid .*) was killed by signal 9"
   local t0 name env expect
   for name in late stall missing; do
-    fits 60 "$name" || continue
+    fits 25 "$name" || continue
     t0=$SECONDS
     case $name in  # late: rank 1 comes to NCCL's initialisation 120 s late; stall: before its first sync
       late) env=STEPBENCH_FAULT_INIT_STALL=1:120; expect="NCCL's initialisation .*did not complete within 10 s" ;;
@@ -608,7 +624,7 @@ stage_ranks_faults() {
     fi
   done
   for prec in "bf16 --format nhwc" "bf16 --format nhwc --cuda-graph" "fp32 --format nchw"; do
-    fits 120 "Inception-v3 $prec" || continue
+    fits 60 "Inception-v3 $prec" || continue
     echo "== Inception-v3 on 2 ranks, batch 32, $prec"
     # shellcheck disable=SC2086
     timeout -k 10 120 "$BIN/stepbench" launch --nproc 2 -- --backend cuda --model inception_v3 --batch-size 32 \

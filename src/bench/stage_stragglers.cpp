@@ -187,6 +187,20 @@ void print_stragglers(std::ostream& out, const Run& run, const Stragglers& s) {
     const std::size_t lead = line.find_first_not_of(' ');
     out << wrap(std::string_view(line).substr(lead), lead + 2, kWidth, std::string(lead, ' '));
   }
+  // towers time-sharing one GPU (ranks sharing it, --ranks-per-gpu): each one's kernels wait for the
+  // others', so a tower's compute is not its own
+  const auto& ts = s.input.towers;
+  const auto shares = [&](const TowerId& a) {
+    return a.device >= 0 && !a.uuid.empty() && std::count_if(ts.begin(), ts.end(), [&](const TowerId& b) {
+                                                 return b.uuid == a.uuid && b.host == a.host;
+                                               }) > 1;
+  };
+  if (const auto shared = std::count_if(ts.begin(), ts.end(), shares); shared > 0)
+    out << wrap(fmt::format("shared GPUs: {} of {} towers run on a GPU that another tower also runs on; their kernels "
+                            "take turns, so each one's compute includes the others' work and only a delay larger "
+                            "than that is told apart",
+                            shared, ts.size()),
+                4, kWidth, "  ");
   if (run.c.slow_tower >= 0)
     out << wrap(fmt::format("injected (--slow-tower): tower {} held {:.3f} ms at the start of each backward{}",
                             run.c.slow_tower, run.stragglers.injected_ms,
