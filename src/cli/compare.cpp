@@ -22,16 +22,21 @@ void write_file(const std::string& path, const std::string& text) {
 
 int compare_main(int argc, char** argv) {
   CLI::App app{
-      "stepbench compare: is HEAD slower than BASE? Per benchmark a one-sided Mann-Whitney U test on the repetitions "
-      "(Holm-corrected), the median ratio with a bootstrap interval and a noise floor from each run's own spread; "
-      "names the layers that moved when both runs have --per-layer timings.\n"
-      "Exit status: 0 no regression, 1 a regression, 2 a usage error.\n"
+      "stepbench compare: is HEAD slower than BASE? A run is one observation: separate runs differ by more than one "
+      "run's repetitions do, so a change must exceed that run-to-run noise. ab.sh's interleaved rounds are paired "
+      "(signed-rank test over the rounds); a history gives the noise (and its change points); two lone runs are "
+      "judged with a stated default noise per backend (--run-noise). Without enough evidence a phase is 'unknown', "
+      "with the smallest change the comparison could show and what to run to decide. Names the layers that moved "
+      "when both runs have --per-layer timings.\n"
+      "Exit status: 0 no regression (unknown included, unless --fail-on-unknown), 1 a regression, 2 a usage "
+      "error.\n"
       "  stepbench compare BASE.json HEAD.json [--markdown FILE] [--json FILE]\n"
-      "  stepbench compare --history runs.jsonl HEAD.json   (against the last runs on this machine)",
+      "  stepbench compare --history runs.jsonl HEAD.json   (against earlier runs on this machine)\n"
+      "  scripts/ab.sh BASE_REV HEAD_REV -- FLAGS           (interleaved rounds: the gate to use in CI)",
       "stepbench compare"};
   std::vector<std::string> files;
   compare::Options o;
-  double threshold_pct = 100 * o.threshold;
+  double threshold_pct = 100 * o.threshold, run_noise_pct = -1;
   std::string markdown, json_out, history;
   int last = 5;
   app.add_option("files", files, "BASE.json HEAD.json (stepbench --json output), or HEAD.json with --history")
@@ -46,6 +51,12 @@ int compare_main(int argc, char** argv) {
   app.add_option("--min-repetitions", o.min_repetitions, "fewer repetitions on a side: insufficient data")
       ->capture_default_str()
       ->check(CLI::Range(2, 1000000));
+  app.add_option("--run-noise", run_noise_pct,
+                 "the run-to-run noise in percent (relative sd of a run's median) for two lone runs and a short "
+                 "history; default: 20 on the cpu backend, 5 on cuda")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_flag("--fail-on-unknown", o.fail_on_unknown,
+               "exit 1 when a phase's verdict is unknown (the evidence cannot tell a change of --threshold)");
   app.add_option("--markdown", markdown, "also write the report as markdown (e.g. $GITHUB_STEP_SUMMARY)");
   app.add_option("--json", json_out, "also write the report as JSON");
   app.add_option("--history", history, "compare HEAD.json with earlier runs in this file (stepbench --history)")
@@ -55,6 +66,7 @@ int compare_main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   if (auto rc = parse_args(app, argc, argv, 2, "stepbench compare")) return *rc;
   o.threshold = threshold_pct / 100;
+  if (run_noise_pct >= 0) o.run_noise = run_noise_pct / 100;
   if (history.empty() && files.size() != 2)
     throw UsageError("compare takes BASE.json HEAD.json (or HEAD.json with --history FILE)");
   if (!history.empty() && files.size() != 1)

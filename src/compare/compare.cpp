@@ -167,6 +167,21 @@ Run load_run_unchecked(const std::string& path) {
     if (b.contains("throttled") && b["throttled"].is_number() && b["throttled"].get<double>() > 0) ++s.throttled;
     if (b.contains("layers") && b["layers"].is_number()) s.layers = b["layers"].get<double>();
     if (b.contains("label") && b["label"].is_string()) s.label = b["label"].get<std::string>();
+    if (b.contains("ab_round") && b["ab_round"].is_number_integer()) s.round.push_back(b["ab_round"].get<int>());
+  }
+  if (auto it = r.context.find("ab_rounds"); it != r.context.end()) {
+    try {
+      r.rounds = std::stoi(it->second);
+    } catch (const std::exception&) {
+      throw CompareError(fmt::format("{}: ab_rounds is {}, not a number of rounds", path, it->second));
+    }
+    for (const auto& [key, s] : r.benchmarks)
+      if (s.round.size() != s.ms.size() ||
+          std::any_of(s.round.begin(), s.round.end(), [&](int k) { return k < 1 || k > r.rounds; }))
+        throw CompareError(
+            fmt::format("{}: {} has repetitions without a round 1..{} (\"ab_round\"); pool the rounds "
+                        "with scripts/ab.sh",
+                        path, key, r.rounds));
   }
   return r;
 }
@@ -236,6 +251,20 @@ Run load_history_unchecked(const std::string& path, const Run& head, int last) {
     matching.push_back(std::move(rec));
   }
   Run r;
+  // every matching run's median per benchmark, oldest first: the series behind the noise and the
+  // change points
+  for (std::size_t i = 0; i < matching.size(); ++i) {
+    const json& rec = matching[i];
+    r.history.push_back({rec.value("revision", std::string("?")), rec.value("time", std::string())});
+    if (!rec.contains("benchmarks") || !rec["benchmarks"].is_object()) continue;
+    for (const auto& [key, b] : rec["benchmarks"].items()) {
+      auto [it, fresh] = r.benchmarks.try_emplace(key);
+      if (fresh) r.order.push_back(key);
+      auto& med = it->second.run_medians;
+      med.resize(matching.size(), NAN);
+      if (b.contains("median_ms") && b["median_ms"].is_number()) med[i] = b["median_ms"].get<double>();
+    }
+  }
   const std::size_t from = matching.size() > static_cast<std::size_t>(last) ? matching.size() - last : 0;
   std::vector<std::string> revs;
   for (std::size_t i = from; i < matching.size(); ++i) {
@@ -244,8 +273,7 @@ Run load_history_unchecked(const std::string& path, const Run& head, int last) {
     revs.push_back(rec.value("revision", std::string("?")));
     if (!rec.contains("benchmarks") || !rec["benchmarks"].is_object()) continue;
     for (const auto& [key, b] : rec["benchmarks"].items()) {
-      auto [it, fresh] = r.benchmarks.try_emplace(key);
-      if (fresh) r.order.push_back(key);
+      auto it = r.benchmarks.find(key);
       for (const auto& v : b.value("ms", json::array())) it->second.ms.push_back(v.get<double>());
       it->second.throttled += b.value("throttled", 0);
       it->second.layers = b.value("layers", 1.0);

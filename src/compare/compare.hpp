@@ -1,8 +1,17 @@
-// stepbench compare: the regression gate. Two runs' JSON (Google Benchmark's format with
-// repetitions, as `stepbench --json` writes it, or ab.sh's pooled rounds), or a run against the
-// history of earlier runs on the same machine, compared per benchmark: a one-sided Mann-Whitney U
-// test on the repetitions with Holm's correction, the median ratio with a bootstrap interval, a
-// noise floor from each side's own spread, and a status. When a phase regresses and both runs
+// stepbench compare: the regression gate. A run is one observation: repetitions inside one process
+// share its state, so separate runs differ by more than one run's repetitions do (the run-to-run
+// noise), and the verdict is judged with that noise, by the evidence at hand:
+//   rounds   ab.sh's interleaved rounds (pooled files with "ab_round"): each round's median paired
+//            with the other side's in the same time slot, a one-sided Wilcoxon signed-rank test
+//            over the rounds (Holm over the phases), a paired bootstrap interval of the ratio;
+//   history  a run against earlier runs of the same machine and configuration (--history): their
+//            medians since the last change point give the noise, and a prediction interval (t)
+//            says whether HEAD is outside it; change points in each series are found and dated;
+//   runs     two lone files: the run-to-run noise is a stated default per backend (or
+//            --run-noise), and the change must exceed what two runs move by chance.
+// In the last two the within-run U test (Holm) is a necessary condition too. Without enough
+// evidence the verdict is "unknown", with the smallest change the comparison could have shown
+// (the minimum detectable change) and what to run to decide. When a phase regresses and both runs
 // carry per-layer timings (--per-layer), the layers and directions that moved most are named.
 #pragma once
 #include <map>
@@ -19,10 +28,16 @@ class CompareError : public std::runtime_error {
 };
 
 struct Series {
-  std::vector<double> ms;  // one value per repetition (per call of the timed region), milliseconds
-  int throttled = 0;       // repetitions during which the GPU was throttled (the "throttled" counter)
-  double layers = 1;       // per-layer benchmarks: how many layers of the model have this shape
-  std::string label;       // per-layer benchmarks: those layers' names
+  std::vector<double> ms;           // one value per repetition (per call of the timed region), milliseconds
+  int throttled = 0;                // repetitions during which the GPU was throttled (the "throttled" counter)
+  double layers = 1;                // per-layer benchmarks: how many layers of the model have this shape
+  std::string label;                // per-layer benchmarks: those layers' names
+  std::vector<int> round;           // ab.sh's pooled files: each repetition's round (1..rounds); else empty
+  std::vector<double> run_medians;  // a history: each earlier run's median (NaN: not in that run)
+};
+
+struct HistoryRun {
+  std::string revision, time;
 };
 
 struct Run {
@@ -30,6 +45,8 @@ struct Run {
   std::map<std::string, std::string> context;  // Google Benchmark's context with stepbench's keys
   std::map<std::string, Series> benchmarks;    // by key (benchmark_key)
   std::vector<std::string> order;              // keys in file order
+  int rounds = 0;                              // ab.sh's pooled files: the rounds per side
+  std::vector<HistoryRun> history;             // a history: every matching earlier run, oldest first
 };
 
 // A benchmark's name without Google Benchmark's "/repeats:N" and "/manual_time" suffixes, so that
@@ -63,9 +80,15 @@ struct Options {
   double threshold = 0.02;  // the smallest relative change reported as a regression or improvement
   double alpha = 0.05;      // family-wise error rate (Holm) and 1 - the interval's confidence
   int min_repetitions = 3;
+  double run_noise = -1;         // the run-to-run noise (relative sd of a run's median); < 0: stated default
+  bool fail_on_unknown = false;  // exit 1 when a phase's verdict is unknown
 };
 
-enum class Status { regression, suspicious, no_change, improvement, insufficient, unstable };
+// The stated run-to-run noise for two lone runs of a backend (relative sd of a run's median),
+// conservative: the largest measured between runs on a 2-core VM (cpu, 20%); 5% on cuda.
+double default_run_noise(const std::string& backend);
+
+enum class Status { regression, suspicious, no_change, improvement, insufficient, unstable, unknown };
 const char* to_string(Status s);
 
 struct LayerMove {
@@ -83,20 +106,37 @@ struct Row {
   double base_ms = 0, head_ms = 0;    // medians
   double change = 0;                  // head / base - 1
   double ci_lo = 0, ci_hi = 0;        // of the ratio head / base
-  double p_slower = 1, p_faster = 1;  // Holm-adjusted one-sided p-values
+  double p_slower = 1, p_faster = 1;  // the run-level test's one-sided p-values, Holm-adjusted
   double noise = 0;                   // the noise floor: the larger side's relative spread
   int throttled_base = 0, throttled_head = 0;
   bool per_layer = false;
   std::size_t repetitions_needed = 0;  // insufficient for too few repetitions: how many per side would do
   std::vector<LayerMove> layers;       // regressions (and unstable) of a phase: what moved most
+  // the run-level evidence
+  std::string evidence;                      // "rounds", "history" or "runs"
+  std::size_t runs_base = 0, runs_head = 0;  // rounds, or runs, per side
+  double run_noise = 0;                      // the relative run-to-run sd used (runs, history)
+  std::string noise_source;                  // where it came from
+  double mdc = 0;                            // the smallest change (a fraction) this comparison could show
+  std::size_t rounds_needed = 0;             // unknown: about how many ab.sh rounds would decide --threshold
+};
+
+// A change point in a benchmark's history (the series of its runs' medians, HEAD last if given).
+struct HistoryChange {
+  std::string key;
+  std::size_t run = 0;         // index of the first run after the change in the series
+  std::string revision, time;  // that run's
+  double change = 0, lo = 0, hi = 0, p = 1;
+  bool head = false;  // the change is at HEAD itself
 };
 
 struct Report {
   std::string base_source, head_source;
   Options options;
-  std::vector<Row> rows;           // phases, then per-layer benchmarks
-  std::vector<std::string> notes;  // fingerprint or configuration differences, ...
-  int exit_code() const;           // 1 when a benchmark regressed, else 0
+  std::vector<Row> rows;               // phases, then per-layer benchmarks
+  std::vector<std::string> notes;      // fingerprint or configuration differences, ...
+  std::vector<HistoryChange> changes;  // --history: change points of the phases' series
+  int exit_code() const;               // 1 when a benchmark regressed (or, with fail_on_unknown, a phase is unknown)
   // "" or what to rerun when a phase had too few repetitions to decide: "rerun both runs with
   // --repetitions N" (N: the most any row needs).
   std::string rerun_hint() const;

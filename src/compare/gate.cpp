@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "compare/compare.hpp"
+#include "compare/evidence.hpp"
 #include "compare/stats.hpp"
 
 namespace stepbench::compare {
@@ -18,18 +19,41 @@ const char* to_string(Status s) {
     case Status::improvement: return "improvement";
     case Status::insufficient: return "insufficient data";
     case Status::unstable: return "unstable";
+    case Status::unknown: return "unknown";
   }
   return "?";
 }
 
 int Report::exit_code() const {
-  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.status == Status::regression; }) ? 1 : 0;
+  return std::any_of(rows.begin(), rows.end(),
+                     [&](const Row& r) {
+                       return r.status == Status::regression ||
+                              (options.fail_on_unknown && !r.per_layer && r.status == Status::unknown);
+                     })
+             ? 1
+             : 0;
 }
 
 std::string Report::rerun_hint() const {
-  std::size_t n = 0;
-  for (const auto& r : rows) n = std::max(n, r.status == Status::insufficient ? r.repetitions_needed : 0);
-  return n == 0 ? "" : fmt::format("to decide, rerun both runs with --repetitions {} (or more)", n);
+  std::size_t reps = 0, rounds = 0;
+  for (const auto& r : rows) {
+    if (r.status == Status::insufficient) reps = std::max(reps, r.repetitions_needed);
+    // rounds for the phases (per-layer rows need many more to survive Holm over dozens of shapes)
+    if (!r.per_layer && (r.status == Status::insufficient || r.status == Status::unknown))
+      rounds = std::max(rounds, r.rounds_needed);
+  }
+  if (reps > 0) return fmt::format("to decide, rerun both runs with --repetitions {} (or more)", reps);
+  if (rounds >= 1000)
+    return fmt::format(
+        "to decide {:.1f}% at this noise would take more than 1000 interleaved rounds: quiet the "
+        "machine, raise --threshold, or keep a --history",
+        100 * options.threshold);
+  if (rounds > 0)
+    return fmt::format(
+        "to decide {:.1f}%, run both revisions interleaved: scripts/ab.sh BASE HEAD --rounds {} -- <the "
+        "same flags>",
+        100 * options.threshold, rounds);
+  return "";
 }
 
 namespace {
@@ -56,8 +80,8 @@ const char* direction_name(const std::string& d) {
   return d == "fwd" ? "forward" : d == "bwd_data" ? "backward data" : "backward filter";
 }
 
-// Fills the row's statistics (not the adjusted p-values or the status).
-void measure(Row& r, const Series& b, const Series& h, const Options& o) {
+// Fills the row's medians and spreads; the run-level evidence fills the change's interval.
+void measure(Row& r, const Series& b, const Series& h) {
   r.n_base = b.ms.size();
   r.n_head = h.ms.size();
   r.base_ms = median(b.ms);
@@ -66,39 +90,40 @@ void measure(Row& r, const Series& b, const Series& h, const Options& o) {
   r.noise = std::max(relative_spread(b.ms), relative_spread(h.ms));
   r.throttled_base = b.throttled;
   r.throttled_head = h.throttled;
-  const Interval iv = bootstrap_median_ratio(b.ms, h.ms, 1 - o.alpha);
-  r.ci_lo = iv.lo;
-  r.ci_hi = iv.hi;
+  r.ci_lo = r.ci_hi = NAN;
 }
 
-void decide(Row& r, const Options& o) {
-  const double floor = std::max(o.threshold, r.noise);
-  const bool slower = r.p_slower < o.alpha && r.ci_lo > 1 && r.change > floor;
-  const bool faster = r.p_faster < o.alpha && r.ci_hi < 1 && -r.change > floor;
+const char* evidence_can_show(const std::string& evidence) {
+  return evidence == "rounds"    ? "these rounds show"
+         : evidence == "history" ? "a run against this history shows"
+                                 : "two lone runs show";
+}
+
+void decide(Row& r, const Options& o, bool u_slower, bool u_faster) {
+  const double floor = o.threshold;
+  const bool slower = r.p_slower < o.alpha && u_slower && r.change > floor;
+  const bool faster = r.p_faster < o.alpha && u_faster && -r.change > floor;
   // a GPU throttled in some repetitions of one side and not as often in the other: the difference
   // may be the clocks, not the code (both sides held at the same power cap compare fairly)
   const bool throttled = r.n_base > 0 && r.n_head > 0 &&
                          static_cast<double>(r.throttled_base) / static_cast<double>(r.n_base) !=
                              static_cast<double>(r.throttled_head) / static_cast<double>(r.n_head);
-  const std::string floor_text =
-      fmt::format("{:.1f}% ({})", 100 * floor, floor > o.threshold ? "the runs' own spread" : "--threshold");
+  const std::string can_show = fmt::format("{} changes beyond {:.1f}%", evidence_can_show(r.evidence), 100 * r.mdc);
   if (slower) {
     r.status = throttled ? Status::unstable : Status::regression;
-    r.reason = throttled ? fmt::format("slower, but the GPU was throttled in {} base and {} head repetitions",
-                                       r.throttled_base, r.throttled_head)
-                         : fmt::format("slower by more than {}, p {:.2g} after Holm", floor_text, r.p_slower);
+    r.reason = throttled
+                   ? fmt::format("slower, but the GPU was throttled in {} base and {} head repetitions",
+                                 r.throttled_base, r.throttled_head)
+                   : fmt::format("slower beyond the run-to-run noise ({}; p {:.2g} after Holm)", can_show, r.p_slower);
   } else if (faster) {
     r.status = Status::improvement;
-    r.reason = fmt::format("faster by more than {}, p {:.2g} after Holm", floor_text, r.p_faster);
-  } else if (r.change > floor) {
-    r.status = Status::suspicious;
-    r.reason = fmt::format("slower by more than {} but not significant (p {:.2g} after Holm, interval from {:+.1f}%)",
-                           floor_text, r.p_slower, 100 * (r.ci_lo - 1));
-  } else {
+    r.reason = fmt::format("faster beyond the run-to-run noise ({}; p {:.2g} after Holm)", can_show, r.p_faster);
+  } else if (r.mdc <= floor) {
     r.status = Status::no_change;
-    r.reason = r.p_slower < o.alpha && r.ci_lo > 1   ? fmt::format("slower, significant, but within {}", floor_text)
-               : r.p_faster < o.alpha && r.ci_hi < 1 ? fmt::format("faster, significant, but within {}", floor_text)
-                                                     : "";
+    r.reason = fmt::format("within the noise; {}", can_show);
+  } else {
+    r.status = Status::unknown;
+    r.reason = fmt::format("within the run-to-run noise ({}; the noise from {})", can_show, r.noise_source);
   }
 }
 
@@ -153,6 +178,18 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
   if (!machine.empty()) rep.notes.push_back(fmt::format("different machines: {}", fmt::join(machine, "; ")));
   if (!config.empty()) rep.notes.push_back(fmt::format("different configurations: {}", fmt::join(config, "; ")));
   const bool from_history = base.source.rfind("history ", 0) == 0;
+  const bool paired = !from_history && base.rounds > 0 && head.rounds > 0;
+  const int rounds = std::min(base.rounds, head.rounds);
+  const std::string evidence = paired ? "rounds" : from_history ? "history" : "runs";
+  if (paired && base.rounds != head.rounds)
+    rep.notes.push_back(
+        fmt::format("the sides ran {} and {} rounds: the first {} are paired", base.rounds, head.rounds, rounds));
+  // the stated run-to-run noise where the evidence does not measure it
+  const std::string backend = head.context.count("backend") ? head.context.at("backend") : "cpu";
+  const double sigma = o.run_noise >= 0 ? o.run_noise : default_run_noise(backend);
+  const std::string sigma_source =
+      o.run_noise >= 0 ? fmt::format("--run-noise {:.1f}%", 100 * sigma)
+                       : fmt::format("the stated default for {}, {:.1f}% (--run-noise)", backend, 100 * sigma);
   std::vector<std::string> keys;
   for (const auto& k : head.order)
     if (base.benchmarks.count(k) || (from_history && base.benchmarks.empty())) keys.push_back(k);
@@ -167,17 +204,18 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
     Row r;
     r.key = k;
     r.per_layer = is_per_layer(k);
+    r.evidence = evidence;
     auto bi = base.benchmarks.find(k);
     if (bi == base.benchmarks.end()) {
       r.n_head = head.benchmarks.at(k).ms.size();
       r.reason = "no earlier run on this machine and configuration in the history";
     } else {
-      measure(r, bi->second, head.benchmarks.at(k), o);
+      measure(r, bi->second, head.benchmarks.at(k));
       if (!machine.empty())
         r.reason = "different machines";
       else if (!config.empty())
         r.reason = "different configurations";
-      else if (std::min(r.n_base, r.n_head) < static_cast<std::size_t>(o.min_repetitions)) {
+      else if (!paired && std::min(r.n_base, r.n_head) < static_cast<std::size_t>(o.min_repetitions)) {
         r.reason = fmt::format("{} and {} repetitions; at least {} per side (--repetitions)", r.n_base, r.n_head,
                                o.min_repetitions);
         r.repetitions_needed = static_cast<std::size_t>(o.min_repetitions);
@@ -187,54 +225,103 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
     rep.rows.push_back(r);
   }
   for (bool layer_family : {false, true}) {
-    // Holm multiplies the smallest p-value by the family's size m: sizes whose smallest reachable
-    // p-value (1 / C(n1 + n2, n1)) times m is not below alpha can never be significant
     std::size_t m = 0;
     for (const auto& r : rep.rows) m += r.per_layer == layer_family && r.status != Status::insufficient;
-    for (auto& r : rep.rows) {
-      if (r.per_layer != layer_family || r.status == Status::insufficient) continue;
-      if (static_cast<double>(m) * smallest_p(r.n_base, r.n_head) >= o.alpha) {
-        std::size_t n = 2;
-        while (static_cast<double>(m) * smallest_p(n, n) >= o.alpha) ++n;
-        r.status = Status::insufficient;
-        r.repetitions_needed = n;
-        r.reason =
-            fmt::format("{} and {} repetitions cannot reach p < {:g} after Holm over {} {}; at least {} per side",
-                        r.n_base, r.n_head, o.alpha, m, layer_family ? "per-layer benchmarks" : "phases", n);
+    if (!paired) {
+      // the within-run U test is a necessary condition: Holm multiplies the smallest p-value by the
+      // family's size m, so sizes whose smallest reachable p-value (1 / C(n1 + n2, n1)) times m is
+      // not below alpha can never decide
+      for (auto& r : rep.rows) {
+        if (r.per_layer != layer_family || r.status == Status::insufficient) continue;
+        if (static_cast<double>(m) * smallest_p(r.n_base, r.n_head) >= o.alpha) {
+          std::size_t n = 2;
+          while (static_cast<double>(m) * smallest_p(n, n) >= o.alpha) ++n;
+          r.status = Status::insufficient;
+          r.repetitions_needed = n;
+          r.reason =
+              fmt::format("{} and {} repetitions cannot reach p < {:g} after Holm over {} {}; at least {} per side",
+                          r.n_base, r.n_head, o.alpha, m, layer_family ? "per-layer benchmarks" : "phases", n);
+        }
       }
+      // what a rerun needs, for every row short of repetitions: Holm over the rows that would then count
+      std::size_t family = 0;
+      for (const auto& r : rep.rows)
+        family += r.per_layer == layer_family && (r.status != Status::insufficient || r.repetitions_needed > 0);
+      std::size_t need = 2;
+      while (static_cast<double>(family) * smallest_p(need, need) >= o.alpha) ++need;
+      for (auto& r : rep.rows)
+        if (r.per_layer == layer_family && r.repetitions_needed > 0)
+          r.repetitions_needed = std::max(r.repetitions_needed, need);
+      m = 0;
+      for (const auto& r : rep.rows) m += r.per_layer == layer_family && r.status != Status::insufficient;
     }
-    // what a rerun needs, for every row short of repetitions: Holm over the rows that would then count
-    std::size_t family = 0;
-    for (const auto& r : rep.rows)
-      family += r.per_layer == layer_family && (r.status != Status::insufficient || r.repetitions_needed > 0);
-    std::size_t need = 2;
-    while (static_cast<double>(family) * smallest_p(need, need) >= o.alpha) ++need;
-    for (auto& r : rep.rows)
-      if (r.per_layer == layer_family && r.repetitions_needed > 0)
-        r.repetitions_needed = std::max(r.repetitions_needed, need);
+    if (m == 0) continue;
+    // the run-level evidence of each eligible row
     std::vector<std::size_t> idx;
-    std::vector<double> ps, pf;
+    std::vector<RunEvidence> ev;
     for (std::size_t i = 0; i < rep.rows.size(); ++i) {
       Row& r = rep.rows[i];
       if (r.per_layer != layer_family || r.status == Status::insufficient) continue;
-      const auto& b = base.benchmarks.at(r.key).ms;
-      const auto& h = head.benchmarks.at(r.key).ms;
+      const Series& b = base.benchmarks.at(r.key);
+      const Series& h = head.benchmarks.at(r.key);
+      RunEvidence e = paired         ? rounds_evidence(b, h, rounds, o.alpha, m)
+                      : from_history ? history_evidence(b, r.head_ms, o.alpha, m, sigma, sigma_source)
+                                     : runs_evidence(r.base_ms, r.head_ms, o.alpha, m, sigma, sigma_source);
+      r.runs_base = e.n_base;
+      r.runs_head = e.n_head;
+      if (!e.usable) {
+        r.status = Status::insufficient;
+        r.reason = paired ? fmt::format("{} rounds paired; at least 3 (ab.sh --rounds)", e.n_base)
+                          : "no earlier run's median in the history";
+        continue;
+      }
+      if (paired && static_cast<double>(m) * smallest_signed_rank_p(e.n_base) >= o.alpha) {
+        r.status = Status::insufficient;
+        r.rounds_needed = rounds_for(o.threshold, std::max(e.rounds_sd, 1e-9), o.alpha, m);
+        std::size_t n = 3;
+        while (static_cast<double>(m) * smallest_signed_rank_p(n) >= o.alpha) ++n;
+        r.rounds_needed = std::max(r.rounds_needed, n);
+        r.reason = fmt::format("{} rounds cannot reach p < {:g} after Holm over {} {}; at least {} (ab.sh --rounds)",
+                               e.n_base, o.alpha, m, layer_family ? "per-layer benchmarks" : "phases", n);
+        continue;
+      }
+      r.change = std::exp(e.d) - 1;
+      if (from_history) r.base_ms = r.head_ms / std::exp(e.d);  // the history's level since its last change
+      r.ci_lo = e.ratio.lo;
+      r.ci_hi = e.ratio.hi;
+      r.run_noise = e.noise;
+      r.noise_source = e.source;
+      r.mdc = std::expm1(e.crit);
       idx.push_back(i);
-      ps.push_back(mann_whitney_u(h, b, Alternative::greater).p);
-      pf.push_back(mann_whitney_u(h, b, Alternative::less).p);
+      ev.push_back(e);
     }
-    const auto as = holm(ps), af = holm(pf);
+    // Holm over the family: the run-level tests, and (runs, history) the within-run U test, which is
+    // a necessary condition
+    std::vector<double> ps, pf, us, uf;
+    for (std::size_t j = 0; j < idx.size(); ++j) {
+      ps.push_back(ev[j].p_slower);
+      pf.push_back(ev[j].p_faster);
+      const auto& b = base.benchmarks.at(rep.rows[idx[j]].key).ms;
+      const auto& h = head.benchmarks.at(rep.rows[idx[j]].key).ms;
+      us.push_back(paired ? 0.0 : mann_whitney_u(h, b, Alternative::greater).p);
+      uf.push_back(paired ? 0.0 : mann_whitney_u(h, b, Alternative::less).p);
+    }
+    const auto as = holm(ps), af = holm(pf), aus = holm(us), auf = holm(uf);
     for (std::size_t j = 0; j < idx.size(); ++j) {
       Row& r = rep.rows[idx[j]];
       r.p_slower = as[j];
       r.p_faster = af[j];
-      decide(r, o);
+      const double sd_rounds = paired ? ev[j].rounds_sd : std::sqrt(2.0) * std::max(ev[j].noise, 1e-9);
+      r.rounds_needed = rounds_for(o.threshold, std::max(sd_rounds, 1e-9), o.alpha, idx.size());
+      if (paired && r.rounds_needed <= ev[j].n_base) r.rounds_needed = ev[j].n_base + 1;
+      decide(r, o, aus[j] < o.alpha, auf[j] < o.alpha);
     }
   }
   for (auto& r : rep.rows)
-    if (!r.per_layer &&
-        (r.status == Status::regression || r.status == Status::unstable || r.status == Status::suspicious))
+    if (!r.per_layer && (r.status == Status::regression || r.status == Status::unstable ||
+                         (r.status == Status::unknown && r.change > o.threshold)))
       r.layers = layers_that_moved(r, rep.rows, base, head, o);
+  if (from_history) rep.changes = history_changes(base, head, rep.rows, o);
   return rep;
 }
 

@@ -1,8 +1,11 @@
 // The report as text (stdout), markdown (a GitHub job summary) and JSON.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "compare/compare.hpp"
 
@@ -16,19 +19,39 @@ std::string interval(const Row& r) {
              ? "-"
              : fmt::format("[{}, {}]", pct(r.ci_lo - 1), pct(r.ci_hi - 1));
 }
-std::string pvalue(const Row& r) { return r.status == Status::insufficient ? "-" : fmt::format("{:.2g}", r.p_slower); }
 
 // Per-layer rows are shown when they moved (a status other than no change); the rest are counted.
 bool shown(const Row& r) { return !r.per_layer || (r.status != Status::no_change && r.status != Status::insufficient); }
 
-std::string header(const Report& r) {
+// The part of the benchmark names every row shares (up to a '/'), shown once in the header; rows
+// are named by the rest (the phase, or the layer and direction).
+std::string common_prefix(const Report& r) {
+  if (r.rows.empty()) return "";
+  std::string p = r.rows.front().key;
+  for (const auto& row : r.rows) {
+    std::size_t n = 0;
+    while (n < p.size() && n < row.key.size() && p[n] == row.key[n]) ++n;
+    p.resize(n);
+  }
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? "" : p.substr(0, slash + 1);
+}
+
+std::string evidence_line(const Report& r) {
   std::size_t phases = 0, layers = 0;
-  for (const auto& row : r.rows) (row.per_layer ? layers : phases) += 1;
-  return fmt::format(
-      "base: {}\nhead: {}\nthreshold {:.1f}%, alpha {:g} (Holm over {} phases{}), {:.0f}% bootstrap intervals of the "
-      "median ratio",
-      r.base_source, r.head_source, 100 * r.options.threshold, r.options.alpha, phases,
-      layers ? fmt::format(" and, apart, {} per-layer benchmarks", layers) : "", 100 * (1 - r.options.alpha));
+  std::string evidence = "runs";
+  for (const auto& row : r.rows) {
+    (row.per_layer ? layers : phases) += 1;
+    evidence = row.evidence.empty() ? evidence : row.evidence;
+  }
+  const std::string how =
+      evidence == "rounds"    ? "interleaved rounds, each paired with the other side's in its time slot (signed-rank "
+                                "test over the rounds)"
+      : evidence == "history" ? "HEAD against the earlier runs' medians since their last change (prediction interval)"
+                              : "two lone runs: their medians must differ by more than runs differ by chance";
+  return fmt::format("evidence: {}; threshold {:.1f}%, alpha {:g} (Holm over {} phases{})", how,
+                     100 * r.options.threshold, r.options.alpha, phases,
+                     layers ? fmt::format("; apart, {} per-layer benchmarks", layers) : "");
 }
 
 std::string layer_line(const LayerMove& m) {
@@ -37,63 +60,133 @@ std::string layer_line(const LayerMove& m) {
 }
 
 std::string verdict(const Report& r) {
-  int reg = 0, unst = 0, susp = 0, ins = 0, imp = 0;
+  int reg = 0, unst = 0, unk = 0, ins = 0, imp = 0, same = 0;
   for (const auto& row : r.rows) {
+    if (row.per_layer) continue;
     reg += row.status == Status::regression;
     unst += row.status == Status::unstable;
-    susp += row.status == Status::suspicious;
+    unk += row.status == Status::unknown;
     ins += row.status == Status::insufficient;
     imp += row.status == Status::improvement;
+    same += row.status == Status::no_change;
   }
-  return fmt::format("{}: {} regression{}, {} unstable, {} suspicious, {} improvement{}, {} with insufficient data",
-                     reg ? "REGRESSION" : "no regression", reg, reg == 1 ? "" : "s", unst, susp, imp,
-                     imp == 1 ? "" : "s", ins);
+  std::vector<std::string> parts;
+  auto add = [&](int n, const char* what) {
+    if (n) parts.push_back(fmt::format("{} {}", n, what));
+  };
+  add(reg, reg == 1 ? "regression" : "regressions");
+  add(unst, "unstable");
+  add(imp, imp == 1 ? "improvement" : "improvements");
+  add(same, "no change");
+  add(unk, "unknown");
+  add(ins, "insufficient data");
+  const char* head = reg                                     ? "REGRESSION"
+                     : (unk && r.options.fail_on_unknown)    ? "UNKNOWN (--fail-on-unknown)"
+                     : unk && !reg && !imp && !same && !unst ? "no regression found, undecided"
+                                                             : "no regression";
+  return fmt::format("{}: {} (phases)", head, fmt::join(parts, ", "));
 }
+
+// Words wrapped at `width` columns, continuation lines indented by `indent` spaces.
+std::string wrap_words(const std::string& text, std::size_t indent, std::size_t width) {
+  std::string out(indent, ' '), word;
+  std::size_t col = indent;
+  auto flush = [&] {
+    if (word.empty()) return;
+    if (col > indent && col + 1 + word.size() > width) {
+      out += '\n';
+      out.append(indent, ' ');
+      col = indent;
+    } else if (col > indent) {
+      out += ' ';
+      ++col;
+    }
+    out += word;
+    col += word.size();
+    word.clear();
+  };
+  for (char c : text) {
+    if (c == ' ') {
+      flush();
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  out += '\n';
+  return out;
+}
+
+std::string mdc_text(const Row& r) {
+  return r.status == Status::insufficient || !(r.mdc > 0) ? "-" : fmt::format("±{:.1f}%", 100 * r.mdc);
+}
+
+constexpr std::size_t kWidth = 100;
 
 }  // namespace
 
 std::string format_text(const Report& r) {
-  std::string s = "stepbench compare\n" + header(r) + "\n";
-  for (const auto& n : r.notes) s += "note: " + n + "\n";
-  s += fmt::format("{:<64} {:>6} {:>10} {:>10} {:>8} {:>18} {:>9}  {}\n", "benchmark", "n", "base ms", "head ms",
-                   "change", "interval", "p slower", "status");
+  const std::string prefix = common_prefix(r);
+  std::string s = "stepbench compare: " + verdict(r) + "\n";
+  s += "base: " + r.base_source + "\nhead: " + r.head_source + "\n";
+  if (!prefix.empty()) s += "benchmarks: " + prefix + "...\n";
+  s += wrap_words(evidence_line(r), 0, kWidth);
+  for (const auto& n : r.notes) s += wrap_words("note: " + n, 0, kWidth);
+  constexpr std::size_t name_w = 24;
+  s += fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>17} {:>9}\n", "verdict", "benchmark", name_w, "base ms",
+                   "head ms", "change", "interval", "can show");
   std::size_t hidden = 0;
+  std::string said;  // the reason printed last: a row with the same one says nothing more
   for (const auto& row : r.rows) {
     if (!shown(row)) {
       ++hidden;
       continue;
     }
-    s += fmt::format("{:<64} {:>6} {:>10} {:>10} {:>8} {:>18} {:>9}  {}{}\n", row.key,
-                     fmt::format("{}/{}", row.n_base, row.n_head), ms(row.base_ms), ms(row.head_ms),
-                     row.n_base ? pct(row.change) : "-", interval(row), pvalue(row), to_string(row.status),
-                     row.reason.empty() ? "" : " (" + row.reason + ")");
-    for (const auto& m : row.layers) s += "    moved: " + layer_line(m) + "\n";
+    const std::string name = row.key.substr(prefix.size());
+    if (name.size() > name_w) s += fmt::format("{:<12} {}\n", to_string(row.status), name);
+    s +=
+        fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>17} {:>9}\n", name.size() > name_w ? "" : to_string(row.status),
+                    name.size() > name_w ? "" : name, name_w, ms(row.base_ms), ms(row.head_ms),
+                    row.n_base ? pct(row.change) : "-", interval(row), mdc_text(row));
+    if (!row.reason.empty() && row.reason != said) s += wrap_words(row.reason, 4, kWidth);
+    said = row.reason.empty() ? said : row.reason;
+    for (const auto& m : row.layers) s += wrap_words("moved: " + layer_line(m), 4, kWidth);
   }
   if (hidden) s += fmt::format("({} per-layer benchmarks without a change not shown)\n", hidden);
-  if (const std::string h = r.rerun_hint(); !h.empty()) s += h + "\n";
-  return s + verdict(r) + "\n";
+  for (const auto& c : r.changes)
+    s += wrap_words(fmt::format("change point: {} {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}){}, p {:.2g}",
+                                c.key.substr(prefix.size()), 100 * c.change, 100 * c.lo, 100 * c.hi, c.run + 1,
+                                c.revision, c.time.empty() ? "" : ", " + c.time, c.head ? ", HEAD" : "", c.p),
+                    0, kWidth);
+  if (const std::string h = r.rerun_hint(); !h.empty()) s += wrap_words(h, 0, kWidth);
+  return s;
 }
 
 std::string format_markdown(const Report& r) {
+  const std::string prefix = common_prefix(r);
   std::string s = "### stepbench compare: " + verdict(r) + "\n\n";
-  std::string h = header(r);
-  for (std::size_t p = h.find('\n'); p != std::string::npos; p = h.find('\n', p + 3)) h.replace(p, 1, "  \n");
-  s += h + "\n\n";
+  s += "base: " + r.base_source + "  \nhead: " + r.head_source + "  \n";
+  if (!prefix.empty()) s += "benchmarks: `" + prefix + "...`  \n";
+  s += evidence_line(r) + "\n\n";
   for (const auto& n : r.notes) s += "> " + n + "\n\n";
-  s += "| benchmark | n base/head | base ms | head ms | change | interval | p slower | status |\n";
-  s += "|---|---:|---:|---:|---:|---|---:|---|\n";
+  s += "| verdict | benchmark | base ms | head ms | change | interval | can show | why |\n";
+  s += "|---|---|---:|---:|---:|---|---:|---|\n";
   for (const auto& row : r.rows) {
     if (!shown(row)) continue;
     const bool bad = row.status == Status::regression;
-    s += fmt::format("| `{}` | {}/{} | {} | {} | {} | {} | {} | {}{}{}{} |\n", row.key, row.n_base, row.n_head,
-                     ms(row.base_ms), ms(row.head_ms), row.n_base ? pct(row.change) : "-", interval(row), pvalue(row),
-                     bad ? "**" : "", to_string(row.status), bad ? "**" : "",
-                     row.reason.empty() ? "" : ": " + row.reason);
+    s += fmt::format("| {}{}{} | `{}` | {} | {} | {} | {} | {} | {} |\n", bad ? "**" : "", to_string(row.status),
+                     bad ? "**" : "", row.key.substr(prefix.size()), ms(row.base_ms), ms(row.head_ms),
+                     row.n_base ? pct(row.change) : "-", interval(row), mdc_text(row), row.reason);
   }
+  for (const auto& c : r.changes)
+    s += fmt::format("\nchange point: `{}` {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}){}, p {:.2g}\n",
+                     c.key.substr(prefix.size()), 100 * c.change, 100 * c.lo, 100 * c.hi, c.run + 1, c.revision,
+                     c.time.empty() ? "" : ", " + c.time, c.head ? ", HEAD" : "", c.p);
   if (const std::string h = r.rerun_hint(); !h.empty()) s += "\n" + h + "\n";
   for (const auto& row : r.rows) {
     if (row.layers.empty()) continue;
-    s += fmt::format("\n**What moved in `{}`** (per-layer benchmarks, change x layers of that shape):\n\n", row.key);
+    s += fmt::format("\n**What moved in `{}`** (per-layer benchmarks, change x layers of that shape):\n\n",
+                     row.key.substr(prefix.size()));
     for (const auto& m : row.layers) s += "- " + layer_line(m) + "\n";
   }
   return s;
@@ -106,7 +199,22 @@ std::string format_json(const Report& r) {
   j["threshold"] = r.options.threshold;
   j["alpha"] = r.options.alpha;
   j["notes"] = r.notes;
-  j["regression"] = r.exit_code() == 1;
+  j["regression"] =
+      std::any_of(r.rows.begin(), r.rows.end(), [](const Row& x) { return x.status == Status::regression; });
+  j["unknown"] = std::any_of(r.rows.begin(), r.rows.end(),
+                             [](const Row& x) { return !x.per_layer && x.status == Status::unknown; });
+  j["exit_code"] = r.exit_code();
+  j["fail_on_unknown"] = r.options.fail_on_unknown;
+  j["changes"] = nlohmann::json::array();
+  for (const auto& c : r.changes)
+    j["changes"].push_back({{"benchmark", c.key},
+                            {"run", c.run},
+                            {"revision", c.revision},
+                            {"time", c.time},
+                            {"change", c.change},
+                            {"interval", {c.lo, c.hi}},
+                            {"p", c.p},
+                            {"head", c.head}});
   j["rerun"] = r.rerun_hint();
   auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   for (const auto& row : r.rows) {
@@ -122,7 +230,14 @@ std::string format_json(const Report& r) {
                         {"ratio_interval", {num(row.ci_lo), num(row.ci_hi)}},
                         {"p_slower_holm", num(row.p_slower)},
                         {"p_faster_holm", num(row.p_faster)},
-                        {"noise_floor", num(row.noise)},
+                        {"within_run_spread", num(row.noise)},
+                        {"evidence", row.evidence},
+                        {"runs_base", row.runs_base},
+                        {"runs_head", row.runs_head},
+                        {"run_noise", num(row.run_noise)},
+                        {"noise_source", row.noise_source},
+                        {"min_detectable_change", num(row.mdc)},
+                        {"rounds_needed", row.rounds_needed},
                         {"throttled_base", row.throttled_base},
                         {"throttled_head", row.throttled_head}};
     for (const auto& m : row.layers)

@@ -27,6 +27,14 @@ double relative_spread(const std::vector<double>& v) {
 
 namespace {
 
+// The q-quantile of sorted values, interpolated linearly (numpy's default).
+double percentile(const std::vector<double>& sorted, double q) {
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto i = static_cast<std::size_t>(std::floor(pos));
+  const double f = pos - static_cast<double>(i);
+  return i + 1 < sorted.size() ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[i];
+}
+
 // Average ranks (1-based) of the concatenation of x and y, as scipy.stats.rankdata; also the tie
 // term sum(t^3 - t) over groups of equal values.
 std::vector<double> ranks(const std::vector<double>& xy, double* tie_term) {
@@ -144,14 +152,244 @@ Interval bootstrap_median_ratio(const std::vector<double>& base, const std::vect
   }
   std::sort(ratios.begin(), ratios.end());
   const double a = (1 - confidence) / 2;
-  auto at = [&](double q) {
-    const double pos = q * static_cast<double>(ratios.size() - 1);
-    const auto i = static_cast<std::size_t>(std::floor(pos));
-    const double f = pos - static_cast<double>(i);
-    return i + 1 < ratios.size() ? ratios[i] * (1 - f) + ratios[i + 1] * f : ratios[i];
-  };
-  iv.lo = at(a);
-  iv.hi = at(1 - a);
+  iv.lo = percentile(ratios, a);
+  iv.hi = percentile(ratios, 1 - a);
+  return iv;
+}
+
+namespace {
+
+// The number of subsets of {1..n} for each rank sum 0..n(n+1)/2 (the exact null of the signed-rank
+// statistic, times 2^n).
+std::vector<double> signed_rank_counts(std::size_t n) {
+  const std::size_t top = n * (n + 1) / 2;
+  std::vector<double> c(top + 1, 0.0);
+  c[0] = 1;
+  for (std::size_t k = 1; k <= n; ++k)
+    for (std::size_t s = k * (k + 1) / 2; s >= k; --s) c[s] += c[s - k];
+  return c;
+}
+
+}  // namespace
+
+SignedRank wilcoxon_signed_rank(const std::vector<double>& d, Alternative alt) {
+  SignedRank r;
+  if (d.empty()) return r;
+  const bool zeros = std::any_of(d.begin(), d.end(), [](double x) { return x == 0; });
+  r.exact = d.size() <= 50 && !zeros;
+  std::vector<double> v;
+  for (double x : d)
+    if (x != 0 || r.exact) v.push_back(x);
+  r.n = v.size();
+  if (v.empty()) return r;
+  std::vector<double> a(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) a[i] = std::abs(v[i]);
+  double tie_term = 0;
+  const auto rk = ranks(a, &tie_term);
+  double plus = 0;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (v[i] > 0) plus += rk[i];
+  r.t = plus;
+  const double n = static_cast<double>(v.size());
+  if (r.exact) {
+    const auto c = signed_rank_counts(v.size());
+    const auto k = static_cast<std::size_t>(plus);  // scipy: int(r_plus)
+    double total = 0, tail = 0;
+    for (std::size_t s = 0; s < c.size(); ++s) {
+      total += c[s];
+      if (alt == Alternative::greater ? s >= k : s <= k) tail += c[s];
+    }
+    r.p = tail / total;
+  } else {
+    const double mn = n * (n + 1) / 4;
+    // scipy subtracts 0.5 sum(t (t^2 - 1)) over the groups of tied ranks: the same as tie_term / 2
+    const double se = std::sqrt((n * (n + 1) * (2 * n + 1) - 0.5 * tie_term) / 24);
+    const double z = se > 0 ? (plus - mn) / se : 0;
+    r.p = alt == Alternative::greater ? 1 - normal_cdf(z) : normal_cdf(z);
+  }
+  r.p = std::clamp(r.p, 0.0, 1.0);
+  return r;
+}
+
+double smallest_signed_rank_p(std::size_t n) {
+  return std::ldexp(1.0, -static_cast<int>(std::min<std::size_t>(n, 1000)));
+}
+
+double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
+
+double normal_quantile(double p) {
+  if (p <= 0) return -INFINITY;
+  if (p >= 1) return INFINITY;
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200 && hi - lo > 1e-13; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (normal_cdf(mid) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+namespace {
+
+// The regularised incomplete beta function I_x(a, b) (Numerical Recipes' continued fraction).
+double beta_cf(double a, double b, double x) {
+  const double tiny = 1e-300;
+  double c = 1, d = 1 - (a + b) * x / (a + 1);
+  if (std::abs(d) < tiny) d = tiny;
+  d = 1 / d;
+  double h = d;
+  for (int m = 1; m <= 300; ++m) {
+    const double m2 = 2.0 * m;
+    double aa = m * (b - m) * x / ((a + m2 - 1) * (a + m2));
+    d = 1 + aa * d;
+    if (std::abs(d) < tiny) d = tiny;
+    c = 1 + aa / c;
+    if (std::abs(c) < tiny) c = tiny;
+    d = 1 / d;
+    h *= d * c;
+    aa = -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1));
+    d = 1 + aa * d;
+    if (std::abs(d) < tiny) d = tiny;
+    c = 1 + aa / c;
+    if (std::abs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::abs(del - 1) < 1e-15) break;
+  }
+  return h;
+}
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  const double lbt = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
+  const double bt = std::exp(lbt);
+  if (x < (a + 1) / (a + b + 2)) return bt * beta_cf(a, b, x) / a;
+  return 1 - bt * beta_cf(b, a, 1 - x) / b;
+}
+
+}  // namespace
+
+double student_t_cdf(double t, double df) {
+  if (!(df > 0)) return NAN;
+  const double x = df / (df + t * t);
+  const double tail = 0.5 * incomplete_beta(df / 2, 0.5, x);
+  return t >= 0 ? 1 - tail : tail;
+}
+
+double student_t_quantile(double p, double df) {
+  if (p <= 0) return -INFINITY;
+  if (p >= 1) return INFINITY;
+  double lo = -1e6, hi = 1e6;
+  for (int i = 0; i < 300 && hi - lo > 1e-12 * std::max(1.0, std::abs(lo)); ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (student_t_cdf(mid, df) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+MeanSd mean_sd(const std::vector<double>& v) {
+  MeanSd m{NAN, NAN};
+  if (v.empty()) return m;
+  m.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  if (v.size() < 2) return m;
+  double ss = 0;
+  for (double x : v) ss += (x - m.mean) * (x - m.mean);
+  m.sd = std::sqrt(ss / static_cast<double>(v.size() - 1));
+  return m;
+}
+
+namespace {
+
+// The largest pooled-variance two-sample |t| over the splits of x[0..n) with both sides at least
+// `min_size` long, and where; from prefix sums, O(n).
+std::pair<double, std::size_t> best_split(const std::vector<double>& x, std::size_t min_size) {
+  const std::size_t n = x.size();
+  double best = -1;
+  std::size_t at = 0;
+  double s1 = 0, q1 = 0, s = 0, q = 0;
+  for (double v : x) {
+    s += v;
+    q += v * v;
+  }
+  for (std::size_t i = 0; i + min_size <= n; ++i) {
+    if (i >= min_size) {
+      const double n1 = static_cast<double>(i), n2 = static_cast<double>(n - i);
+      const double m1 = s1 / n1, m2 = (s - s1) / n2;
+      const double ss = (q1 - n1 * m1 * m1) + ((q - q1) - n2 * m2 * m2);
+      const double var = std::max(ss, 0.0) / (n1 + n2 - 2);
+      const double se = std::sqrt(var * (1 / n1 + 1 / n2));
+      const double t = se > 0 ? std::abs(m2 - m1) / se : (m2 != m1 ? INFINITY : 0);
+      if (t > best) {
+        best = t;
+        at = i;
+      }
+    }
+    s1 += x[i];
+    q1 += x[i] * x[i];
+  }
+  return {best, at};
+}
+
+}  // namespace
+
+std::vector<ChangePoint> change_points(const std::vector<double>& log_x, double alpha, double confidence,
+                                       std::size_t min_size, int permutations, std::uint64_t seed) {
+  std::vector<ChangePoint> found;
+  min_size = std::max<std::size_t>(min_size, 2);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<std::size_t, std::size_t>> todo = {{0, log_x.size()}};  // [lo, hi)
+  while (!todo.empty()) {
+    const auto [lo, hi] = todo.back();
+    todo.pop_back();
+    if (hi - lo < 2 * min_size) continue;
+    std::vector<double> seg(log_x.begin() + static_cast<std::ptrdiff_t>(lo),
+                            log_x.begin() + static_cast<std::ptrdiff_t>(hi));
+    const auto [t, at] = best_split(seg, min_size);
+    if (!(t > 0)) continue;
+    int as_large = 0;
+    std::vector<double> perm(seg);
+    for (int k = 0; k < permutations; ++k) {
+      std::shuffle(perm.begin(), perm.end(), rng);
+      if (best_split(perm, min_size).first >= t) ++as_large;
+    }
+    const double p = (1.0 + as_large) / (1.0 + permutations);
+    if (p >= alpha) continue;
+    ChangePoint c;
+    c.index = lo + at;
+    c.p = p;
+    const std::vector<double> a(seg.begin(), seg.begin() + static_cast<std::ptrdiff_t>(at)),
+        b(seg.begin() + static_cast<std::ptrdiff_t>(at), seg.end());
+    const MeanSd ma = mean_sd(a), mb = mean_sd(b);
+    const double na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
+    const double va = ma.sd * ma.sd / na, vb = mb.sd * mb.sd / nb;
+    const double df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1));
+    const double half = student_t_quantile(1 - (1 - confidence) / 2, std::isfinite(df) && df > 0 ? df : na + nb - 2) *
+                        std::sqrt(va + vb);
+    c.change = std::exp(mb.mean - ma.mean) - 1;
+    c.ratio = {std::exp(mb.mean - ma.mean - half), std::exp(mb.mean - ma.mean + half)};
+    found.push_back(c);
+    todo.emplace_back(lo, c.index);
+    todo.emplace_back(c.index, hi);
+  }
+  std::sort(found.begin(), found.end(), [](const ChangePoint& a, const ChangePoint& b) { return a.index < b.index; });
+  return found;
+}
+
+Interval bootstrap_paired_median(const std::vector<double>& d, double confidence, int resamples, std::uint64_t seed) {
+  Interval iv{NAN, NAN};
+  if (d.empty() || resamples < 1) return iv;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, d.size() - 1);
+  std::vector<double> meds, r(d.size());
+  meds.reserve(static_cast<std::size_t>(resamples));
+  for (int k = 0; k < resamples; ++k) {
+    for (auto& v : r) v = d[pick(rng)];
+    meds.push_back(median(r));
+  }
+  std::sort(meds.begin(), meds.end());
+  const double a = (1 - confidence) / 2;
+  iv.lo = std::exp(percentile(meds, a));
+  iv.hi = std::exp(percentile(meds, 1 - a));
   return iv;
 }
 

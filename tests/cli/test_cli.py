@@ -728,15 +728,31 @@ class Compare(unittest.TestCase):
             rc, out, err = run("compare", os.path.join(d, "a.json"), os.path.join(d, "b.json"), "--markdown", md,
                                "--json", js)
             self.assertIn(rc, (0, 1), err)  # two runs back to back: whatever the machine did, not a usage error
-            self.assertIn("tiny/fp32/nchw/gpus:1/batch:4/step", out)
+            self.assertIn("benchmarks: tiny/fp32/nchw/gpus:1/batch:4/...", out)
+            self.assertRegex(out, r"\n[a-z ]+ +step +[0-9.]+ +[0-9.]+ ")  # rows named by phase
+            self.assertTrue(all(len(line) <= 102 for line in out.splitlines()), out)  # 100 columns (+ a 2-byte ±)
             verdict = json.loads(slurp(js))
             self.assertEqual(rc, 1 if verdict["regression"] else 0)
+            # two lone runs: judged with the stated run-to-run noise, which the report shows
+            step = next(b for b in verdict["benchmarks"] if b["benchmark"].endswith("/step"))
+            self.assertEqual(step["evidence"], "runs")
+            self.assertAlmostEqual(step["run_noise"], 0.20)
+            self.assertGreater(step["min_detectable_change"], 0.5)
+            self.assertIn("two lone runs", out)
+            if verdict["unknown"]:  # --fail-on-unknown makes it the exit status
+                rc2, _, err = run("compare", os.path.join(d, "a.json"), os.path.join(d, "b.json"),
+                                  "--fail-on-unknown")
+                self.assertEqual(rc2, 1, err)
+            rc3, out3, err = run("compare", os.path.join(d, "a.json"), os.path.join(d, "b.json"), "--run-noise", "100")
+            self.assertEqual(rc3, 0, err)  # nothing is beyond 100% noise
+            self.assertIn("--run-noise 100.0%", out3)
             self.assertEqual({b["benchmark"].rsplit("/", 1)[1] for b in verdict["benchmarks"]}, {"forward", "step"})
             self.assertTrue(slurp(md).startswith("### stepbench compare"))
             # against the history: both records have this binary's revision, so neither is a baseline
             rc, out, err = run("compare", "--history", hist, os.path.join(d, "b.json"))
             self.assertEqual(rc, 0, err)
-            self.assertIn("insufficient data (no earlier run", out)
+            self.assertIn("insufficient data", out)
+            self.assertIn("no earlier run on this machine", out)
 
     def test_google_benchmarks_compare_matches_runs_of_different_repetitions(self):
         tool = "/usr/share/benchmark/compare.py"
@@ -774,6 +790,7 @@ class Compare(unittest.TestCase):
                                 (["compare", a, os.path.join(d, "missing.json")], ["missing.json"]),
                                 (["compare", a, bad], ["is not JSON"]),
                                 (["compare", a, a, "--threshold", "-1"], ["--threshold"]),
+                                (["compare", a, a, "--run-noise", "-5"], ["--run-noise"]),
                                 (["compare", "--history", a, a, a], ["with --history, give one file"])]:
                 rc, out, err = run(*args)
                 self.assertEqual(rc, 2, f"{args}: {out}{err}")

@@ -1,12 +1,15 @@
 // The regression gate: the U test against scipy, Holm, the status rules on synthetic repetitions
 // (false alarms and power), fingerprints, throttling, the layers that moved, files and history.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
+#include <sstream>
 
 #include "compare/compare.hpp"
 #include "compare/stats.hpp"
@@ -91,9 +94,65 @@ TEST(CompareStats, HolmSmallestPAndMedians) {
   EXPECT_LE(iv.lo, iv.hi);
 }
 
+// scipy 1.10.1: scipy.stats.wilcoxon(d, alternative=...) with its defaults; t and norm from
+// scipy.stats; ttest_ind(equal_var=True) and Welch's interval by hand with t.ppf.
+TEST(CompareStats, SignedRankTAndNormalAgreeWithScipy) {
+  struct Case {
+    std::vector<double> d;
+    double t, p_greater, p_less;
+    bool exact;
+  };
+  std::vector<double> long_d;  // numpy.round(numpy.linspace(-0.05, 0.12, 55), 4)
+  for (int i = 0; i < 55; ++i) long_d.push_back(std::round((-0.05 + 0.17 * i / 54.0) * 1e4) / 1e4);
+  const std::vector<Case> cases = {
+      {{0.031, 0.012, -0.004, 0.027, 0.045, 0.019, 0.008, -0.011, 0.022}, 41.0, 0.013671875, 0.990234375, true},
+      {{0.01, -0.02, 0.03, -0.005, 0.015, -0.012, 0.002}, 16.0, 0.40625, 0.65625, true},
+      // a zero (dropped) and ties: the normal approximation with the tie correction
+      {{0.02, 0.02, -0.01, 0.03, 0.05, -0.02, 0.04, 0.01, 0.06, 0.0, 0.07, -0.03},
+       54.0,
+       0.03055577933768138,
+       0.9694442206623186,
+       false},
+      {long_d, 1268.0, 1.5062654976109001e-05, 0.9999849373450239, false},  // more than 50
+  };
+  for (const auto& c : cases) {
+    const auto g = wilcoxon_signed_rank(c.d, Alternative::greater);
+    EXPECT_DOUBLE_EQ(g.t, c.t);
+    EXPECT_EQ(g.exact, c.exact);
+    EXPECT_NEAR(g.p, c.p_greater, 1e-12);
+    EXPECT_NEAR(wilcoxon_signed_rank(c.d, Alternative::less).p, c.p_less, 1e-12);
+  }
+  EXPECT_DOUBLE_EQ(smallest_signed_rank_p(9), 1.0 / 512);
+  EXPECT_NEAR(student_t_quantile(0.975, 4), 2.7764451051977987, 1e-9);
+  EXPECT_NEAR(student_t_quantile(0.99, 29), 2.4620213601503833, 1e-9);
+  EXPECT_NEAR(student_t_cdf(1.5, 3), 0.8847080673775886, 1e-12);
+  EXPECT_NEAR(student_t_cdf(-2.2, 11), 0.025043055490902084, 1e-12);
+  EXPECT_NEAR(normal_quantile(0.99), 2.3263478740408408, 1e-9);
+  EXPECT_NEAR(normal_cdf(-1.0), 0.15865525393145707, 1e-15);
+}
+
+TEST(CompareStats, ChangePointsOnAFixedSeriesAgreeWithScipy) {
+  // 8 runs at one level, 6 about 6% slower (logs of the medians)
+  const std::vector<double> x = {0.0,   0.01, -0.01, 0.005, -0.004, 0.012, -0.008,
+                                 0.002, 0.06, 0.052, 0.071, 0.058,  0.049, 0.066};
+  const auto cps = change_points(x, 0.005, 0.995);
+  ASSERT_EQ(cps.size(), 1u);
+  EXPECT_EQ(cps[0].index, 8u);
+  EXPECT_LT(cps[0].p, 0.005);
+  // exp(mean after - mean before) - 1 and Welch's 99.5% interval (scipy.stats.t.ppf, df 10.69)
+  EXPECT_NEAR(cps[0].change, 0.06020080974053199, 1e-12);
+  EXPECT_NEAR(cps[0].ratio.lo, 1.0438764620800507, 1e-9);
+  EXPECT_NEAR(cps[0].ratio.hi, 1.0767804407953812, 1e-9);
+  // nothing in a flat series, nothing in one too short to split
+  EXPECT_TRUE(change_points({0.01, -0.01, 0.0, 0.02, -0.02, 0.01, 0.0, -0.01, 0.015, -0.005}, 0.005).empty());
+  EXPECT_TRUE(change_points({0.0, 0.1, 0.2, 0.3, 0.4}, 0.005).empty());
+}
+
 const std::string kPrefix = "tiny/fp32/nchw/gpus:1/batch:16";
 
-CRun synthetic(std::mt19937_64& rng, int reps, double noise, double step_factor, const std::string& device = "cpu0") {
+// Repetitions with within-run noise only; `offset` scales the whole run (a run-level offset).
+CRun synthetic(std::mt19937_64& rng, int reps, double noise, double step_factor, const std::string& device = "cpu0",
+               double offset = 1.0) {
   CRun r;
   r.source = "synthetic";
   r.context = {{"backend", "cpu"}, {"device", device}, {"model", "tiny"}, {"precision", "fp32"}};
@@ -104,36 +163,169 @@ CRun synthetic(std::mt19937_64& rng, int reps, double noise, double step_factor,
     const std::string key = kPrefix + "/" + ph;
     r.order.push_back(key);
     for (int i = 0; i < reps; ++i)
-      r.benchmarks[key].ms.push_back(ms * (ph == "step" ? step_factor : 1.0) * (1 + noise * n(rng)));
+      r.benchmarks[key].ms.push_back(offset * ms * (ph == "step" ? step_factor : 1.0) * (1 + noise * n(rng)));
   }
   return r;
 }
 
-TEST(CompareGate, SameDistributionRaisesNoAlarmIn95PercentOf200Trials) {
-  std::mt19937_64 rng(2026);
-  int alarms = 0;
-  for (int t = 0; t < 200; ++t) {
-    const CRun a = synthetic(rng, 10, 0.01, 1.0), b = synthetic(rng, 10, 0.01, 1.0);
-    alarms += compare_runs(a, b, Options{}).exit_code();
+// The noise of real runs: each run of the binary moves all its phases together by a run-level
+// factor, each phase by a little more on its own, and each repetition by the within-run spread.
+// `typical`: the issue's measurements on a 2-core EPYC (consecutive runs 4-8% apart, within-run cv
+// 1-5%): run sd 4%, 1% more per phase, 2% within. `bimodal`: this machine on 2026-11-28 (tiny, 5
+// repetitions): runs at 16.3 or 24.3 ms (3 of 8 slow), 1.5% within.
+struct NoiseModel {
+  double run = 0.04, phase = 0.01, within = 0.02;
+  double slow_mode = 1.0, slow_share = 0;  // bimodal: a run is slow_mode times slower with this chance
+};
+const NoiseModel kTypical{};
+const NoiseModel kBimodal{0.01, 0.005, 0.015, 1.49, 3.0 / 8};
+
+CRun model_run(std::mt19937_64& rng, int reps, const NoiseModel& m, double step_factor) {
+  std::normal_distribution<double> n(0, 1);
+  std::uniform_real_distribution<double> u(0, 1);
+  double offset = std::exp(m.run * n(rng));
+  if (u(rng) < m.slow_share) offset *= m.slow_mode;
+  CRun r;
+  r.source = "model";
+  r.context = {{"backend", "cpu"}, {"device", "cpu0"}, {"model", "tiny"}, {"precision", "fp32"}};
+  for (const auto& [ph, ms] :
+       std::vector<std::pair<std::string, double>>{{"forward", 3.0}, {"forward_backward", 9.0}, {"step", 10.0}}) {
+    const std::string key = kPrefix + "/" + ph;
+    r.order.push_back(key);
+    const double level = ms * offset * std::exp(m.phase * n(rng)) * (ph == "step" ? step_factor : 1.0);
+    for (int i = 0; i < reps; ++i) r.benchmarks[key].ms.push_back(level * (1 + m.within * n(rng)));
   }
-  EXPECT_LE(alarms, 10) << alarms << " false alarms in 200 trials";
+  return r;
 }
 
-TEST(CompareGate, AFivePercentSlowerStepIsARegressionIn90PercentOfTrials) {
-  std::mt19937_64 rng(7);
-  int found = 0, others = 0;
-  for (int t = 0; t < 200; ++t) {
-    const CRun a = synthetic(rng, 10, 0.01, 1.0), b = synthetic(rng, 10, 0.01, 1.05);
-    const Report rep = compare_runs(a, b, Options{});
-    for (const auto& r : rep.rows) {
-      if (r.key == kPrefix + "/step")
-        found += r.status == Status::regression;
-      else
-        others += r.status == Status::regression;
+// Rounds of ab.sh, pooled as it pools them: round k's repetitions tagged k on both sides.
+std::pair<CRun, CRun> model_rounds(std::mt19937_64& rng, int rounds, int reps, const NoiseModel& m, double head_step) {
+  CRun base, head;
+  for (int k = 1; k <= rounds; ++k)
+    for (auto* side : {&base, &head}) {
+      const CRun one = model_run(rng, reps, m, side == &head ? head_step : 1.0);
+      side->context = one.context;
+      side->order = one.order;
+      for (const auto& [key, s] : one.benchmarks)
+        for (double v : s.ms) {
+          side->benchmarks[key].ms.push_back(v);
+          side->benchmarks[key].round.push_back(k);
+        }
     }
+  base.rounds = head.rounds = rounds;
+  return {base, head};
+}
+
+Status step_status(const Report& rep) {
+  for (const auto& r : rep.rows)
+    if (r.key == kPrefix + "/step") return r.status;
+  return Status::insufficient;
+}
+
+TEST(CompareGate, TwoLoneRunsOfOneBinaryAreNotCalledARegression) {
+  // 1,000 seeded A/A pairs under each model, the stated default noise (cpu: 20%): the issue's
+  // target is at most 5% of pairs called a regression
+  for (const NoiseModel* m : {&kTypical, &kBimodal}) {
+    std::mt19937_64 rng(m == &kTypical ? 45 : 46);
+    int alarms = 0, unknown = 0;
+    for (int t = 0; t < 1000; ++t) {
+      const Report rep = compare_runs(model_run(rng, 5, *m, 1.0), model_run(rng, 5, *m, 1.0), Options{});
+      alarms += rep.exit_code();
+      unknown += step_status(rep) == Status::unknown;
+    }
+    std::cout << (m == &kTypical ? "typical" : "bimodal") << " noise: " << alarms << " of 1000 A/A pairs of lone runs "
+              << "called a regression, " << unknown << " unknown\n";
+    EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 pairs";
+    EXPECT_GT(unknown, 900) << "two lone runs cannot decide 2%: unknown, not no change";
   }
-  EXPECT_GE(found, 180) << found << " of 200";
-  EXPECT_LE(others, 10);  // the phases that did not change stay quiet
+  // the old gate (the U test on the repetitions alone, as if runs did not differ) failed this: with
+  // the run noise set to 0 the same pairs are called regressions far more often than 5%
+  std::mt19937_64 rng(45);
+  Options naive;
+  naive.run_noise = 0;
+  int alarms = 0;
+  for (int t = 0; t < 200; ++t)
+    alarms += compare_runs(model_run(rng, 5, kTypical, 1.0), model_run(rng, 5, kTypical, 1.0), naive).exit_code();
+  std::cout << "with no run-to-run noise (the old gate's assumption): " << alarms << " of 200 A/A pairs called a "
+            << "regression\n";
+  EXPECT_GT(alarms, 40) << "the noise model is not noisy enough to tell the old gate from the new";
+}
+
+TEST(CompareGate, InterleavedRoundsArePairedAndFindATenPercentSlowdown) {
+  // 1,000 A/A sets of 9 rounds: at most 5% called a regression (the signed-rank test is exact)
+  for (const NoiseModel* m : {&kTypical, &kBimodal}) {
+    std::mt19937_64 rng(m == &kTypical ? 9 : 10);
+    int alarms = 0;
+    for (int t = 0; t < 1000; ++t) {
+      const auto [b, h] = model_rounds(rng, 9, 3, *m, 1.0);
+      alarms += compare_runs(b, h, Options{}).exit_code();
+    }
+    std::cout << (m == &kTypical ? "typical" : "bimodal") << " noise: " << alarms
+              << " of 1000 A/A sets of 9 rounds called a regression\n";
+    EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 interleaved sets";
+  }
+  // a 10% slower step: found in at least 90% of 9-round sets (the typical noise)
+  std::mt19937_64 rng(11);
+  int found = 0, others = 0;
+  for (int t = 0; t < 1000; ++t) {
+    const auto [b, h] = model_rounds(rng, 9, 3, kTypical, 1.10);
+    const Report rep = compare_runs(b, h, Options{});
+    for (const auto& r : rep.rows) (r.key == kPrefix + "/step" ? found : others) += r.status == Status::regression;
+  }
+  std::cout << "a 10% slower step: found in " << found << " of 1000 sets of 9 rounds; " << others
+            << " unchanged phases called a regression\n";
+  EXPECT_GE(found, 900) << found << " of 1000";
+  EXPECT_LE(others, 50);
+  // one set, read as a person would: paired rounds, the interval, what the rounds could show
+  const auto [b, h] = model_rounds(rng, 9, 3, kTypical, 1.10);
+  const Report rep = compare_runs(b, h, Options{});
+  const Row& step = rep.rows[2];
+  EXPECT_EQ(step.evidence, "rounds");
+  EXPECT_EQ(step.runs_base, 9u);
+  EXPECT_GT(step.mdc, 0.0);
+  EXPECT_LT(step.mdc, 0.10);
+  EXPECT_LT(step.ci_lo, step.ci_hi);
+  EXPECT_NE(format_text(rep).find("interleaved rounds, each paired"), std::string::npos) << format_text(rep);
+  // too few rounds for the family: insufficient, with the rounds that would do
+  const auto [b3, h3] = model_rounds(rng, 4, 3, kTypical, 1.5);
+  const Report few = compare_runs(b3, h3, Options{});
+  EXPECT_EQ(few.exit_code(), 0);
+  EXPECT_EQ(step_status(few), Status::insufficient);
+  EXPECT_NE(few.rerun_hint().find("--rounds"), std::string::npos) << few.rerun_hint();
+}
+
+TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
+  std::mt19937_64 rng(7);
+  const CRun a = synthetic(rng, 10, 0.01, 1.0), b = synthetic(rng, 10, 0.01, 1.05);
+  const Report rep = compare_runs(a, b, Options{});
+  EXPECT_EQ(rep.exit_code(), 0);
+  const Row& step = rep.rows[3];
+  EXPECT_EQ(step.status, Status::unknown);
+  EXPECT_NEAR(step.run_noise, 0.20, 1e-12);
+  // z(1 - 0.05 / 5) x sqrt(2) x 20%: what two lone runs can show
+  EXPECT_NEAR(step.mdc, std::expm1(normal_quantile(0.99) * std::sqrt(2.0) * 0.20), 1e-9);
+  EXPECT_NE(step.reason.find("the stated default for cpu, 20.0%"), std::string::npos) << step.reason;
+  // at 20% noise, 2% takes more rounds than anyone runs: the hint says so; at 2% noise, ab.sh decides
+  EXPECT_NE(rep.rerun_hint().find("more than 1000 interleaved rounds"), std::string::npos) << rep.rerun_hint();
+  Options two;
+  two.run_noise = 0.02;
+  const Report r2 = compare_runs(a, synthetic(rng, 10, 0.01, 1.03), two);
+  EXPECT_EQ(r2.rows[3].status, Status::unknown);
+  EXPECT_NE(r2.rerun_hint().find("scripts/ab.sh BASE HEAD --rounds"), std::string::npos) << r2.rerun_hint();
+  Options fail;
+  fail.fail_on_unknown = true;
+  EXPECT_EQ(compare_runs(a, b, fail).exit_code(), 1);
+  // a stated noise of 1% (--run-noise 1): the 5% is a regression; beyond any noise, so is +80%
+  Options quiet;
+  quiet.run_noise = 0.01;
+  EXPECT_EQ(compare_runs(a, b, quiet).rows[3].status, Status::regression);
+  EXPECT_EQ(compare_runs(a, synthetic(rng, 10, 0.01, 2.5), Options{}).rows[3].status, Status::regression);
+  // the report: verdict first, rows by phase under a shared header, 100 columns
+  const std::string text = format_text(rep);
+  EXPECT_EQ(text.rfind("stepbench compare: no regression", 0), 0u) << text;
+  EXPECT_NE(text.find("benchmarks: " + kPrefix + "/..."), std::string::npos) << text;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 100u + 2) << line;  // ± is 2 bytes
 }
 
 TEST(CompareGate, DifferentMachinesOrTooFewRepetitionsAreInsufficientData) {
@@ -162,9 +354,11 @@ TEST(CompareGate, DifferentMachinesOrTooFewRepetitionsAreInsufficientData) {
   // below Options::min_repetitions on one side: the rerun needs what Holm over the family needs
   const Report two = compare_runs(synthetic(rng, 2, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), Options{});
   EXPECT_EQ(two.rerun_hint(), "to decide, rerun both runs with --repetitions 5 (or more)");
-  const Report five = compare_runs(synthetic(rng, 5, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), Options{});
+  Options quiet;  // a stated run noise of 1%: the statuses, not the noise, are under test here
+  quiet.run_noise = 0.01;
+  const Report five = compare_runs(synthetic(rng, 5, 0.01, 1.0), synthetic(rng, 5, 0.01, 1.5), quiet);
   EXPECT_EQ(five.rows[3].status, Status::regression) << five.rows[3].reason;
-  EXPECT_EQ(five.rerun_hint(), "");
+  EXPECT_EQ(five.rerun_hint().find("--repetitions"), std::string::npos) << five.rerun_hint();
   CRun e = synthetic(rng, 10, 0.01, 1.0);
   e.context["precision"] = "bf16";
   EXPECT_EQ(compare_runs(a, e, Options{}).rows[0].reason, "different configurations");
@@ -204,7 +398,9 @@ TEST(CompareGate, ThrottledRepetitionsMakeARegressionUnstable) {
   const CRun a = synthetic(rng, 10, 0.01, 1.0);
   CRun b = synthetic(rng, 10, 0.01, 1.2);
   b.benchmarks[kPrefix + "/step"].throttled = 2;
-  const Report rep = compare_runs(a, b, Options{});
+  Options quiet;
+  quiet.run_noise = 0.01;
+  const Report rep = compare_runs(a, b, quiet);
   EXPECT_EQ(rep.exit_code(), 0);
   const auto& step = rep.rows[3];
   ASSERT_EQ(step.key, kPrefix + "/step");
@@ -214,20 +410,22 @@ TEST(CompareGate, ThrottledRepetitionsMakeARegressionUnstable) {
   CRun a2 = a;
   a2.benchmarks[kPrefix + "/step"].throttled = 10;
   b.benchmarks[kPrefix + "/step"].throttled = 10;
-  EXPECT_EQ(compare_runs(a2, b, Options{}).rows[3].status, Status::regression);
+  EXPECT_EQ(compare_runs(a2, b, quiet).rows[3].status, Status::regression);
 }
 
 TEST(CompareGate, AFasterStepIsAnImprovementAndTheThresholdHolds) {
   std::mt19937_64 rng(5);
   const CRun a = synthetic(rng, 10, 0.01, 1.0), b = synthetic(rng, 10, 0.01, 0.9);
-  EXPECT_EQ(compare_runs(a, b, Options{}).rows[3].status, Status::improvement);
-  // a real 5% slowdown under a 10% threshold: significant, but no regression
-  const CRun c = synthetic(rng, 10, 0.01, 1.05);
   Options o;
+  o.run_noise = 0.01;
+  EXPECT_EQ(compare_runs(a, b, o).rows[3].status, Status::improvement);
+  // a real 5% slowdown under a 10% threshold: beyond the noise, but no regression; and since the
+  // runs could have shown 10% (their MDC is 3.3%), no change rather than unknown
+  const CRun c = synthetic(rng, 10, 0.01, 1.05);
   o.threshold = 0.10;
   const Report rep = compare_runs(a, c, o);
   EXPECT_EQ(rep.rows[3].status, Status::no_change);
-  EXPECT_NE(rep.rows[3].reason.find("within 10.0%"), std::string::npos) << rep.rows[3].reason;
+  EXPECT_NE(rep.rows[3].reason.find("two lone runs show changes beyond 3.3%"), std::string::npos) << rep.rows[3].reason;
 }
 
 TEST(CompareGate, NamesTheLayerAndDirectionThatMoved) {
@@ -253,7 +451,9 @@ TEST(CompareGate, NamesTheLayerAndDirectionThatMoved) {
       s.label = l.shape.find("k5x5") != std::string::npos ? "block.branch5x5_2, block2.branch5x5_2" : "";
       for (int i = 0; i < 10; ++i) s.ms.push_back(l.ms * (r == &b ? l.head_factor : 1.0) * (1 + 0.01 * n(rng)));
     }
-  const Report rep = compare_runs(a, b, Options{});
+  Options quiet;
+  quiet.run_noise = 0.01;
+  const Report rep = compare_runs(a, b, quiet);
   EXPECT_EQ(rep.exit_code(), 1);
   const Row* step = nullptr;
   for (const auto& r : rep.rows)
@@ -271,8 +471,111 @@ TEST(CompareGate, NamesTheLayerAndDirectionThatMoved) {
   EXPECT_NE(md.find("backward filter [block.branch5x5_2, block2.branch5x5_2]"), std::string::npos) << md;
   EXPECT_NE(md.find("**regression**"), std::string::npos);
   // the step and the per-layer benchmark itself
-  EXPECT_NE(format_text(rep).find("REGRESSION: 2 regressions"), std::string::npos) << format_text(rep);
+  EXPECT_NE(format_text(rep).find("REGRESSION: 1 regression"), std::string::npos) << format_text(rep);
   EXPECT_NE(format_json(rep).find("\"direction\": \"backward filter\""), std::string::npos);
+}
+
+// Series of run medians (logs): run-level noise `sd`, a step of `step` from run `at` on.
+std::vector<double> series(std::mt19937_64& rng, std::size_t n, double sd, double step, std::size_t at) {
+  std::normal_distribution<double> z(0, sd);
+  std::vector<double> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = z(rng) + (i >= at ? std::log1p(step) : 0.0);
+  return x;
+}
+
+TEST(CompareGate, ChangePointsInAHistoryAreFoundAndDated) {
+  // 1,000 flat series of 30 runs (run noise 4%): at most 1% get a change point
+  std::mt19937_64 rng(30);
+  int false_cps = 0;
+  for (int t = 0; t < 1000; ++t) false_cps += !change_points(series(rng, 30, 0.04, 0, 30), 0.005).empty();
+  std::cout << false_cps << " of 1000 flat 30-run series with a change point\n";
+  EXPECT_LE(false_cps, 10) << false_cps << " of 1000 flat series";
+  // a 5% step 6 runs before the end of a 30-run series, on a runner whose runs move by 1.5%: found
+  // in at least 90% of series within the step's 6 runs, at the right run in at least 80%. (At 2% the
+  // same detector found 86% and 62%; at 4% a 5% step is 1.2 sd, which 6 runs cannot tell from chance
+  // at this false-alarm rate, by any test.)
+  int found = 0, exact = 0;
+  for (int t = 0; t < 1000; ++t) {
+    const auto cps = change_points(series(rng, 30, 0.015, 0.05, 24), 0.005);
+    bool near = false, right = false;
+    for (const auto& c : cps) {
+      near = near || (c.index >= 21 && c.index <= 27);
+      right = right || c.index == 24;
+    }
+    found += near;
+    exact += right;
+  }
+  std::cout << "a 5% step 6 runs from the end: found within 3 runs of it in " << found << " of 1000, at its run in "
+            << exact << "\n";
+  EXPECT_GE(found, 900) << found << " of 1000";
+  EXPECT_GE(exact, 800) << exact << " of 1000";
+}
+
+TEST(CompareFiles, AHistoryGivesTheNoiseAndDatesTheChange) {
+  test::TempDir d("compare");
+  std::mt19937_64 rng(12);
+  std::normal_distribution<double> z(0, 1);
+  // 12 runs whose medians move by 1% between runs; the last 4 are 10% slower in the step
+  std::string lines;
+  for (int i = 0; i < 12; ++i) {
+    CRun r = synthetic(rng, 5, 0.005, i >= 8 ? 1.10 : 1.0, "cpu0", std::exp(0.01 * z(rng)));
+    r.context["revision"] = "rev" + std::to_string(i);
+    lines += history_record(r, fmt::format("2026-11-{:02d}T00:00:00Z", i + 1)) + "\n";
+  }
+  const std::string f = d.write("h.jsonl", lines);
+  CRun head = synthetic(rng, 5, 0.005, 1.10, "cpu0", std::exp(0.01 * z(rng)));
+  head.context["revision"] = "head";
+  const Report rep = compare_runs(load_history(f, head, 5), head, Options{});
+  ASSERT_FALSE(rep.changes.empty());
+  const auto& c = rep.changes.back();
+  EXPECT_EQ(c.key, kPrefix + "/step");
+  EXPECT_EQ(c.run, 8u);  // the first slow run: rev8
+  EXPECT_EQ(c.revision, "rev8");
+  EXPECT_EQ(c.time, "2026-11-09T00:00:00Z");
+  EXPECT_NEAR(c.change, 0.10, 0.03);
+  EXPECT_EQ(rep.exit_code(), 1);  // HEAD sits after a slowdown beyond the threshold
+  const Row& step = rep.rows[3];
+  EXPECT_EQ(step.status, Status::regression);
+  EXPECT_NE(step.reason.find("slowed by"), std::string::npos) << step.reason;
+  EXPECT_NE(format_text(rep).find("change point: step"), std::string::npos) << format_text(rep);
+  // the other phases: no change point; their noise measured from the history, the level unchanged
+  const Row& fwd = rep.rows[0];
+  EXPECT_EQ(fwd.evidence, "history");
+  EXPECT_NE(fwd.noise_source.find("the spread of 12 earlier runs"), std::string::npos) << fwd.noise_source;
+  EXPECT_NE(fwd.status, Status::regression);
+  // a flat history and a HEAD 8% slower than every run in it: outside the prediction interval
+  std::string flat;
+  for (int i = 0; i < 10; ++i) {
+    CRun r = synthetic(rng, 5, 0.005, 1.0, "cpu0", std::exp(0.01 * z(rng)));
+    r.context["revision"] = "f" + std::to_string(i);
+    flat += history_record(r, "t") + "\n";
+  }
+  const std::string g = d.write("flat.jsonl", flat);
+  CRun slow = synthetic(rng, 5, 0.005, 1.08);
+  slow.context["revision"] = "slow";
+  const Report pi = compare_runs(load_history(g, slow, 5), slow, Options{});
+  EXPECT_EQ(pi.rows[3].status, Status::regression) << pi.rows[3].reason;
+  EXPECT_TRUE(pi.changes.empty());
+  CRun same = synthetic(rng, 5, 0.005, 1.0);
+  same.context["revision"] = "same";
+  EXPECT_EQ(compare_runs(load_history(g, same, 5), same, Options{}).exit_code(), 0);
+}
+
+TEST(CompareFiles, AbRoundsReadPairedAndBadRoundsAreRefused) {
+  test::TempDir d("compare");
+  const std::string ok = d.write("ab.json", R"({"context": {"ab_rounds": 2, "ab_side": "base"},
+    "benchmarks": [
+      {"name": "m/step", "run_type": "iteration", "real_time": 2.0, "time_unit": "ms", "ab_round": 1},
+      {"name": "m/step", "run_type": "iteration", "real_time": 2.2, "time_unit": "ms", "ab_round": 2}]})");
+  const CRun r = load_run(ok);
+  EXPECT_EQ(r.rounds, 2);
+  EXPECT_EQ(r.benchmarks.at("m/step").round, (std::vector<int>{1, 2}));
+  EXPECT_THROW(load_run(d.write("r3.json", R"({"context": {"ab_rounds": 2}, "benchmarks": [
+      {"name": "m/step", "run_type": "iteration", "real_time": 2.0, "time_unit": "ms", "ab_round": 3}]})")),
+               CompareError);
+  EXPECT_THROW(load_run(d.write("none.json", R"({"context": {"ab_rounds": 2}, "benchmarks": [
+      {"name": "m/step", "run_type": "iteration", "real_time": 2.0, "time_unit": "ms"}]})")),
+               CompareError);
 }
 
 TEST(CompareFiles, ReadsIterationsAcrossUnitsAndRefusesWhatIsNotARun) {

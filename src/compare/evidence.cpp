@@ -1,0 +1,179 @@
+// The run-level evidence of stepbench compare (evidence.hpp).
+#include "compare/evidence.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace stepbench::compare {
+
+// cpu: on a 2-core EPYC VM (2026-11-28) runs of one binary (tiny, 5 repetitions, within-run cv 1-2%)
+// had step medians of 16.3 and 24.3 ms, a 1.5x between runs: at 20% two lone runs need about 66% to
+// differ beyond chance. cuda: not measured across runs yet; 5%.
+double default_run_noise(const std::string& backend) { return backend == "cuda" ? 0.05 : 0.20; }
+
+namespace {
+
+std::vector<double> round_medians(const Series& s, int rounds) {
+  std::vector<double> med(static_cast<std::size_t>(rounds), NAN);
+  for (int k = 1; k <= rounds; ++k) {
+    std::vector<double> v;
+    for (std::size_t i = 0; i < s.ms.size() && i < s.round.size(); ++i)
+      if (s.round[i] == k) v.push_back(s.ms[i]);
+    if (!v.empty()) med[static_cast<std::size_t>(k - 1)] = median(v);
+  }
+  return med;
+}
+
+}  // namespace
+
+// ab.sh's rounds: round k of each side ran in the same time slot; their medians' log ratios are the
+// paired observations.
+RunEvidence rounds_evidence(const Series& b, const Series& h, int rounds, double alpha, std::size_t family) {
+  RunEvidence e;
+  const auto mb = round_medians(b, rounds), mh = round_medians(h, rounds);
+  std::vector<double> d;
+  for (std::size_t k = 0; k < mb.size() && k < mh.size(); ++k)
+    if (std::isfinite(mb[k]) && std::isfinite(mh[k]) && mb[k] > 0 && mh[k] > 0) d.push_back(std::log(mh[k] / mb[k]));
+  e.n_base = e.n_head = d.size();
+  e.source = fmt::format("the spread of {} paired rounds", d.size());
+  if (d.size() < 3) return e;
+  e.usable = true;
+  e.d = median(d);
+  e.p_slower = wilcoxon_signed_rank(d, Alternative::greater).p;
+  e.p_faster = wilcoxon_signed_rank(d, Alternative::less).p;
+  e.rounds_sd = mean_sd(d).sd;
+  const double n = static_cast<double>(d.size());
+  e.crit = student_t_quantile(1 - alpha / static_cast<double>(family), n - 1) * e.rounds_sd / std::sqrt(n);
+  e.ratio = bootstrap_paired_median(d, 1 - alpha);
+  return e;
+}
+
+// A run against the history: the earlier runs' medians since the last change point give the
+// run-to-run noise; HEAD must fall outside their prediction interval.
+RunEvidence history_evidence(const Series& b, double head_ms, double alpha, std::size_t family, double fallback,
+                             const std::string& fallback_source) {
+  RunEvidence e;
+  std::vector<double> x;
+  for (double m : b.run_medians)
+    if (std::isfinite(m) && m > 0) x.push_back(std::log(m));
+  const auto cps = change_points(x, kChangeAlpha);
+  if (!cps.empty()) x.erase(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cps.back().index));
+  e.n_base = x.size();
+  e.n_head = 1;
+  if (x.empty() || !(head_ms > 0)) return e;
+  e.usable = true;
+  const MeanSd ms = mean_sd(x);
+  const double n = static_cast<double>(x.size());
+  e.d = std::log(head_ms) - ms.mean;
+  if (x.size() >= 3 && ms.sd > 0) {
+    e.noise = ms.sd;
+    e.source = fmt::format("the spread of {} earlier runs{}", x.size(), cps.empty() ? "" : " since the last change");
+    const double se = ms.sd * std::sqrt(1 + 1 / n);
+    e.p_slower = 1 - student_t_cdf(e.d / se, n - 1);
+    e.p_faster = student_t_cdf(e.d / se, n - 1);
+    e.crit = student_t_quantile(1 - alpha / static_cast<double>(family), n - 1) * se;
+    const double half = student_t_quantile(1 - alpha / 2, n - 1) * se;
+    e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+  } else {  // too few runs to measure the noise: the stated default
+    e.noise = fallback;
+    e.source = fmt::format("{} ({} earlier run{}: too few to measure it)", fallback_source, x.size(),
+                           x.size() == 1 ? "" : "s");
+    const double se = fallback * std::sqrt(1 + 1 / n);
+    e.p_slower = 1 - normal_cdf(e.d / se);
+    e.p_faster = normal_cdf(e.d / se);
+    e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
+    const double half = normal_quantile(1 - alpha / 2) * se;
+    e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+  }
+  return e;
+}
+
+// Two lone runs: their medians differ by the run-to-run noise of each, sqrt(2) sigma.
+RunEvidence runs_evidence(double base_ms, double head_ms, double alpha, std::size_t family, double sigma,
+                          const std::string& source) {
+  RunEvidence e;
+  e.n_base = e.n_head = 1;
+  if (!(base_ms > 0 && head_ms > 0)) return e;
+  e.usable = true;
+  e.noise = sigma;
+  e.source = source;
+  e.d = std::log(head_ms / base_ms);
+  const double se = std::sqrt(2.0) * sigma;
+  e.p_slower = se > 0 ? 1 - normal_cdf(e.d / se) : (e.d > 0 ? 0 : 1);
+  e.p_faster = se > 0 ? normal_cdf(e.d / se) : (e.d < 0 ? 0 : 1);
+  e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
+  const double half = normal_quantile(1 - alpha / 2) * se;
+  e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+  return e;
+}
+
+// About how many ab.sh rounds would show a change of `threshold`, with rounds whose log ratios
+// spread by `sd`: the fewest n whose test reaches alpha over the family and whose MDC is at most it.
+std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family) {
+  const double target = std::log1p(threshold);
+  // t's quantile is above the normal's: no n below (z sd / target)^2 will do
+  const double z = normal_quantile(1 - alpha / static_cast<double>(family));
+  const double n0 = std::ceil(z * sd / target * (z * sd / target));
+  if (!(n0 <= 1000)) return 1000;
+  for (auto n = std::max<std::size_t>(3, static_cast<std::size_t>(n0)); n <= 1000; ++n) {
+    if (static_cast<double>(family) * smallest_signed_rank_p(n) >= alpha) continue;
+    const double nn = static_cast<double>(n);
+    if (student_t_quantile(1 - alpha / static_cast<double>(family), nn - 1) * sd / std::sqrt(nn) <= target) return n;
+  }
+  return 1000;
+}
+
+// Change points of each phase's series: the history's run medians, then HEAD's. A slowdown beyond
+// the threshold that HEAD sits after (the last change of the series) makes HEAD's row a regression.
+std::vector<HistoryChange> history_changes(const Run& base, const Run& head, std::vector<Row>& rows, const Options& o) {
+  std::vector<HistoryChange> out;
+  for (auto& r : rows) {
+    if (r.per_layer) continue;
+    auto bi = base.benchmarks.find(r.key);
+    if (bi == base.benchmarks.end()) continue;
+    std::vector<double> x;
+    std::vector<std::size_t> at;  // index into base.history, or history.size() for HEAD
+    for (std::size_t i = 0; i < bi->second.run_medians.size(); ++i)
+      if (const double m = bi->second.run_medians[i]; std::isfinite(m) && m > 0) {
+        x.push_back(std::log(m));
+        at.push_back(i);
+      }
+    if (r.head_ms > 0) {
+      x.push_back(std::log(r.head_ms));
+      at.push_back(base.history.size());
+    }
+    const auto cps = change_points(x, kChangeAlpha);
+    for (std::size_t c = 0; c < cps.size(); ++c) {
+      HistoryChange h;
+      h.key = r.key;
+      h.run = at[cps[c].index];
+      h.head = h.run == base.history.size();
+      if (!h.head && h.run < base.history.size()) {
+        h.revision = base.history[h.run].revision;
+        h.time = base.history[h.run].time;
+      } else {
+        h.revision = head.context.count("revision") ? head.context.at("revision") : "HEAD";
+        h.time = head.context.count("date") ? head.context.at("date") : "";
+      }
+      h.change = cps[c].change;
+      h.lo = cps[c].ratio.lo - 1;
+      h.hi = cps[c].ratio.hi - 1;
+      h.p = cps[c].p;
+      out.push_back(h);
+      const bool last = c + 1 == cps.size();
+      if (last && h.change > o.threshold && h.lo > 0 && r.status != Status::regression &&
+          r.status != Status::insufficient) {
+        r.status = Status::regression;
+        r.reason = fmt::format(
+            "the series slowed by {:+.1f}% [{:+.1f}%, {:+.1f}%] at run {} ({}{}), and HEAD is after "
+            "it (change point p {:.2g})",
+            100 * h.change, 100 * h.lo, 100 * h.hi, h.run + 1, h.revision, h.time.empty() ? "" : ", " + h.time, h.p);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace stepbench::compare
