@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Interleaved A/B benchmark of two revisions on this machine, then `stepbench compare` on the pooled
-# repetitions: the regression gate that .github/workflows/gpu-bench.yml runs.
+# Interleaved A/B benchmark of two revisions on this machine, then `stepbench compare` on the rounds,
+# paired by time slot: the regression gate that .github/workflows/gpu-bench.yml runs.
 #
-#   scripts/ab.sh BASE_REV [HEAD_REV] [--rounds N] [--out DIR] [--threshold PCT] [--alpha A]
+#   scripts/ab.sh BASE_REV [HEAD_REV] [--rounds N] [--out DIR] [--threshold PCT] [--alpha A] [--fail-on-unknown]
 #                 [--bin-base BIN] [--bin-head BIN] [-- stepbench flags...]
 #
 # 1. Builds each revision (HEAD_REV defaults to HEAD: committed code only, not the working tree's
@@ -16,11 +16,15 @@
 #    each run `BIN <stepbench flags> --json DIR/rounds/<side>-K.json` (its output in
 #    DIR/rounds/<side>-K.log); one line per run on stderr.
 # 3. Pools each side's rounds into DIR/base.json and DIR/head.json: the first round's context plus
-#    "ab_rounds" and "ab_side", every round's iteration entries (aggregates dropped) with
-#    repetition_index renumbered 0..R-1 per run_name and "repetitions" = R. Rounds of one side that
-#    disagree in model, precision, layout, batch_size_per_gpu, gpus, backend or device stop it (exit 2).
+#    "ab_rounds" and "ab_side", every round's iteration entries (aggregates dropped), each with its
+#    round ("ab_round": 1..N), repetition_index renumbered 0..R-1 per run_name and "repetitions" = R.
+#    Rounds of one side that disagree in model, precision, layout, batch_size_per_gpu, gpus, backend
+#    or device stop it (exit 2).
 # 4. Runs `HEAD_BIN compare DIR/base.json DIR/head.json --markdown DIR/compare.md --json
-#    DIR/compare.json` (with --threshold / --alpha when given) and exits with its status.
+#    DIR/compare.json` (with --threshold / --alpha / --fail-on-unknown when given) and exits with its
+#    status. compare pairs the rounds: round k's median of each side ran in the same time slot, so
+#    their ratio is one observation, and the verdict is a signed-rank test over the rounds (not a
+#    test on the pooled repetitions, which would take one run's spread for the whole noise).
 #
 # The revisions are resolved in the git repository this script is in.
 # Exit status: 0 no regression, 1 a regression (compare's verdict), 2 a usage error or rounds that
@@ -40,8 +44,9 @@ usage() {
 Usage: scripts/ab.sh BASE_REV [HEAD_REV] [options] [-- stepbench flags...]
 
 Builds BASE_REV and HEAD_REV (default HEAD) in temporary git worktrees, runs their stepbench
-binaries interleaved (base, head, base, head, ...) on this machine, pools each side's repetitions
-and gates with `stepbench compare` (HEAD's binary). Exit: 0 no regression, 1 regression,
+binaries interleaved (base, head, head, base, ...) on this machine, pools each side's rounds and
+gates with `stepbench compare` (HEAD's binary), which pairs round k of each side (a signed-rank test
+over the rounds). Exit: 0 no regression, 1 regression (or, with --fail-on-unknown, undecided),
 2 usage error, 3 a build or run failed.
 
 Options (before --):
@@ -49,6 +54,7 @@ Options (before --):
   --out DIR          results: rounds/, base.json, head.json, compare.md, compare.json (default ./ab)
   --threshold PCT    passed to stepbench compare
   --alpha A          passed to stepbench compare
+  --fail-on-unknown  passed to stepbench compare: exit 1 when the rounds cannot decide a phase
   --bin-base BIN     use this binary for the base side instead of building BASE_REV
   --bin-head BIN     use this binary for the head side instead of building HEAD_REV
   -h, --help         this text
@@ -89,13 +95,17 @@ while [ $# -gt 0 ]; do
     --rounds=* | --out=* | --bin-base=* | --bin-head=* | --threshold=* | --alpha=*)
       set -- "${1%%=*}" "${1#*=}" "${@:2}"  # --opt=value: split, handle on the next pass
       ;;
+    --fail-on-unknown)
+      COMPARE_OPTS+=("$1")
+      shift
+      ;;
     --)
       shift
       BENCH_FLAGS=("$@")
       break
       ;;
     -*)
-      die 2 "unknown option '$1'. ab.sh's own options are --rounds, --out, --threshold, --alpha, --bin-base, --bin-head; stepbench's flags go after '--' (scripts/ab.sh BASE [HEAD] -- $1 ...)"
+      die 2 "unknown option '$1'. ab.sh's own options are --rounds, --out, --threshold, --alpha, --fail-on-unknown, --bin-base, --bin-head; stepbench's flags go after '--' (scripts/ab.sh BASE [HEAD] -- $1 ...)"
       ;;
     *)
       REVS+=("$1")
@@ -265,7 +275,7 @@ for f, r in zip(files[1:], rounds[1:]):
             sys.exit(2)
 
 order, by_name = [], {}
-for f, r in zip(files, rounds):
+for k, (f, r) in enumerate(zip(files, rounds), start=1):
     its = [b for b in r.get("benchmarks", []) if b.get("run_type", "iteration") != "aggregate"]
     if not its:
         print(f"ab.sh: {side}: {f} has no iteration entries (did --benchmark_filter match nothing?)", file=sys.stderr)
@@ -275,6 +285,8 @@ for f, r in zip(files, rounds):
         if name not in by_name:
             by_name[name] = []
             order.append(name)
+        b = dict(b)
+        b["ab_round"] = k  # stepbench compare pairs round k of base with round k of head
         by_name[name].append(b)
 
 benchmarks = []
@@ -314,7 +326,12 @@ rm -f "$OUT/compare.err"
   die 2 "head's stepbench ($BIN_HEAD) has no 'compare' subcommand: build a HEAD that has it. The pooled runs are in $OUT/base.json and $OUT/head.json"
 case $rc in
   0) echo "ab.sh: no regression (results in $OUT)" >&2 ;;
-  1) echo "ab.sh: REGRESSION (results in $OUT; compare.md has the table)" >&2 ;;
+  1)
+    if grep -q '"regression": false' "$OUT/compare.json" 2>/dev/null; then
+      echo "ab.sh: UNKNOWN: the rounds could not decide a phase (--fail-on-unknown; results in $OUT)" >&2
+    else
+      echo "ab.sh: REGRESSION (results in $OUT; compare.md has the table)" >&2
+    fi ;;
   *) echo "ab.sh: stepbench compare failed with exit $rc" >&2 ;;
 esac
 exit "$rc"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # ctest ci.ab: scripts/ab.sh with a built binary on both sides (no builds), on the cpu backend.
 #   tests/ci/ab_test.sh STEPBENCH_BIN SOURCE_DIR
-# Checks: usage errors exit 2 (--rounds 2, an unknown option); 3 interleaved rounds pool into
-# base.json / head.json with 3 x 3 = 9 iteration entries per phase, "ab_rounds": 3, no aggregates;
-# STEPBENCH_AB_HEAD_ENV reaches the head side's runs only; rounds of one side that disagree in a
-# configuration key stop it with exit 2; compare.md and compare.json are written, and a head slowed
-# by the binary's test fault (STEPBENCH_FAULT_SLOW_CONV through STEPBENCH_AB_HEAD_ENV) is a
-# regression (exit 1) whose report names that shape and direction as what moved in the step; the
-# same binary on both sides is no regression (a false alarm gets one more try). Under a minute on 2 cores.
+# Checks: usage errors exit 2 (--rounds 2, an unknown option); 8 interleaved rounds pool into
+# base.json / head.json with 8 x 3 = 24 iteration entries per phase, each tagged with its round,
+# "ab_rounds": 8, no aggregates; STEPBENCH_AB_HEAD_ENV reaches the head side's runs only; rounds of
+# one side that disagree in a configuration key stop it with exit 2; compare.md and compare.json
+# are written, and a head slowed by the binary's test fault (STEPBENCH_FAULT_SLOW_CONV through
+# STEPBENCH_AB_HEAD_ENV) is a regression (exit 1) whose report names that shape and direction as
+# what moved in the step; the same binary on both sides is no regression at --alpha 0.01 (the
+# rounds are paired and the signed-rank test is exact: a false alarm has a chance under 1%, no
+# retry); eight lone runs of the binary compared pairwise give no regression. About a minute.
 set -euo pipefail
 
 [ $# -eq 2 ] || {
@@ -78,7 +80,7 @@ fi
 # pooled.py DIR: the pooling checks on DIR/base.json and DIR/head.json
 cat >"$TMP/pooled.py" <<'PY'
 import json, sys, collections
-d, fails = sys.argv[1], 0
+d, R, fails = sys.argv[1], int(sys.argv[2]), 0
 def fail(msg):
     global fails
     print("FAIL: pooled " + msg, file=sys.stderr)
@@ -91,7 +93,7 @@ for side in ("base", "head"):
         fail(f"{side}.json: {e}")
         continue
     ctx, bms = j.get("context", {}), j.get("benchmarks", [])
-    if ctx.get("ab_rounds") != 3: fail(f"{side}: context ab_rounds is {ctx.get('ab_rounds')!r}, not 3")
+    if ctx.get("ab_rounds") != R: fail(f"{side}: context ab_rounds is {ctx.get('ab_rounds')!r}, not {R}")
     if ctx.get("ab_side") != side: fail(f"{side}: context ab_side is {ctx.get('ab_side')!r}")
     if ctx.get("model") != "tiny": fail(f"{side}: context model is {ctx.get('model')!r}, not the first round's 'tiny'")
     agg = [b["name"] for b in bms if b.get("run_type") != "iteration"]
@@ -101,7 +103,10 @@ for side in ("base", "head"):
         per[b["run_name"].split("/")[5] if b["run_name"].count("/") >= 5 else b["run_name"]].append(b)
     if sorted(per) != ["forward", "step"]: fail(f"{side}: phases {sorted(per)}, expected forward and step")
     for phase, es in per.items():
-        if len(es) != 9: fail(f"{side} {phase}: {len(es)} iteration entries, expected 3 rounds x 3 repetitions = 9")
+        if len(es) != 3 * R: fail(f"{side} {phase}: {len(es)} iteration entries, expected {R} rounds x 3 repetitions")
+        rounds = collections.Counter(e.get("ab_round") for e in es)
+        if rounds != collections.Counter({k: 3 for k in range(1, R + 1)}):
+            fail(f"{side} {phase}: entries per round {dict(rounds)}, expected 3 in each of rounds 1..{R}")
         if sorted(e.get("repetition_index") for e in es) != list(range(len(es))):
             fail(f"{side} {phase}: repetition_index not renumbered 0..{len(es) - 1}")
         if {e.get("repetitions") for e in es} != {len(es)}:
@@ -112,41 +117,58 @@ for side in ("base", "head"):
 sys.exit(1 if fails else 0)
 PY
 
-# the order of the runs: base head, head base, base head (alternating)
+# the order of the runs: base head, head base, base head, ... (alternating)
+ROUNDS=8
 check_interleaved() {  # check_interleaved NAME
-  local got
-  got=$(sed -n 's/^ab\.sh: round \([0-9]*\)\/3 \([a-z]*\) .*/\1\2/p' "$TMP/$1.err" | tr '\n' ' ')
-  [ "$got" = "1base 1head 2head 2base 3base 3head " ] || fail "$1: runs not interleaved, alternating, per round: '$got'"
+  local got want="" k
+  got=$(sed -n "s/^ab\.sh: round \([0-9]*\)\/$ROUNDS \([a-z]*\) .*/\1\2/p" "$TMP/$1.err" | tr '\n' ' ')
+  for ((k = 1; k <= ROUNDS; k++)); do
+    if ((k % 2)); then want+="${k}base ${k}head "; else want+="${k}head ${k}base "; fi
+  done
+  [ "$got" = "$want" ] || fail "$1: runs not interleaved, alternating, per round: '$got'"
 }
 
 want=2  # ab.sh says the head binary has no compare subcommand
 [ "$has_compare" -eq 0 ] || want=0
-# A shared machine's noise can land on one side's few milliseconds of timing in all three rounds (CI
-# once saw the same binary's forward 78% "slower"): a false alarm gets one more try, so a gate that
-# flags identical binaries on its own fails both, and noise has to strike twice.
-for attempt in 1 2; do
-  rc=0
-  rm -rf "$TMP/same"
-  "$AB" HEAD --bin-base "$BIN" --bin-head "$BIN" --rounds 3 --out "$TMP/same" -- "${FLAGS[@]}" \
-    >"$TMP/same.out" 2>"$TMP/same.err" || rc=$?
-  if [ "$rc" -eq 1 ] && [ "$attempt" -eq 1 ]; then
-    echo "same: attempt 1 flagged the same binary (exit 1); its table, then one more try:"
-    grep -E '^(benchmark|tiny)' "$TMP/same.out" | sed 's/^/    /' || true
-    continue
-  fi
-  break
-done
+# The rounds are paired by time slot and judged by an exact signed-rank test over them: whatever a
+# shared machine does to one run moves one observation, and identical binaries are called a
+# regression with a chance under alpha (0.01 here), however noisy the machine.
+rc=0
+"$AB" HEAD --bin-base "$BIN" --bin-head "$BIN" --rounds $ROUNDS --alpha 0.01 --out "$TMP/same" -- "${FLAGS[@]}" \
+  >"$TMP/same.out" 2>"$TMP/same.err" || rc=$?
 if [ "$rc" -ne "$want" ]; then
   fail "same: exit $rc, expected $want; its stdout and stderr:"
   sed 's/^/    /' "$TMP/same.out" "$TMP/same.err" >&2
 fi
 check_interleaved same
-for k in 1 2 3; do
+for ((k = 1; k <= ROUNDS; k++)); do
   for side in base head; do
     [ -s "$TMP/same/rounds/$side-$k.json" ] || fail "same: no rounds/$side-$k.json"
   done
 done
-python3 "$TMP/pooled.py" "$TMP/same" || fails=$((fails + 1))
+python3 "$TMP/pooled.py" "$TMP/same" "$ROUNDS" || fails=$((fails + 1))
+
+# ---- eight lone runs of the binary, compared pairwise: no regression ----------------------------
+# two lone runs are judged with the stated run-to-run noise of the cpu backend: the same binary's
+# runs differ by chance (on a 2-core VM by 1.5x), and that is no regression
+if [ "$has_compare" -eq 1 ]; then
+  for k in 1 2 3 4 5 6 7 8; do  # 5 repetitions: enough for the within-run test to be able to decide
+    "$BIN" --backend cpu --model tiny --image-size 32 --batch-size 4 --warmup 1 --repetitions 5 \
+      --phases "forward,step" --benchmark_min_time=0.01 --json "$TMP/lone-$k.json" >/dev/null 2>&1 ||
+      fail "lone run $k failed"
+  done
+  lone_alarms=0
+  for k in 1 2 3 4 5 6 7; do
+    rc=0
+    "$BIN" compare "$TMP/lone-$k.json" "$TMP/lone-$((k + 1)).json" >"$TMP/lone-$k.out" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || { lone_alarms=$((lone_alarms + 1)); sed 's/^/    /' "$TMP/lone-$k.out" >&2; }
+  done
+  if [ "$lone_alarms" -eq 0 ]; then
+    echo "ok: 7 pairs of lone runs, no regression ($(grep -h -o -m1 'unknown\|no change' "$TMP"/lone-*.out | sort | uniq -c | tr -s ' \n' ' '))"
+  else
+    fail "lone runs: $lone_alarms of 7 pairs of one binary's runs exited non-zero"
+  fi
+fi
 
 # ---- a head slowed by the binary's test fault: a regression ------------------------------------
 # STEPBENCH_FAULT_SLOW_CONV=<shape>/fwd*20 (tests only): that convolution's forward runs 21 times,
@@ -159,7 +181,7 @@ if [ -z "$shape" ]; then
 else
   rc=0
   STEPBENCH_AB_HEAD_ENV="STEPBENCH_FAULT_SLOW_CONV=$shape/fwd*20" \
-    "$AB" HEAD --bin-base "$BIN" --bin-head "$BIN" --rounds 3 --out "$TMP/slow" -- "${FLAGS[@]}" --per-layer \
+    "$AB" HEAD --bin-base "$BIN" --bin-head "$BIN" --rounds $ROUNDS --out "$TMP/slow" -- "${FLAGS[@]}" --per-layer \
     >"$TMP/slow_head.out" 2>"$TMP/slow_head.err" || rc=$?
   check_interleaved slow_head
   if grep -q "test fault" "$TMP/slow/rounds/head-1.log" 2>/dev/null; then
