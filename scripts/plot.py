@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Pictures of a stepbench run, from its --json file (matplotlib, no display needed).
+"""Pictures of a stepbench run, from its --json file, or of a history (matplotlib, no display needed).
 
   scripts/plot.py RUN.json --out DIR [--top N]
+  scripts/plot.py HISTORY.jsonl --out DIR [--verdict COMPARE.json]
 
 Writes, where the run has what they show:
   phases.png          the phases' medians (every run)
@@ -10,6 +11,11 @@ Writes, where the run has what they show:
   step_breakdown.png  the step by kind of work, forward and backward side by side (--layer-times)
   scaling.png         images/s and scaling efficiency against the GPU count, one line per batch size
                       (--sweep-batch / --sweep-gpus)
+From a history (stepbench --history FILE, one JSON line per run):
+  history.png         each phase's median over the runs of the last record's machine and configuration,
+                      with its spread (1.4826 MAD), oldest first; with --verdict (stepbench compare
+                      --history ... --json FILE) the change points it found (a line at the first run
+                      after each, labelled with the change) and the runs it compared (HEAD)
 Prints the paths it wrote. Exit 2 when the file is not a stepbench --json file."""
 import argparse, json, os, statistics, sys
 
@@ -23,6 +29,7 @@ except ImportError:
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def ms(v):
@@ -155,6 +162,65 @@ def scaling_png(sweep, out):
     return save(fig, out, "scaling.png")
 
 
+def history_png(path, out, verdict_path):
+    """history.png from a --history file (see the module's doc); None when nothing matches."""
+    recs = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {n} is not JSON ({e})")
+            if not isinstance(rec, dict) or "benchmarks" not in rec:
+                raise ValueError(f"{path} line {n} is not a stepbench --history record")
+            recs.append(rec)
+    if not recs:
+        raise ValueError(f"{path} has no records")
+    key = lambda r: (json.dumps(r.get("fingerprint", {}), sort_keys=True),
+                     json.dumps(r.get("configuration", {}), sort_keys=True))
+    mine = [r for r in recs if key(r) == key(recs[-1])]
+    phases = [b for b in mine[-1]["benchmarks"] if "/conv:" not in b]
+    if not phases:
+        return None
+    changes, head = [], None
+    if verdict_path:
+        with open(verdict_path) as f:
+            v = json.load(f)
+        changes = v.get("changes", [])
+        head = v.get("head")
+    fig, axes = plt.subplots(len(phases), 1, figsize=(9, 2.2 * len(phases)), squeeze=False)
+    revs = [r.get("revision", "?") for r in mine]
+    for ax, b in zip(axes[:, 0], phases):
+        xs, ys, es = [], [], []
+        for i, r in enumerate(mine):
+            m = r["benchmarks"].get(b)
+            if m and m.get("median_ms"):
+                xs.append(i + 1)
+                ys.append(m["median_ms"])
+                es.append(m.get("spread", 0) * m["median_ms"])
+        ax.errorbar(xs, ys, yerr=es, fmt="o-", ms=3, lw=1, capsize=2, label="run median (spread)")
+        for c in changes:
+            if c.get("benchmark") != b:
+                continue
+            at = next((i + 1 for i, r in enumerate(revs) if r == c.get("revision")), None)
+            if at is None and c.get("head"):
+                at = len(mine) + 1
+            if at is not None:
+                ax.axvline(at - 0.5, color="C3", lw=1.2)
+                ax.annotate(f"{100 * c['change']:+.1f}%", (at - 0.5, max(ys) if ys else 0), color="C3", fontsize=7,
+                            ha="left", va="top")
+        ax.set_title(b.rsplit("/", 1)[-1], fontsize=9, loc="left")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(f"run (oldest first; {len(mine)} of {len(recs)} records: this machine and configuration)"
+                           + (f"; compared: {head}" if head else ""))
+    fig.suptitle(f"history: {phases[0].rsplit('/', 1)[0]}", fontsize=9)
+    return save(fig, out, "history.png")
+
+
 def save(fig, out, name):
     path = os.path.join(out, name)
     fig.tight_layout()
@@ -165,10 +231,27 @@ def save(fig, out, name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", help="a stepbench --json file")
+    ap.add_argument("run", help="a stepbench --json file, or a --history file (.jsonl)")
     ap.add_argument("--out", required=True, help="folder for the PNG files (made if missing)")
     ap.add_argument("--top", type=int, default=25, help="layers in layers.png [25]")
+    ap.add_argument("--verdict", help="with a history: stepbench compare --history ... --json FILE, to mark its "
+                                      "change points")
     a = ap.parse_args()
+    if a.run.endswith(".jsonl"):
+        os.makedirs(a.out, exist_ok=True)
+        try:
+            wrote = history_png(a.run, a.out, a.verdict)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"plot.py: {e}", file=sys.stderr)
+            return 2
+        if not wrote:
+            print(f"plot.py: {a.run} has no phase to plot", file=sys.stderr)
+            return 1
+        print(wrote)
+        return 0
+    if a.verdict:
+        print("plot.py: --verdict goes with a history (.jsonl), not a run's --json file", file=sys.stderr)
+        return 2
     try:
         with open(a.run) as f:
             run = json.load(f)

@@ -413,9 +413,40 @@ class Plot(unittest.TestCase):
             # not a run file, a missing file, a bad --top: exit 2 with the reason
             with open(os.path.join(d, "x.json"), "w") as f:
                 f.write("[1, 2]")
+            # a history: four runs appended by --history (the same binary), compare's verdict on the
+            # last against the others; the picture of each phase's medians over the runs
+            hist = os.path.join(d, "runs.jsonl")
+            for k in range(4):
+                rc, out, err = run(*TINY, "--phases", "forward,step", "--repetitions", "5", "--history", hist,
+                                   "--json", os.path.join(d, f"h{k}.json"), *FAST)
+                self.assertEqual(rc, 0, err)
+            # the records share this binary's revision; a distinct one each, as nightly runs would have
+            lines = [json.loads(l) for l in open(hist)]
+            for k, rec in enumerate(lines):
+                rec["revision"] = f"night{k}"
+            with open(hist, "w") as f:
+                f.write("".join(json.dumps(rec) + "\n" for rec in lines))
+            with open(os.path.join(d, "h3.json")) as f:
+                head = json.load(f)
+            head["context"]["revision"] = "night3"
+            with open(os.path.join(d, "h3.json"), "w") as f:
+                json.dump(head, f)
+            verdict = os.path.join(d, "verdict.json")
+            rc, out, err = run("compare", "--history", hist, os.path.join(d, "h3.json"), "--json", verdict)
+            self.assertIn(rc, (0, 1), err)
+            self.assertIn("evidence: HEAD against the earlier runs", out)
+            rc, out, err = self.plot(hist, "--out", os.path.join(d, "hp"), "--verdict", verdict)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual([os.path.basename(w) for w in out.split()], ["history.png"])
+            with open(out.split()[0], "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            with open(os.path.join(d, "bad.jsonl"), "w") as f:
+                f.write("{oops\n")
             for args, why in (([os.path.join(d, "x.json")], "is not a stepbench --json file"),
                               ([os.path.join(d, "missing.json")], "cannot read"),
-                              ([path, "--top", "0"], "--top must be at least 1")):
+                              ([path, "--top", "0"], "--top must be at least 1"),
+                              ([os.path.join(d, "bad.jsonl")], "line 1 is not JSON"),
+                              ([path, "--verdict", verdict], "--verdict goes with a history")):
                 rc, out, err = self.plot(*args, "--out", os.path.join(d, "p2"))
                 self.assertEqual(rc, 2, err)
                 self.assertIn(why, err)
