@@ -13,6 +13,8 @@
 #include "bench/report.hpp"
 #include "bench/stats.hpp"
 #include "bench/text.hpp"
+#include "compare/compare.hpp"
+#include "compare/stats.hpp"
 
 namespace stepbench {
 namespace {
@@ -262,6 +264,16 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                              c.warmup == 1 ? "" : "s",
                              t.backend(0).name() == "cpu" ? "the steady clock around the work"
                                                           : "device time between events on each GPU's stream");
+    // what `stepbench compare` can decide from this run and another lone one (compare/compare.hpp)
+    const std::string backend = t.backend(0).name() == "cpu" ? "cpu" : "cuda";
+    const double sigma = compare::default_run_noise(backend), m = static_cast<double>(rows.size());
+    std::cout << wrap(fmt::format("compare: this run and another lone one can show only changes beyond {:.0f}% (runs "
+                                  "differ by chance; {}'s stated run-to-run noise, {:.0f}%); scripts/ab.sh's "
+                                  "interleaved rounds or a --history decide smaller ones",
+                                  100 * std::expm1(compare::normal_quantile(1 - 0.05 / m) * std::sqrt(2.0) * sigma),
+                                  backend, 100 * sigma),
+                      2)
+              << "\n";
   }
   print_answers(std::cout, c, t, rows, images, peer);
   const std::string mem = memory_lines(memory);
