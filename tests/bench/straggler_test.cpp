@@ -1,6 +1,11 @@
 // The straggler report on synthetic timelines whose answer is known (a tower slowed by a known
-// delay, one slowed in some repetitions only, quiet towers, towers one after another, a sync that
-// hides part of the delay), the two-level fabric, nccl-tests' fit and the straggler tax.
+// delay, one slowed in some repetitions only, quiet towers, towers one after another, a hold after
+// some buckets went that the chain of syncs partly hides, the syncs derived from the timelines with
+// start offsets, a slow tower in the middle of a process, the noise and threshold as fractions),
+// the two-level fabric, nccl-tests' fit and the straggler tax. Planted faults each of them catches
+// (2026-11-28): a cost of max(0, slow compute - reference compute) fails the hold and derived-sync
+// tests; a replay that shifts only the slow tower of a process fails the middle-tower test; the
+// noise as a spread in ms fails the fractions test.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -125,6 +130,139 @@ TEST(Straggler, TowersOneAfterAnotherAddTheirExtraCompute) {
   const auto r = analyze_stragglers(in);
   EXPECT_EQ(r.slowest, 1);
   EXPECT_NEAR(r.cost_ms, 3.0, 1e-9);
+}
+
+// One step of towers in parallel with its buckets synced one after another, each taking sync_ms[k]
+// from when every tower has it ready and the previous sync is done. Tower t starts at begin[t]
+// (ms after its process's step start), runs forward 4 ms and backward 6 ms plus hold[t], the hold
+// after hold_at of its backward; bucket k is ready at frac[k] of the backward's own work.
+std::vector<TowerStep> synced_step(const std::vector<double>& begin, const std::vector<double>& hold, double hold_at,
+                                   const std::vector<double>& frac, const std::vector<double>& sync_ms) {
+  std::vector<TowerStep> step;
+  for (std::size_t t = 0; t < begin.size(); ++t) {
+    TowerStep ts;
+    ts.begin_ms = begin[t];
+    ts.forward_ms = 4;
+    ts.backward_ms = 6 + hold[t];
+    for (double f : frac) ts.ready_ms.push_back(begin[t] + 4 + 6 * f + (f > hold_at ? hold[t] : 0.0));
+    step.push_back(ts);
+  }
+  double end = 0;
+  std::vector<double> synced;
+  for (std::size_t k = 0; k < frac.size(); ++k) {
+    double start = end;
+    for (const auto& ts : step) start = std::max(start, ts.ready_ms[k]);
+    end = start + sync_ms[k];
+    synced.push_back(end);
+  }
+  for (auto& ts : step) {
+    ts.synced_ms = synced;
+    ts.released_ms = end;
+  }
+  return step;
+}
+
+StragglerInput one_step_input(const std::vector<TowerStep>& step, const std::vector<double>& sync_ms) {
+  StragglerInput in;
+  for (int t = 0; t < static_cast<int>(step.size()); ++t)
+    in.towers.push_back({t, t, t, "node1", fmt::format("0000:{:02x}:00.0", t), "", ""});
+  in.sync_ms = sync_ms;
+  in.steps = {{step, step, step}};
+  in.step_ms = {{step[0].released_ms + 1, step[0].released_ms + 1, step[0].released_ms + 1}};
+  return in;
+}
+
+TEST(Straggler, AHoldAfterSomeBucketsWentShowsOnlyPartOfIt) {
+  // 2 towers; buckets ready at 30%, 60% and 100% of backward, syncs of 4 ms each. Tower 1 is held
+  // 5 ms at 70% of its backward, after two buckets went: bucket 2 is ready at 15 instead of 10, but
+  // the chain of syncs is busy until 13.8, so the step ends 19 instead of 17.8: 1.2 ms of the 5.
+  // (A hold at the start of backward, as before, delays every bucket: the whole 5 ms.)
+  const std::vector<double> sync = {4, 4, 4};
+  const auto step = synced_step({0, 0}, {0, 5}, 0.7, {0.3, 0.6, 1.0}, sync);
+  const auto r = analyze_stragglers(one_step_input(step, sync));
+  EXPECT_EQ(r.slowest, 1);
+  EXPECT_NEAR(r.cost_ms, 1.2, 1e-9);  // a naive max(0, slow compute - reference compute) says 5
+  // a 3 ms hold there is hidden entirely: ready at 13, the chain busy until 13.8
+  EXPECT_NEAR(analyze_stragglers(one_step_input(synced_step({0, 0}, {0, 3}, 0.7, {0.3, 0.6, 1.0}, sync), sync)).cost_ms,
+              0.0, 1e-9);
+  // the same hold at the start of backward: every bucket later, the whole 5 ms
+  EXPECT_NEAR(analyze_stragglers(one_step_input(synced_step({0, 0}, {0, 5}, 0.0, {0.3, 0.6, 1.0}, sync), sync)).cost_ms,
+              5.0, 1e-9);
+}
+
+TEST(Straggler, BucketSyncTimesFromTheTimelinesWithStartOffsets) {
+  // what real runs take: no sync_ms given, each bucket's collective derived from the timelines
+  // (bucket_sync_ms); the towers start 0.7 and 1.9 ms after their processes' step start. Tower 2,
+  // held 5 ms at 70% of its backward, has its buckets ready at 7.7, 9.5 and 16.9; the chain of syncs
+  // (1.5, 4, 2.5 ms) ends bucket 1 at 13.5, so bucket 2 runs 16.9-19.4. With tower 2 at the
+  // reference's backward its bucket 2 is ready at 11.9 and runs 13.5-16.0: a cost of 3.4 of the 5.
+  const std::vector<double> sync = {1.5, 4, 2.5};
+  const auto step = synced_step({0.0, 0.7, 1.9}, {0, 0, 5}, 0.7, {0.3, 0.6, 1.0}, sync);
+  const StragglerInput in = one_step_input(step, {});
+  const auto derived = bucket_sync_ms(in);
+  ASSERT_EQ(derived.size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_NEAR(derived[k], sync[k], 1e-9) << "bucket " << k;
+  const auto r = analyze_stragglers(in);
+  EXPECT_EQ(r.slowest, 2);
+  EXPECT_NEAR(r.cost_ms, 3.4, 1e-9);                                               // naive: 5
+  EXPECT_NEAR(analyze_stragglers(one_step_input(step, sync)).cost_ms, 3.4, 1e-9);  // the syncs given: the same
+  // a longer first sync (6 ms) hides more: the chain is busy until 14.7, bucket 2 ready at 16.9
+  // (11.9 without the hold): 17.9 against 15.7, 2.2 of the 5
+  const std::vector<double> long_first = {6, 1, 1};
+  const StragglerInput pin =
+      one_step_input(synced_step({0.0, 0.7, 1.9}, {0, 0, 5}, 0.7, {0.3, 0.6, 1.0}, long_first), {});
+  EXPECT_NEAR(analyze_stragglers(pin).cost_ms, 2.2, 1e-9);
+}
+
+TEST(Straggler, ASlowTowerInTheMiddleOfAProcessDelaysTheTowersAfterIt) {
+  // the cpu backend's 3 towers in one process, forward f0 f1 f2 then backward b0 b1 b2: tower 1's
+  // backward 3 ms longer pushes tower 2's whole backward later; a replay that moved only tower 1's
+  // times would find the step still waiting for tower 2, and no cost
+  StragglerInput in;
+  in.sequential = true;
+  in.towers_per_process = 3;
+  for (int t = 0; t < 3; ++t) in.towers.push_back({t, 0, -1, "h", "", "", ""});
+  in.sync_ms = {0.1};
+  in.steps.assign(1, {});
+  in.step_ms.assign(1, {});
+  for (int s = 0; s < 5; ++s) {
+    TowerStep a{0, 4, 6, {18}, {}, 33.1}, b{4, 4, 9, {27}, {}, 33.1}, c{8, 4, 6, {33}, {}, 33.1};
+    in.steps[0].push_back({a, b, c});
+    in.step_ms[0].push_back(33.1);
+  }
+  const auto r = analyze_stragglers(in);
+  EXPECT_EQ(r.slowest, 1);
+  EXPECT_NEAR(r.cost_ms, 3.0, 1e-9);
+}
+
+TEST(Straggler, NoiseAndThresholdAreFractionsOfTheCompute) {
+  // every tower's compute over 5 steps: 10, 10.2, 9.8, 10.4, 9.6 ms (x its own scale): the median
+  // absolute deviation is 0.2 ms, so the noise is 1.4826 x 0.2 / 10 = 2.9652% whatever the scale,
+  // and the threshold 3 x that (above the 5% floor)
+  StragglerInput in;
+  const std::vector<double> compute = {10, 10.2, 9.8, 10.4, 9.6};
+  for (int t = 0; t < 3; ++t) in.towers.push_back({t, t, t, "h", "", "", ""});
+  in.sync_ms = {0.1};
+  in.steps.assign(1, {});
+  in.step_ms.assign(1, {});
+  for (double c : compute) {
+    std::vector<TowerStep> step;
+    for (int t = 0; t < 3; ++t) {
+      const double scale = 1 + 0.5 * t;  // towers of 10, 15 and 20 ms: the noise is relative
+      TowerStep ts{0, 2 * scale, (c - 2) * scale, {}, {}, 0};
+      ts.ready_ms = {c * scale};
+      ts.released_ms = c * 2 + 0.1;
+      step.push_back(ts);
+    }
+    in.steps[0].push_back(step);
+    in.step_ms[0].push_back(c * 2 + 0.1);
+  }
+  const auto r = analyze_stragglers(in);
+  EXPECT_NEAR(r.noise, 1.4826 * 0.2 / 10, 1e-9);
+  EXPECT_NEAR(r.threshold, 3 * 1.4826 * 0.2 / 10, 1e-9);
+  EXPECT_EQ(r.slowest, 2);
+  EXPECT_EQ(r.fastest, 0);
+  EXPECT_NEAR(r.towers[2].relative, 0.5, 1e-9);
 }
 
 TEST(Fabric, TwoLevelsWithOneNodeAreTheFlatModel) {
