@@ -22,6 +22,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli/commands.hpp"
@@ -159,17 +160,34 @@ int launch_main(int argc, char** argv) {
     if (p > 0) {
       const auto it = std::find(pids.begin(), pids.end(), p);
       if (it == pids.end()) continue;
-      const int rank = static_cast<int>(it - pids.begin());
+      int rank = static_cast<int>(it - pids.begin());
       *it = -1;
       --live;
       const bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (bad && result == 0) result = exit_code(status);  // the first failure's status is the launcher's
       if (bad && !ending) {
+        // the cause first: a process killed by a signal makes the others fail after it, and its exit may
+        // be reaped after theirs; every exit already there is read now, and a signal's death is named
+        // first, whatever order they came in
+        std::vector<std::tuple<int, pid_t, int>> gone = {{rank, p, status}};
+        for (pid_t q; (q = waitpid(-1, &status, WNOHANG)) > 0;) {
+          const auto jt = std::find(pids.begin(), pids.end(), q);
+          if (jt == pids.end()) continue;
+          gone.emplace_back(static_cast<int>(jt - pids.begin()), q, status);
+          *jt = -1;
+          --live;
+        }
+        std::stable_partition(gone.begin(), gone.end(), [](const auto& g) { return WIFSIGNALED(std::get<2>(g)); });
+        std::tie(rank, std::ignore, status) = gone.front();
+        result = exit_code(status);  // the cause's status is the launcher's
         ending = true;
         ending_since = std::chrono::steady_clock::now();
-        if (live > 0)
-          fmt::print(stderr, "stepbench launch: rank {} (pid {}) {}; ending the other {} process{}\n", rank, p,
-                     describe(status), live, live == 1 ? "" : "es");
+        if (live > 0 || gone.size() > 1)
+          fmt::print(stderr, "stepbench launch: rank {} (pid {}) {}{}\n", rank, std::get<1>(gone.front()),
+                     describe(status),
+                     live > 0 ? fmt::format("; ending the other {} process{}", live, live == 1 ? "" : "es") : "");
+        for (std::size_t g = 1; g < gone.size(); ++g)
+          fmt::print(stderr, "stepbench launch: then rank {} (pid {}) {}\n", std::get<0>(gone[g]), std::get<1>(gone[g]),
+                     describe(std::get<2>(gone[g])));
         for (std::size_t r = 0; r < pids.size(); ++r)  // a stopped one is why the others waited
           if (pids[r] > 0 && process_state(pids[r]) == 'T')
             fmt::print(stderr,
@@ -177,6 +195,8 @@ int launch_main(int argc, char** argv) {
                        "the others\n",
                        r, pids[r]);
         signal_all(SIGTERM);
+      } else if (bad && result == 0) {
+        result = exit_code(status);
       }
       continue;
     }
