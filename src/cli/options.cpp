@@ -232,6 +232,7 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
     // the CUDA error's name, not its sentence: one short line (--backend cuda says it all)
     if (const auto colon = why.find(": "), close = why.rfind(')'); colon != std::string::npos && close > colon)
       why.erase(colon, close - colon);
+    if (why.rfind("stepbench was built without CUDA", 0) == 0) why = "built without CUDA (-DSTEPBENCH_CUDA=ON)";
     fmt::print(stderr, "stepbench: --backend auto picked {}{}\n", to_string(m.backend),
                why.empty() ? "" : fmt::format(": {}", why));
   }
