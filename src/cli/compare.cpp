@@ -56,7 +56,8 @@ int compare_main(int argc, char** argv) {
                  "history; default: 20 on the cpu backend, 5 on cuda")
       ->check(CLI::Range(0.0, 100.0));
   app.add_flag("--fail-on-unknown", o.fail_on_unknown,
-               "exit 1 when a phase's verdict is unknown (the evidence cannot tell a change of --threshold)");
+               "exit 1 when a phase's verdict is unknown (the evidence cannot tell a change of --threshold) or "
+               "insufficient data");
   app.add_option("--markdown", markdown, "also write the report as markdown (e.g. $GITHUB_STEP_SUMMARY)");
   app.add_option("--json", json_out, "also write the report as JSON");
   app.add_option("--history", history, "compare HEAD.json with earlier runs in this file (stepbench --history)")

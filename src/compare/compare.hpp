@@ -81,7 +81,7 @@ struct Options {
   double alpha = 0.05;      // family-wise error rate (Holm) and 1 - the interval's confidence
   int min_repetitions = 3;
   double run_noise = -1;         // the run-to-run noise (relative sd of a run's median); < 0: stated default
-  bool fail_on_unknown = false;  // exit 1 when a phase's verdict is unknown
+  bool fail_on_unknown = false;  // exit 1 when a phase's verdict is unknown (or insufficient data)
 };
 
 // The stated run-to-run noise for two lone runs of a backend (relative sd of a run's median),
@@ -121,7 +121,9 @@ struct Row {
   std::size_t rounds_needed = 0;             // unknown: about how many ab.sh rounds would decide --threshold
 };
 
-// A change point in a benchmark's history (the series of its runs' medians, HEAD last if given).
+// A change point in a benchmark's history (the series of its runs' medians, HEAD last if given). It
+// needs 3 runs on either side, so a slowdown is dated once 3 runs follow it; until then HEAD is
+// judged by the prediction interval of the runs before it.
 struct HistoryChange {
   std::string key;
   std::size_t run = 0;         // index of the first run after the change in the series
@@ -136,6 +138,7 @@ struct Report {
   std::vector<Row> rows;               // phases, then per-layer benchmarks
   std::vector<std::string> notes;      // fingerprint or configuration differences, ...
   std::vector<HistoryChange> changes;  // --history: change points of the phases' series
+  std::vector<HistoryRun> history;     // --history: the earlier runs compared against, oldest first
   int exit_code() const;               // 1 when a benchmark regressed (or, with fail_on_unknown, a phase is unknown)
   // "" or what to rerun when a phase had too few repetitions to decide: "rerun both runs with
   // --repetitions N" (N: the most any row needs).

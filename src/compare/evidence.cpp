@@ -9,8 +9,9 @@
 namespace stepbench::compare {
 
 // cpu: on a 2-core EPYC VM (2026-11-28) runs of one binary (tiny, 5 repetitions, within-run cv 1-2%)
-// had step medians of 16.3 and 24.3 ms, a 1.5x between runs: at 20% two lone runs need about 66% to
-// differ beyond chance. cuda: not measured across runs yet; 5%.
+// had step medians of 16.3 and 24.3 ms, a 1.5x between runs: at 20% two lone runs must differ by
+// exp(z(1 - alpha/m) sqrt(2) 20%) - 1 to be told apart, 59% for one phase, 93% for five. cuda: not
+// measured across runs yet; 5%.
 double default_run_noise(const std::string& backend) { return backend == "cuda" ? 0.05 : 0.20; }
 
 namespace {
@@ -76,13 +77,14 @@ RunEvidence history_evidence(const Series& b, double head_ms, double alpha, std:
     e.crit = student_t_quantile(1 - alpha / static_cast<double>(family), n - 1) * se;
     const double half = student_t_quantile(1 - alpha / 2, n - 1) * se;
     e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
-  } else {  // too few runs to measure the noise: the stated default
+  } else {  // too few runs to measure the noise, or no spread among them: the stated default
     e.noise = fallback;
-    e.source = fmt::format("{} ({} earlier run{}: too few to measure it)", fallback_source, x.size(),
-                           x.size() == 1 ? "" : "s");
+    e.source = x.size() >= 3 ? fmt::format("{} ({} earlier runs, all with one median)", fallback_source, x.size())
+                             : fmt::format("{} ({} earlier run{}: too few to measure it)", fallback_source, x.size(),
+                                           x.size() == 1 ? "" : "s");
     const double se = fallback * std::sqrt(1 + 1 / n);
-    e.p_slower = 1 - normal_cdf(e.d / se);
-    e.p_faster = normal_cdf(e.d / se);
+    e.p_slower = se > 0 ? 1 - normal_cdf(e.d / se) : (e.d > 0 ? 0 : 1);
+    e.p_faster = se > 0 ? normal_cdf(e.d / se) : (e.d < 0 ? 0 : 1);
     e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
     const double half = normal_quantile(1 - alpha / 2) * se;
     e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
@@ -162,9 +164,16 @@ std::vector<HistoryChange> history_changes(const Run& base, const Run& head, std
       h.hi = cps[c].ratio.hi - 1;
       h.p = cps[c].p;
       out.push_back(h);
+      // HEAD still above the level before the change (not back down: a fix after a slowdown is
+      // not a regression), and the row not decided otherwise (improvement, unstable)
+      const std::size_t from = c > 0 ? cps[c - 1].index : 0;
+      double before = 0;
+      for (std::size_t i = from; i < cps[c].index; ++i) before += x[i];
+      before /= static_cast<double>(cps[c].index - from);
+      const bool head_above = r.head_ms > 0 && std::log(r.head_ms) - before > std::log1p(o.threshold);
       const bool last = c + 1 == cps.size();
-      if (last && h.change > o.threshold && h.lo > 0 && r.status != Status::regression &&
-          r.status != Status::insufficient) {
+      if (last && h.change > o.threshold && h.lo > 0 && head_above &&
+          (r.status == Status::no_change || r.status == Status::unknown)) {
         r.status = Status::regression;
         r.reason = fmt::format(
             "the series slowed by {:+.1f}% [{:+.1f}%, {:+.1f}%] at run {} ({}{}), and HEAD is after "

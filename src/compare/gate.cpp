@@ -28,7 +28,8 @@ int Report::exit_code() const {
   return std::any_of(rows.begin(), rows.end(),
                      [&](const Row& r) {
                        return r.status == Status::regression ||
-                              (options.fail_on_unknown && !r.per_layer && r.status == Status::unknown);
+                              (options.fail_on_unknown && !r.per_layer &&
+                               (r.status == Status::unknown || r.status == Status::insufficient));
                      })
              ? 1
              : 0;
@@ -118,6 +119,13 @@ void decide(Row& r, const Options& o, bool u_slower, bool u_faster) {
   } else if (faster) {
     r.status = Status::improvement;
     r.reason = fmt::format("faster beyond the run-to-run noise ({}; p {:.2g} after Holm)", can_show, r.p_faster);
+  } else if ((r.p_slower < o.alpha && r.change > floor) || (r.p_faster < o.alpha && -r.change > floor)) {
+    // beyond the run-to-run noise, but the repetitions of the two runs do not tell them apart
+    r.status = Status::unknown;
+    r.reason = fmt::format(
+        "{} beyond the run-to-run noise, but the two runs' repetitions overlap (the within-run "
+        "test, after Holm); {}",
+        r.change > 0 ? "slower" : "faster", can_show);
   } else if (r.mdc <= floor) {
     r.status = Status::no_change;
     r.reason = fmt::format("within the noise; {}", can_show);
@@ -321,7 +329,10 @@ Report compare_runs(const Run& base, const Run& head, const Options& o) {
     if (!r.per_layer && (r.status == Status::regression || r.status == Status::unstable ||
                          (r.status == Status::unknown && r.change > o.threshold)))
       r.layers = layers_that_moved(r, rep.rows, base, head, o);
-  if (from_history) rep.changes = history_changes(base, head, rep.rows, o);
+  if (from_history) {
+    rep.changes = history_changes(base, head, rep.rows, o);
+    rep.history = base.history;
+  }
   return rep;
 }
 

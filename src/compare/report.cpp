@@ -60,9 +60,12 @@ std::string layer_line(const LayerMove& m) {
 }
 
 std::string verdict(const Report& r) {
-  int reg = 0, unst = 0, unk = 0, ins = 0, imp = 0, same = 0;
+  int reg = 0, unst = 0, unk = 0, ins = 0, imp = 0, same = 0, layer_reg = 0;
   for (const auto& row : r.rows) {
-    if (row.per_layer) continue;
+    if (row.per_layer) {
+      layer_reg += row.status == Status::regression;
+      continue;
+    }
     reg += row.status == Status::regression;
     unst += row.status == Status::unstable;
     unk += row.status == Status::unknown;
@@ -80,29 +83,34 @@ std::string verdict(const Report& r) {
   add(same, "no change");
   add(unk, "unknown");
   add(ins, "insufficient data");
-  const char* head = reg                                     ? "REGRESSION"
-                     : (unk && r.options.fail_on_unknown)    ? "UNKNOWN (--fail-on-unknown)"
-                     : unk && !reg && !imp && !same && !unst ? "no regression found, undecided"
-                                                             : "no regression";
-  return fmt::format("{}: {} (phases)", head, fmt::join(parts, ", "));
+  const std::string phases = fmt::format("{} (phases)", fmt::join(parts, ", "));
+  const std::string layers =
+      layer_reg ? fmt::format("; {} per-layer regression{}", layer_reg, layer_reg == 1 ? "" : "s") : "";
+  const char* head = reg || layer_reg                              ? "REGRESSION"
+                     : ((unk || ins) && r.options.fail_on_unknown) ? "UNKNOWN (--fail-on-unknown)"
+                     : unk && !reg && !imp && !same && !unst       ? "no regression found, undecided"
+                                                                   : "no regression";
+  return fmt::format("{}: {}{}", head, phases, layers);
 }
 
-// Words wrapped at `width` columns, continuation lines indented by `indent` spaces.
-std::string wrap_words(const std::string& text, std::size_t indent, std::size_t width) {
-  std::string out(indent, ' '), word;
-  std::size_t col = indent;
+// Words wrapped at `width` columns, the first line indented by `first` spaces, the others by `indent`.
+std::string wrap_words(const std::string& text, std::size_t indent, std::size_t width, std::size_t first) {
+  std::string out(first, ' '), word;
+  std::size_t col = first;
+  bool started = false;  // the current line has a word
   auto flush = [&] {
     if (word.empty()) return;
-    if (col > indent && col + 1 + word.size() > width) {
+    if (started && col + 1 + word.size() > width) {
       out += '\n';
       out.append(indent, ' ');
       col = indent;
-    } else if (col > indent) {
+    } else if (started) {
       out += ' ';
       ++col;
     }
     out += word;
     col += word.size();
+    started = true;
     word.clear();
   };
   for (char c : text) {
@@ -128,12 +136,12 @@ constexpr std::size_t kWidth = 100;
 std::string format_text(const Report& r) {
   const std::string prefix = common_prefix(r);
   std::string s = "stepbench compare: " + verdict(r) + "\n";
-  s += "base: " + r.base_source + "\nhead: " + r.head_source + "\n";
-  if (!prefix.empty()) s += "benchmarks: " + prefix + "...\n";
-  s += wrap_words(evidence_line(r), 0, kWidth);
-  for (const auto& n : r.notes) s += wrap_words("note: " + n, 0, kWidth);
+  s += wrap_words("base: " + r.base_source, 6, kWidth, 0) + wrap_words("head: " + r.head_source, 6, kWidth, 0);
+  if (!prefix.empty()) s += wrap_words("benchmarks: " + prefix + "...", 12, kWidth, 0);
+  s += wrap_words(evidence_line(r), 0, kWidth, 0);
+  for (const auto& n : r.notes) s += wrap_words("note: " + n, 0, kWidth, 0);
   constexpr std::size_t name_w = 24;
-  s += fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>17} {:>9}\n", "verdict", "benchmark", name_w, "base ms",
+  s += fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>18} {:>9}\n", "verdict", "benchmark", name_w, "base ms",
                    "head ms", "change", "interval", "can show");
   std::size_t hidden = 0;
   std::string said;  // the reason printed last: a row with the same one says nothing more
@@ -145,20 +153,20 @@ std::string format_text(const Report& r) {
     const std::string name = row.key.substr(prefix.size());
     if (name.size() > name_w) s += fmt::format("{:<12} {}\n", to_string(row.status), name);
     s +=
-        fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>17} {:>9}\n", name.size() > name_w ? "" : to_string(row.status),
+        fmt::format("{:<12} {:<{}} {:>9} {:>9} {:>7} {:>18} {:>9}\n", name.size() > name_w ? "" : to_string(row.status),
                     name.size() > name_w ? "" : name, name_w, ms(row.base_ms), ms(row.head_ms),
                     row.n_base ? pct(row.change) : "-", interval(row), mdc_text(row));
-    if (!row.reason.empty() && row.reason != said) s += wrap_words(row.reason, 4, kWidth);
+    if (!row.reason.empty() && row.reason != said) s += wrap_words(row.reason, 4, kWidth, 4);
     said = row.reason.empty() ? said : row.reason;
-    for (const auto& m : row.layers) s += wrap_words("moved: " + layer_line(m), 4, kWidth);
+    for (const auto& m : row.layers) s += wrap_words("moved: " + layer_line(m), 4, kWidth, 4);
   }
   if (hidden) s += fmt::format("({} per-layer benchmarks without a change not shown)\n", hidden);
   for (const auto& c : r.changes)
     s += wrap_words(fmt::format("change point: {} {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}){}, p {:.2g}",
                                 c.key.substr(prefix.size()), 100 * c.change, 100 * c.lo, 100 * c.hi, c.run + 1,
                                 c.revision, c.time.empty() ? "" : ", " + c.time, c.head ? ", HEAD" : "", c.p),
-                    0, kWidth);
-  if (const std::string h = r.rerun_hint(); !h.empty()) s += wrap_words(h, 0, kWidth);
+                    2, kWidth, 0);
+  if (const std::string h = r.rerun_hint(); !h.empty()) s += wrap_words(h, 0, kWidth, 0);
   return s;
 }
 
@@ -205,6 +213,8 @@ std::string format_json(const Report& r) {
                              [](const Row& x) { return !x.per_layer && x.status == Status::unknown; });
   j["exit_code"] = r.exit_code();
   j["fail_on_unknown"] = r.options.fail_on_unknown;
+  j["history"] = nlohmann::json::array();  // the runs a change point's "run" indexes, then HEAD
+  for (const auto& h : r.history) j["history"].push_back({{"revision", h.revision}, {"time", h.time}});
   j["changes"] = nlohmann::json::array();
   for (const auto& c : r.changes)
     j["changes"].push_back({{"benchmark", c.key},

@@ -315,6 +315,19 @@ TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
   Options fail;
   fail.fail_on_unknown = true;
   EXPECT_EQ(compare_runs(a, b, fail).exit_code(), 1);
+  // insufficient data is undecided too under --fail-on-unknown (3 repetitions: Holm cannot reach)
+  EXPECT_EQ(compare_runs(synthetic(rng, 3, 0.01, 1.0), synthetic(rng, 3, 0.01, 1.0), fail).exit_code(), 1);
+  EXPECT_EQ(compare_runs(synthetic(rng, 3, 0.01, 1.0), synthetic(rng, 3, 0.01, 1.0), Options{}).exit_code(), 0);
+  // beyond a stated 1% run noise, but repetitions that spread by 30% overlap: unknown, not no change
+  Options one;
+  one.run_noise = 0.01;
+  const Report overlap = compare_runs(synthetic(rng, 5, 0.30, 1.0), synthetic(rng, 5, 0.30, 1.0, "cpu0", 1.10), one);
+  bool said = false;
+  for (const auto& r : overlap.rows) {
+    EXPECT_NE(r.status, Status::regression) << r.key << ": " << r.reason;
+    said = said || r.reason.find("repetitions overlap") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << format_text(overlap);
   // a stated noise of 1% (--run-noise 1): the 5% is a regression; beyond any noise, so is +80%
   Options quiet;
   quiet.run_noise = 0.01;
@@ -472,6 +485,7 @@ TEST(CompareGate, NamesTheLayerAndDirectionThatMoved) {
   EXPECT_NE(md.find("**regression**"), std::string::npos);
   // the step and the per-layer benchmark itself
   EXPECT_NE(format_text(rep).find("REGRESSION: 1 regression"), std::string::npos) << format_text(rep);
+  EXPECT_NE(format_text(rep).find("; 1 per-layer regression"), std::string::npos) << format_text(rep);
   EXPECT_NE(format_json(rep).find("\"direction\": \"backward filter\""), std::string::npos);
 }
 
@@ -559,6 +573,20 @@ TEST(CompareFiles, AHistoryGivesTheNoiseAndDatesTheChange) {
   CRun same = synthetic(rng, 5, 0.005, 1.0);
   same.context["revision"] = "same";
   EXPECT_EQ(compare_runs(load_history(g, same, 5), same, Options{}).exit_code(), 0);
+  // a fix after a slowdown: 10 runs, 10 runs 20% slower, HEAD back at the first level; the change
+  // point stands, but HEAD is not after it in level: no regression
+  std::string fixed;
+  for (int i = 0; i < 20; ++i) {
+    CRun r = synthetic(rng, 5, 0.005, i >= 10 ? 1.2 : 1.0, "cpu0", std::exp(0.005 * z(rng)));
+    r.context["revision"] = "x" + std::to_string(i);
+    fixed += history_record(r, "t") + "\n";
+  }
+  const std::string fx = d.write("fixed.jsonl", fixed);
+  CRun back = synthetic(rng, 5, 0.005, 1.0);
+  back.context["revision"] = "fix";
+  const Report fr = compare_runs(load_history(fx, back, 5), back, Options{});
+  EXPECT_FALSE(fr.changes.empty());
+  EXPECT_NE(fr.rows[3].status, Status::regression) << fr.rows[3].reason;
 }
 
 TEST(CompareFiles, AbRoundsReadPairedAndBadRoundsAreRefused) {
