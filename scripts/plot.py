@@ -190,8 +190,22 @@ def history_png(path, out, verdict_path):
             v = json.load(f)
         changes = v.get("changes", [])
         head = v.get("head")
+        # the runs compare judged against, in its order: a change point's "run" indexes them
+        runs = [(h.get("revision"), h.get("time")) for h in v.get("history", [])]
+        if runs:
+            picked, i = [], 0
+            for r in recs:
+                if i < len(runs) and (r.get("revision"), r.get("time")) == runs[i]:
+                    picked.append(r)
+                    i += 1
+            if i == len(runs):
+                mine = picked
+                phases = [b for b in mine[-1]["benchmarks"] if "/conv:" not in b] or phases
+            else:  # another history than the verdict's: its run numbers would point elsewhere
+                print(f"plot.py: {verdict_path} judged runs that are not all in {path}; its change points "
+                      "are not drawn", file=sys.stderr)
+                changes = []
     fig, axes = plt.subplots(len(phases), 1, figsize=(9, 2.2 * len(phases)), squeeze=False)
-    revs = [r.get("revision", "?") for r in mine]
     for ax, b in zip(axes[:, 0], phases):
         xs, ys, es = [], [], []
         for i, r in enumerate(mine):
@@ -204,9 +218,7 @@ def history_png(path, out, verdict_path):
         for c in changes:
             if c.get("benchmark") != b:
                 continue
-            at = next((i + 1 for i, r in enumerate(revs) if r == c.get("revision")), None)
-            if at is None and c.get("head"):
-                at = len(mine) + 1
+            at = c["run"] + 1 if isinstance(c.get("run"), int) and c["run"] < len(mine) else None
             if at is not None:
                 ax.axvline(at - 0.5, color="C3", lw=1.2)
                 ax.annotate(f"{100 * c['change']:+.1f}%", (at - 0.5, max(ys) if ys else 0), color="C3", fontsize=7,
