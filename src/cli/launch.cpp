@@ -168,8 +168,16 @@ int launch_main(int argc, char** argv) {
         // the cause first: a process killed by a signal makes the others fail after it, and its exit may
         // be reaped after theirs; every exit already there is read now, and a signal's death is named
         // first, whatever order they came in
+        // (a killed process may still be releasing its GPU context after its sockets closed: the
+        // exits of the next half second are read too, before anyone is named)
         std::vector<std::tuple<int, pid_t, int>> gone = {{rank, p, status}};
-        for (pid_t q; (q = waitpid(-1, &status, WNOHANG)) > 0;) {
+        const auto first = std::chrono::steady_clock::now();
+        while (live > 0 && std::chrono::steady_clock::now() - first < std::chrono::milliseconds(500)) {
+          const pid_t q = waitpid(-1, &status, WNOHANG);
+          if (q <= 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+          }
           const auto jt = std::find(pids.begin(), pids.end(), q);
           if (jt == pids.end()) continue;
           gone.emplace_back(static_cast<int>(jt - pids.begin()), q, status);
@@ -186,8 +194,9 @@ int launch_main(int argc, char** argv) {
                      describe(status),
                      live > 0 ? fmt::format("; ending the other {} process{}", live, live == 1 ? "" : "es") : "");
         for (std::size_t g = 1; g < gone.size(); ++g)
-          fmt::print(stderr, "stepbench launch: then rank {} (pid {}) {}\n", std::get<0>(gone[g]), std::get<1>(gone[g]),
-                     describe(std::get<2>(gone[g])));
+          if (const int st = std::get<2>(gone[g]); !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+            fmt::print(stderr, "stepbench launch: then rank {} (pid {}) {}\n", std::get<0>(gone[g]),
+                       std::get<1>(gone[g]), describe(st));
         for (std::size_t r = 0; r < pids.size(); ++r)  // a stopped one is why the others waited
           if (pids[r] > 0 && process_state(pids[r]) == 'T')
             fmt::print(stderr,
