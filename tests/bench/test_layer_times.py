@@ -49,7 +49,10 @@ def check_trace(test, path, towers, layers=None, convs=None, input_threads=0):
     eps = 1e-6  # µs: printing rounds the last digit
     if input_threads:
         inp = [e for e in spans if e["pid"] == towers]
-        test.assertEqual({e["tid"] for e in inp}, set(range(1, input_threads + 1)))
+        # a track per thread that did something: on a loaded machine one thread can take every image of
+        # a short run (seen under ctest -j2), so the tracks are a non-empty subset of the threads
+        tids = {e["tid"] for e in inp}
+        test.assertTrue(tids and tids <= set(range(1, input_threads + 1)), tids)
         test.assertTrue({e["name"] for e in inp} <= {"read", "decode", "resize", "crop", "flip_normalise", "assembly",
                                                       "wait for room"}, {e["name"] for e in inp})
         test.assertEqual(names[(towers, None)], "input pipeline (rank 0)")

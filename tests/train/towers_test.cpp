@@ -2,6 +2,7 @@
 // the gradient average, and the buckets.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -369,8 +370,9 @@ TEST(Towers, StagedBatchesFeedTheStepLikeTheGraphsOwnInput) {
 // The step's timeline per tower: a tower held 40 ms at the start of its backward shows it there,
 // its buckets are ready after the other's (cpu towers run one after another) and the sync released
 // both after every bucket's sync ended. Wall-clock: a loaded 2-core CI runner once stalled tower 0's
-// backward for 592 ms, so the delay must show on tower 1 and not on tower 0 in one of three steps
-// (held on the wrong tower, it would show in none).
+// backward for 592 ms in one step, so the verdict is a statistic over 5 steps, not a retry: the
+// median of tower 1's backward minus tower 0's is the hold within 10 ms (a stall in 2 of the 5 steps
+// cannot move it; held on the wrong tower, it would be -40), and a hold is never shorter than asked.
 TEST(Towers, TimelinesShowADelayedTower) {
   auto o = tiny(2, VariableUpdate::replicated, 16384);
   Towers t(o);
@@ -379,15 +381,20 @@ TEST(Towers, TimelinesShowADelayedTower) {
   t.set_step_timing(true);
   t.set_delay(1, 40);
   Towers::Timeline a, b;
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  const auto median5 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> held;
+  for (int k = 0; k < 5; ++k) {
     t.step();
     t.synchronize();
     a = t.timeline(0);
     b = t.timeline(1);
     EXPECT_GE(b.backward_ms, 40.0);  // a delay is never shorter than asked
-    if (a.backward_ms < b.backward_ms - 30) break;
+    held.push_back(b.backward_ms - a.backward_ms);
   }
-  EXPECT_LT(a.backward_ms, b.backward_ms - 30);
+  EXPECT_GT(median5(held), 30.0);
   EXPECT_GT(b.begin_ms, a.begin_ms);  // after tower 0's forward
   ASSERT_EQ(a.ready_ms.size(), t.bucket_count());
   ASSERT_GT(t.bucket_count(), 1u);
@@ -396,15 +403,14 @@ TEST(Towers, TimelinesShowADelayedTower) {
     EXPECT_GE(a.synced_ms[k], b.ready_ms[k]) << "bucket " << k << " synced before tower 1 had it";
     EXPECT_GE(a.released_ms, a.synced_ms[k]);
   }
-  t.set_delay(1, 0);  // removed, it is gone in one of three steps too
-  double without = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  t.set_delay(1, 0);  // removed: gone from the median of 5 steps too
+  std::vector<double> without;
+  for (int k = 0; k < 5; ++k) {
     t.step();
     t.synchronize();
-    without = t.timeline(1).backward_ms;
-    if (without < 40.0) break;
+    without.push_back(t.timeline(1).backward_ms - t.timeline(0).backward_ms);
   }
-  EXPECT_LT(without, 40.0);
+  EXPECT_LT(median5(without), 30.0);
 }
 
 TEST(Towers, BadTowerCountsAreUsageErrors) {
