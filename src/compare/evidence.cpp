@@ -27,6 +27,15 @@ std::vector<double> round_medians(const Series& s, int rounds) {
   return med;
 }
 
+// A stated (not measured) noise: e.d against a normal with standard error `se` (0: any change).
+void normal_test(RunEvidence& e, double se, double alpha, std::size_t family) {
+  e.p_slower = se > 0 ? 1 - normal_cdf(e.d / se) : (e.d > 0 ? 0 : 1);
+  e.p_faster = se > 0 ? normal_cdf(e.d / se) : (e.d < 0 ? 0 : 1);
+  e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
+  const double half = normal_quantile(1 - alpha / 2) * se;
+  e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+}
+
 }  // namespace
 
 // ab.sh's rounds: round k of each side ran in the same time slot; their medians' log ratios are the
@@ -82,12 +91,7 @@ RunEvidence history_evidence(const Series& b, double head_ms, double alpha, std:
     e.source = x.size() >= 3 ? fmt::format("{} ({} earlier runs, all with one median)", fallback_source, x.size())
                              : fmt::format("{} ({} earlier run{}: too few to measure it)", fallback_source, x.size(),
                                            x.size() == 1 ? "" : "s");
-    const double se = fallback * std::sqrt(1 + 1 / n);
-    e.p_slower = se > 0 ? 1 - normal_cdf(e.d / se) : (e.d > 0 ? 0 : 1);
-    e.p_faster = se > 0 ? normal_cdf(e.d / se) : (e.d < 0 ? 0 : 1);
-    e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
-    const double half = normal_quantile(1 - alpha / 2) * se;
-    e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+    normal_test(e, fallback * std::sqrt(1 + 1 / n), alpha, family);
   }
   return e;
 }
@@ -102,12 +106,7 @@ RunEvidence runs_evidence(double base_ms, double head_ms, double alpha, std::siz
   e.noise = sigma;
   e.source = source;
   e.d = std::log(head_ms / base_ms);
-  const double se = std::sqrt(2.0) * sigma;
-  e.p_slower = se > 0 ? 1 - normal_cdf(e.d / se) : (e.d > 0 ? 0 : 1);
-  e.p_faster = se > 0 ? normal_cdf(e.d / se) : (e.d < 0 ? 0 : 1);
-  e.crit = normal_quantile(1 - alpha / static_cast<double>(family)) * se;
-  const double half = normal_quantile(1 - alpha / 2) * se;
-  e.ratio = {std::exp(e.d - half), std::exp(e.d + half)};
+  normal_test(e, std::sqrt(2.0) * sigma, alpha, family);
   return e;
 }
 
