@@ -607,7 +607,7 @@ stage_ranks_faults() {
     t0=$SECONDS
     case $name in  # late: rank 1 comes to NCCL's initialisation 120 s late; stall: before its first sync
       late) env=STEPBENCH_FAULT_INIT_STALL=1:120; expect="NCCL's initialisation .*did not complete within 10 s" ;;
-      stall) env=STEPBENCH_FAULT_SYNC_STALL=1:120; expect="did not complete within 10 s.*rank 1 did not answer" ;;
+      stall) env=STEPBENCH_FAULT_SYNC_STALL=1:120; expect="did not complete within 10 s.*rank 1 \\(pid [0-9]* on [^)]*\\) did not answer" ;;
       missing) env=RANK=0; expect="rank 1 of 2 never joined" ;;
     esac
     if [ $name = missing ]; then

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -36,26 +37,28 @@ std::chrono::milliseconds as_timeout(double s) {
   return s > 0 ? std::chrono::milliseconds(static_cast<std::int64_t>(s * 1e3) + 1) : std::chrono::hours(24 * 3650);
 }
 
-// Gloo's rendezvous keys on stepbench's store, under a prefix; a missing key after the timeout names its rank.
+// Gloo's rendezvous keys on stepbench's store, under a prefix (one per context); a missing key after
+// the timeout names its rank.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(stepbench::Store& s, double timeout_s) : s_(s), timeout_s_(timeout_s) {}
+  GlooStore(stepbench::Store& s, double timeout_s, std::string prefix)
+      : s_(s), timeout_s_(timeout_s), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
-    s_.set("gloo/" + key, std::string(data.begin(), data.end()));
+    s_.set(prefix_ + key, std::string(data.begin(), data.end()));
   }
   std::vector<char> get(const std::string& key) override {
     wait({key});
-    const std::string v = *s_.try_get("gloo/" + key);
+    const std::string v = *s_.try_get(prefix_ + key);
     return {v.begin(), v.end()};
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, as_timeout(timeout_s_)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> full;
     full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back("gloo/" + k);
+    for (const auto& k : keys) full.push_back(prefix_ + k);
     const auto missing = s_.wait(full, static_cast<double>(timeout.count()) / 1e3);
     if (!missing.empty()) {
-      std::string who = missing[0].substr(5);  // Gloo's key: the rank, or "rank_" and the rank
+      std::string who = missing[0].substr(prefix_.size());  // Gloo's key: the rank, or "rank_" and the rank
       if (who.rfind("rank_", 0) == 0) who = who.substr(5);
       throw SyncError(fmt::format("rank {} did not publish its Gloo address on {} within {:g} s (it ended?)", who,
                                   s_.address(), timeout_s_));
@@ -65,11 +68,55 @@ class GlooStore final : public gloo::rendezvous::Store {
  private:
   stepbench::Store& s_;
   double timeout_s_;
+  std::string prefix_;
 };
 
+// Every peer is sent a token on c and sends this rank one; those whose token did not come within
+// window_s stalled or ended (a closed connection fails at once). Waiting stops once all have
+// answered. A wait that times out closes every pair of c (Gloo's rule), so c is spent afterwards.
+std::vector<int> exchange_tokens(gloo::Context& c, double window_s) {
+  constexpr std::uint64_t kSlot = 0x5354455042454e43ull;  // a slot of its own
+  const int n = c.size, me = c.rank;
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<int> in(N, 0), out(N, 1);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rx(N), tx(N);
+  std::vector<bool> silent(N, false);
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    const auto i = static_cast<std::size_t>(r);
+    try {
+      rx[i] = c.createUnboundBuffer(&in[i], sizeof(int));
+      tx[i] = c.createUnboundBuffer(&out[i], sizeof(int));
+      rx[i]->recv(r, kSlot);
+      tx[i]->send(r, kSlot);
+    } catch (const std::exception&) {  // its connection is gone
+      silent[i] = true;
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(window_s);
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (r == me || silent[i]) continue;
+    // a token that came is counted whatever happened since; one still missing at the deadline is silent
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    try {
+      if (!rx[i]->waitRecv(std::max(left, std::chrono::milliseconds(0)))) silent[i] = true;
+    } catch (const std::exception&) {
+      silent[i] = true;
+    }
+  }
+  std::vector<int> who;
+  for (int r = 0; r < n; ++r)
+    if (silent[static_cast<std::size_t>(r)]) who.push_back(r);
+  return who;
+}
+
+// Two full meshes: ctx_ carries the collectives; live_ only the tokens that name a silent rank after
+// one of them failed (a timed-out wait closes every pair of its context, so ctx_ cannot ask then).
 class GlooTransport final : public Transport {
  public:
-  explicit GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx) : ctx_(std::move(ctx)) {}
+  GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<gloo::rendezvous::Context> live)
+      : ctx_(std::move(ctx)), live_(std::move(live)) {}
   std::string name() const override { return "Gloo"; }
   void abort(int) override {
     std::lock_guard<std::mutex> l(mu_);
@@ -117,41 +164,7 @@ class GlooTransport final : public Transport {
       gloo::barrier(o);
     });
   }
-  // Every peer sends this rank a token and is sent one; those whose token did not come within
-  // window_s stalled or ended. The context is spent afterwards (a timed-out wait closes every pair).
-  std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) override {
-    std::lock_guard<std::mutex> l(mu_);
-    std::vector<int> silent;
-    if (!ctx_) return silent;
-    constexpr std::uint64_t kSlot = 0x5354455042454e43ull;  // a slot of its own, far from the collectives'
-    const int n = ctx_->size, me = ctx_->rank;
-    std::vector<int> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 1);
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rx, tx;
-    try {
-      for (int r = 0; r < n; ++r) {
-        rx.push_back(ctx_->createUnboundBuffer(&in[static_cast<std::size_t>(r)], sizeof(int)));
-        tx.push_back(ctx_->createUnboundBuffer(&out[static_cast<std::size_t>(r)], sizeof(int)));
-        if (r == me) continue;
-        rx.back()->recv(r, kSlot);
-        tx.back()->send(r, kSlot);
-      }
-      std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
-    } catch (const std::exception&) {  // the connections are gone: everyone is silent to us
-    }
-    for (int r = 0; r < n; ++r) {
-      if (r == me) continue;
-      try {
-        if (static_cast<std::size_t>(r) >= rx.size() ||
-            !rx[static_cast<std::size_t>(r)]->waitRecv(std::chrono::milliseconds(1)))
-          silent.push_back(r);
-      } catch (const std::exception&) {
-        silent.push_back(r);
-      }
-    }
-    ctx_.reset();
-    (void)pg;
-    return silent;
-  }
+  std::vector<int> silent_peers(const ProcessGroup&, double window_s) override { return silent(window_s); }
 
  private:
   // One collective at a time (the communication thread and the main thread share the group), its
@@ -170,10 +183,10 @@ class GlooTransport final : public Transport {
   }
   template <class F>
   void run(const ProcessGroup& pg, const char* what, F&& f) {
-    run(what, pg.rank(), pg.size(), pg.sync_timeout(), std::forward<F>(f));
+    run(what, pg.rank(), pg.size(), pg.sync_timeout(), std::forward<F>(f), &pg);
   }
   template <class F>
-  void run(const char* what, int rank, int size, double limit, F&& f) {
+  void run(const char* what, int rank, int size, double limit, F&& f, const ProcessGroup* pg = nullptr) {
     std::lock_guard<std::mutex> l(mu_);
     if (!ctx_) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
     std::string why;
@@ -186,16 +199,30 @@ class GlooTransport final : public Transport {
       why = e.what();
     }
     ctx_.reset();  // a failed collective leaves its pairs in no known state
+    // who: the well ranks fail about now too (a timeout) or at once (a dropped connection), and answer
+    const double window = std::clamp(limit / 4, 2.0, 10.0);
+    const std::vector<int> quiet = silent(window);
+    const std::string who = pg ? pg->name_ranks(quiet) : ProcessGroup().name_ranks(quiet);
     if (why.find("Timed out") != std::string::npos)
       throw SyncError(fmt::format(
-          "{} did not complete within {:g} s on process {} of {}: another process failed or stalled. If the step "
-          "is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
-          what, limit, rank, size));
-    throw SyncError(fmt::format("{} failed on process {} of {}: another process ended or dropped its connection ({})",
-                                what, rank, size, why));
+          "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
+          "--sync-timeout-s (0 waits forever)",
+          what, limit, rank, size,
+          who.empty() ? "another process failed or stalled"
+                      : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
+    throw SyncError(fmt::format("{} failed on process {} of {}: {} ended or dropped its connection ({})", what, rank,
+                                size, who.empty() ? "another process" : who, why));
   }
-  std::shared_ptr<gloo::rendezvous::Context> ctx_;
-  std::mutex mu_;
+  std::vector<int> silent(double window_s) {
+    std::lock_guard<std::mutex> l(live_mu_);
+    std::vector<int> who;
+    if (!live_) return who;
+    who = exchange_tokens(*live_, window_s);
+    live_.reset();
+    return who;
+  }
+  std::shared_ptr<gloo::rendezvous::Context> ctx_, live_;
+  std::mutex mu_, live_mu_;
 };
 
 std::string host_name() {
@@ -279,21 +306,25 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s) {
                     "address the other processes reach",
                     attr.hostname, e.what()));
   }
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.size);
-  ctx->setTimeout(as_timeout(timeout_s));
-  GlooStore gs(*store, timeout_s);
   // Gloo waits up to 5 x its timeout for a pair to connect: a fifth while connecting, so that a
   // stalled peer ends the meeting within the timeout
-  ctx->setTimeout(timeout_s > 0 ? as_timeout(std::max(timeout_s / 5, 1.0)) : as_timeout(0));
-  try {
-    ctx->connectFullMesh(gs, dev);
-  } catch (const gloo::Exception& e) {
-    throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
-  } catch (const gloo::EnforceNotMet& e) {
-    throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
-  }
-  ctx->setTimeout(as_timeout(timeout_s));
-  auto t = std::make_unique<GlooTransport>(ctx);
+  const auto mesh = [&](const char* prefix) {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.size);
+    ctx->setTimeout(timeout_s > 0 ? as_timeout(std::max(timeout_s / 5, 1.0)) : as_timeout(0));
+    GlooStore gs(*store, timeout_s, prefix);
+    try {
+      ctx->connectFullMesh(gs, dev);
+    } catch (const gloo::Exception& e) {
+      throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
+    } catch (const gloo::EnforceNotMet& e) {
+      throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
+    }
+    ctx->setTimeout(as_timeout(timeout_s));
+    return ctx;
+  };
+  auto ctx = mesh("gloo/");
+  auto live = mesh("gloo-live/");
+  auto t = std::make_unique<GlooTransport>(ctx, live);
   t->barrier(env.rank, env.size, timeout_s);  // every rank is connected: the store has served its purpose
   if (env.rank == 0) store->clear();
   j.transport = std::move(t);

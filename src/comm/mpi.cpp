@@ -34,15 +34,13 @@ class MpiTransport final : public Transport {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (limit > 0 && waited > limit) {
         const double window = std::clamp(limit / 4, 2.0, 10.0);
-        std::string who;
-        for (int r : silent_peers(pg, window)) who += (who.empty() ? "" : ", ") + std::to_string(r);
+        const std::string who = pg.name_ranks(silent_peers(pg, window));
         throw SyncError(fmt::format(
             "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
             "--sync-timeout-s (0 waits forever)",
             what, limit, pg.rank(), pg.size(),
             who.empty() ? "another process failed or stalled"
-                        : fmt::format("rank{} {} did not answer within {:g} s (stalled or ended)",
-                                      who.find(',') != std::string::npos ? "s" : "", who, window)));
+                        : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
       }
     }
   }

@@ -74,9 +74,19 @@ std::string ProcessGroup::silent_ranks(double window_s) const {
   } catch (const std::exception&) {
     return "";
   }
+  return name_ranks(silent);
+}
+
+std::string ProcessGroup::name_ranks(const std::vector<int>& ranks) const {
   std::string s;
-  for (int r : silent) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s.empty() ? "" : fmt::format("rank{} {}", silent.size() > 1 ? "s" : "", s);
+  for (int r : ranks) {
+    s += (s.empty() ? "" : ", ") + std::to_string(r);
+    if (r >= 0 && static_cast<std::size_t>(r) < peers_.size() && peers_[static_cast<std::size_t>(r)].pid > 0) {
+      const PeerInfo& p = peers_[static_cast<std::size_t>(r)];
+      s += fmt::format(" (pid {}{})", p.pid, p.host.empty() ? "" : " on " + p.host);
+    }
+  }
+  return s.empty() ? "" : fmt::format("rank{} {}", ranks.size() > 1 ? "s" : "", s);
 }
 
 std::vector<double> ProcessGroup::allgather(const std::vector<double>& mine) const {

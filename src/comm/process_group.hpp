@@ -64,9 +64,11 @@ class ProcessGroup {
   std::vector<std::string> allgather(const std::string& mine) const;
   // After a collective timed out on this process (NCCL's, whose peers the group cannot see): every
   // rank still well exchanges a token with every other, and those whose token did not come within
-  // window_s are named ("rank 1", "ranks 1, 3"), or "" when all answered. The group may be spent
-  // afterwards (the run is ending). Every well rank must call it at about the same time.
+  // window_s are named (name_ranks), or "" when all answered. The group may be spent afterwards
+  // (the run is ending). Every well rank must call it at about the same time.
   std::string silent_ranks(double window_s) const;
+  // "rank 1 (pid 4242 on node7)", "ranks 1 (pid ...), 3 (pid ...)"; "" for none.
+  std::string name_ranks(const std::vector<int>& ranks) const;
   // Seconds a collective may take (--sync-timeout-s); 0 waits forever. Default 600.
   void set_sync_timeout(double seconds) { timeout_s_ = seconds; }
   double sync_timeout() const { return timeout_s_.load(); }

@@ -945,6 +945,8 @@ class Mpi(unittest.TestCase):
                                     env={"STEPBENCH_FAULT_SYNC_STALL": "1:90"})
         self.assertNotEqual(rc, 0, out)
         self.assertIn("did not complete within 2 s on process 0 of 2", out)
+        # the silent rank is named, not the healthy one that reports it
+        self.assertRegex(out, r"on process 0 of 2: rank 1 \(pid [0-9]+ on [^)]+\) did not answer within 2 s")
         self.assertIn("--sync-timeout-s", out)
         self.assertLess(secs, 60, f"took {secs:.0f} s: the other process was not ended\n{out}")
 
@@ -1214,6 +1216,8 @@ class Launch(unittest.TestCase):
                 l.startswith("stepbench launch: then rank")]
         self.assertTrue(said, out)
         self.assertRegex(said[0], rf"rank 1 \(pid {victim}\) was killed by signal 9", out)
+        # and rank 0, whose sync failed, names the peer it lost (Gloo's pair knows it; the tokens confirm)
+        self.assertRegex(out, rf"on process 0 of 2: rank 1 \(pid {victim} on [^)]+\) ended or dropped its connection")
         self.assertEqual(p.returncode, 128 + 9, out)  # the cause's status is the launcher's
         self.assertLess(time.monotonic() - t0, 90, out)
 
@@ -1222,7 +1226,9 @@ class Launch(unittest.TestCase):
                                     env={"STEPBENCH_FAULT_SYNC_STALL": "1:90"})
         self.assertNotEqual(rc, 0, out)
         self.assertIn("did not complete within 2 s on process 0 of 2", out)
-        self.assertIn("rank 0 (pid", out)  # the launcher names who failed, then ends the sleeper
+        # rank 0 names the sleeper, by its pid; the launcher, who failed; then it ends the sleeper
+        self.assertRegex(out, r"on process 0 of 2: rank 1 \(pid [0-9]+ on [^)]+\) did not answer within 2 s")
+        self.assertIn("rank 0 (pid", out)
         self.assertLess(secs, 60, out)
 
     def test_a_stopped_process_is_named_when_the_others_time_out(self):
@@ -1239,8 +1245,31 @@ class Launch(unittest.TestCase):
             os.kill(victim, signal.SIGCONT) if p.poll() is None else None
         self.assertNotEqual(p.returncode, 0, out)
         self.assertIn("did not complete within 3 s on process 0 of 2", out)
+        self.assertRegex(out, rf"on process 0 of 2: rank 1 \(pid {victim} on [^)]+\) did not answer")
         self.assertRegex(out, rf"rank 1 \(pid {victim}\) is stopped")
         self.assertLess(time.monotonic() - t0, 90, out)
+
+    def test_a_stopped_process_is_named_without_a_launcher(self):
+        # torchrun's variables by hand and a file rendezvous: no launcher watches the ranks, so rank 0's
+        # own message must name the one that stopped (SIGSTOP during the timed steps)
+        with tempfile.TemporaryDirectory() as d:
+            envs = [{"RANK": str(r), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"} for r in (0, 1)]
+            procs = [subprocess.Popen([STEPBENCH, *LONG, "--rendezvous", f"file:{d}/meet", "--sync-timeout-s", "3"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env={**os.environ, **e}) for e in envs]
+            try:
+                time.sleep(4)  # met, and into the timed steps
+                self.assertIsNone(procs[1].poll(), "rank 1 ended early")
+                os.kill(procs[1].pid, signal.SIGSTOP)
+                out, _ = procs[0].communicate(timeout=120)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        os.kill(p.pid, signal.SIGKILL)
+                        p.communicate()
+        self.assertEqual(procs[0].returncode, 1, out)
+        self.assertRegex(out, rf"within 3 s on process 0 of 2: rank 1 \(pid {procs[1].pid} on [^)]+\) did not answer "
+                              r"within 2 s \(stalled or ended\)")
 
     def test_an_interrupt_reaches_every_process_once(self):
         p = subprocess.Popen([STEPBENCH, "launch", "--nproc", "2", "--", *LONG], stdout=subprocess.PIPE,
