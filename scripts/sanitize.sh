@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer stages; scripts/test.sh runs them after the plain suite (so CI does), or alone:
 #   scripts/sanitize.sh [asan|tsan|all]          (default all; exit non-zero on any report)
-# asan: AddressSanitizer + UBSan build of the test binary (CUDA off, -O1 -g1), the whole CPU gtest
-#       suite, and the two-process MPI test with Open MPI's own leaks suppressed
+# asan: AddressSanitizer + UBSan build of the test binary and stepbench (CUDA off, -O1 -g1: the
+#       cpu-only configuration), the whole CPU gtest suite, the command-line tests whose output
+#       depends on the build, and the two-process MPI test with Open MPI's own leaks suppressed
 #       (tests/support/lsan.supp; the slow unwinder, so that a leak is traced into the library).
 # tsan: ThreadSanitizer build, the towers, host-collective, input-pipeline and JPEG tests with one
 #       OpenMP thread: Debian's libgomp is not instrumented, so TSan cannot see its barriers, and with
@@ -35,6 +36,7 @@ rc=0
 if [ "$what" != tsan ]; then
   echo "== asan: AddressSanitizer + UBSan"
   build_tests "$BASE-asan" -DSTEPBENCH_SANITIZE=ON -DSTEPBENCH_TSAN=OFF
+  cmake --build "$BASE-asan" --parallel "$(nproc)" --target stepbench
   export ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:fast_unwind_on_malloc=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export LSAN_OPTIONS=suppressions=$STEPBENCH_ROOT/tests/support/lsan.supp
@@ -47,6 +49,23 @@ if [ "$what" != tsan ]; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
       mpirun --oversubscribe -np 2 "$BASE-asan/bin/stepbench_tests" --gtest_filter='Mpi.*' --gtest_brief=1 || rc=1
   fi
+  # the binary as a user without the CUDA toolkit builds it (the cpu-only preset: CUDA off), under
+  # ASan: the command-line tests whose output depends on the build (flags, presets, JSON, the
+  # summary, compare; about 30 s) and --help against its snapshot
+  if command -v python3 >/dev/null; then
+    log=$BASE-asan/cli.log
+    for part in Flags Presets Json Output Compare; do
+      if python3 "$STEPBENCH_ROOT/tests/cli/test_cli.py" --stepbench "$BASE-asan/bin/stepbench" \
+        --configs "$STEPBENCH_ROOT/configs" "$part" >"$log" 2>&1; then
+        echo "cpu-only cli.$part: $(grep -m1 '^Ran ' "$log")"
+      else
+        echo "cpu-only cli.$part: FAILED"
+        tail -n 40 "$log"
+        rc=1
+      fi
+    done
+  fi
+  "$STEPBENCH_ROOT/tests/cli/help_snapshot.sh" "$BASE-asan/bin/stepbench" "$STEPBENCH_ROOT/tests/cli/help.txt" || rc=1
   unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 fi
 if [ "$what" != asan ]; then

@@ -862,8 +862,10 @@ class Data(unittest.TestCase):
             st = j["input_stages"]
             self.assertGreater(st["images"], 0)
             self.assertAlmostEqual(sum(st["share"].values()), 1.0, places=6)
-            # the stages and the waits account for the threads' time between the snapshots within 5%
-            # (the timed iterations alone leave out the moments between them)
+            # the report's claim: the stages and the waits account for the threads' time in the window
+            # measured around the snapshots, within 5% (the timed iterations alone leave out the moments
+            # between them). The clocks add up by construction; that each moment lands in the right
+            # stage is Data.StageCountersChargeEachMomentToWhereTheThreadWas's to check
             busy = sum(st["ms_per_image"][k] for k in st["share"]) * st["images"] / 1e3
             self.assertAlmostEqual((busy + st["open_s"] + st["idle_s"]) / (st["threads"] * st["window_s"]), 1.0,
                                    delta=0.05)

@@ -4,10 +4,13 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "data/data.hpp"
+#include "data/stages.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_util.hpp"
 
@@ -29,6 +32,42 @@ void write_solid_jpeg(const fs::path& path, int w, int h, unsigned char r, unsig
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(jpeg), static_cast<std::streamsize>(size));
   tjFree(jpeg);
   tjDestroy(tj);
+}
+
+// One worker's clock, with known sleeps in each place: every sleep lands in its own stage, the wait
+// and the stage still open (a clock that charged a lap to the wrong stage, lost the wait or the open
+// stage, or counted a moment twice fails). Sleeps never end early, so the lower bounds hold on a
+// loaded machine; the upper bound is the window measured outside both snapshots.
+TEST(Data, StageCountersChargeEachMomentToWhereTheThreadWas) {
+  using namespace std::chrono_literals;
+  StageCounters c;
+  const auto t0 = std::chrono::steady_clock::now();
+  StageTimes before;
+  c.add_to(before);
+  std::this_thread::sleep_for(30ms);
+  c.lap(Stage::decode);
+  std::this_thread::sleep_for(10ms);
+  c.lap(Stage::resize);
+  c.count_image();
+  std::this_thread::sleep_for(5ms);
+  c.begin_idle();  // the time since the last lap is the batch's bookkeeping
+  std::this_thread::sleep_for(20ms);
+  c.end_idle();
+  std::this_thread::sleep_for(15ms);  // in a stage not yet ended at the snapshot
+  StageTimes after;
+  c.add_to(after);
+  const double window = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const StageTimes d = after - before;
+  EXPECT_GE(d[Stage::decode], 0.030);
+  EXPECT_GE(d[Stage::resize], 0.010);
+  EXPECT_GE(d[Stage::assembly], 0.005);
+  EXPECT_GE(d.idle, 0.020);
+  EXPECT_GE(d.open, 0.015);
+  for (Stage s : {Stage::read, Stage::crop, Stage::flip_normalise, Stage::copy}) EXPECT_EQ(d[s], 0.0);
+  EXPECT_EQ(d.images, 1u);
+  EXPECT_LE(d.busy() + d.idle + d.open, window);
+  // the first snapshot's open stage is counted in the later one's lap, not lost
+  EXPECT_GE(d.busy() + d.idle + d.open, 0.080);
 }
 
 TEST(Data, MakeDatasetWritesAnImageNetStyleFolder) {

@@ -30,6 +30,16 @@ ProcessGroup& test_group() {
   return *g;
 }
 
+// Under ctest's launchers STEPBENCH_TEST_RANKS says how many processes were started: a discovery
+// that fell back to one process must fail there, not skip every test as if no launcher ran.
+void expect_the_launched_ranks(const ProcessGroup& pg) {
+  const char* want = std::getenv("STEPBENCH_TEST_RANKS");
+  if (want && *want) {
+    ASSERT_EQ(pg.size(), std::atoi(want)) << "started as " << want << " processes, but this one found a group of "
+                                          << pg.size() << ": the launcher's variables were not read";
+  }
+}
+
 TowerOptions tiny_dist(BackendKind backend, int towers, VariableUpdate mode, bool on_host) {
   TowerOptions o;
   o.backend = backend;
@@ -63,6 +73,7 @@ const DistMode kModes[] = {{VariableUpdate::replicated, false},
 
 TEST(Dist, TwoProcessesEqualTwoTowersInOneProcess) {
   const auto& pg = test_group();
+  expect_the_launched_ranks(pg);
   if (pg.size() != 2) GTEST_SKIP() << "run under a launcher with 2 processes (ctest: mpi.two_processes, dist.*)";
   for (const DistMode& m : kModes) {
     SCOPED_TRACE(m.name());
@@ -101,6 +112,7 @@ bool every_rank_holds(const ProcessGroup& pg, const std::vector<float>& p) {
 
 TEST(Dist, NcclRanksEqualTheOracle) {
   auto& pg = test_group();
+  expect_the_launched_ranks(pg);
   if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (gpu-check.sh ranks)";
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) GTEST_SKIP() << why;
