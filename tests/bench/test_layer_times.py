@@ -5,7 +5,7 @@ layer once per pass), --sweep-gpus/--sweep-batch (the grid, the scaling efficien
 agreeing with planning) and scripts/plot.py (its PNG files from a real run's JSON).
 
   tests/bench/test_layer_times.py --stepbench build/bin/stepbench --scripts scripts [unittest args]"""
-import argparse, json, os, subprocess, sys, tempfile, unittest
+import argparse, json, os, statistics, subprocess, sys, tempfile, unittest
 
 STEPBENCH = None
 SCRIPTS = None
@@ -292,56 +292,71 @@ class Projection(unittest.TestCase):
         beta = 2 * size / max(t1 - alpha, 1e-6)  # bytes per ms: one bucket costs alpha + 2 (N-1) s / beta at N = 2
         return beta * 1e3 * 8 / 1e9, alpha * 1e3  # Gb/s, us
 
-    def test_it_predicts_the_measured_towers(self):
-        # the machine is shared and a sweep measures its points one after another: a point that drifted
-        # gets two more tries (a model that is wrong fails all three; on a 2-vCPU VM one tower's step
-        # moved from 6.6 to 8.6 ms and two towers' from 13.2 to 18.8 ms between four runs in a row)
-        for attempt in (1, 2, 3):
-            try:
-                return self.predicts_the_measured_towers()
-            except AssertionError:
-                if attempt == 3:
-                    raise
+    @staticmethod
+    def by_hand(pj, g):
+        """The model for CPU towers, computed here from the JSON's inputs, not from its answers: N x one
+        tower's step, plus what of the buckets' host all-reduces (alpha + 2 (N-1) s / beta each, one after
+        another, each no earlier than its bucket is ready) runs past the last tower's backward"""
+        alpha = pj["link"]["latency_us"] / 1e3  # ms
+        beta = pj["link"]["gbps"] * 1e9 / 8 / 1e3  # bytes per ms
+        end = sync = 0.0
+        for b in pj["buckets"]:
+            t = alpha + 2 * (g - 1) * b["bytes"] / beta
+            end = max(end, b["ready_ms"]) + t
+            sync += t
+        exposed = max(0.0, end - pj["backward_ms"])
+        return g * pj["one_gpu_step_ms"] + exposed, sync, exposed
 
-    def predicts_the_measured_towers(self):
+    def test_it_predicts_the_measured_towers(self):
+        # A sweep measures its points one after another on a shared machine, and one point can drift
+        # (on a 2-vCPU VM one tower's step moved from 6.6 to 8.6 ms and two towers' from 13.2 to 18.8 ms
+        # between four runs in a row): five sweeps, each projecting from its own one-tower step, and the
+        # median of their errors is judged, so that two drifted sweeps of five cannot fail it
         gbps, us = self.link_of_this_machine()
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "sweep.json")
-            # batch 32: at batch 8 four towers' working sets no longer stay in the caches as one tower's does,
-            # and the model (N x one tower's compute) was 13% short at 4 towers
-            rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "2",
-                               "--repetitions", "5", "--sweep-gpus", "1,2,4", "--sweep-batch", "32", "--project-gpus",
-                               "2,4,64", "--link-gbps", f"{gbps:.6g}", "--link-latency-us", f"{us:.6g}", "--json",
-                               path)
-            self.assertEqual(rc, 0, err)
-            with open(path) as f:
-                sw = json.load(f)["sweep"]
-        measured = {r["gpus"]: r["step_ms"] for r in sw["rows"]}
-        pj = sw["projections"][0]
-        self.assertEqual(pj["batch"], 32)
-        self.assertTrue(pj["towers_one_after_another"])
-        self.assertGreater(len(pj["buckets"]), 0)
-        points = {p["gpus"]: p for p in pj["points"]}
-        # the model's own arithmetic, exactly: N x one tower's timed step, plus the exposed sync
-        base = pj["one_gpu_step_ms"]  # the sweep's timed one-tower step
-        self.assertAlmostEqual(base, measured[1], places=6)
-        for g in (2, 4, 64):
-            self.assertAlmostEqual(points[g]["step_ms"], g * base + points[g]["exposed_sync_ms"], places=6)
-        # against the measured towers: CPU towers share one host's caches, which the model (N x one tower + the
-        # sync) leaves out, so the measured steps mostly run above it: 5-12% at 2 and 4 towers on two EPYCs,
-        # then 8% at 2 and 19% at 4 in one CI run (its scaling check, errors at 2 and 4 within 5% of each other,
-        # failed twice in a row there). Not always: on a 2-vCPU Sapphire Rapids VM one CI run measured errors
-        # of -14% at 2 towers and +18% at 4 in both tries (2026-11-28; the one-tower step it projects from was
-        # timed slow under the load, so the projection ran above the towers; alone, -4% to -19% in seven runs).
-        # So the error is held to a band, -30% to +25%, at each count: a model that dropped the N x (-50% at 2,
-        # -75% at 4) or counted a tower twice (+100%) misses it
-        err = {g: points[g]["step_ms"] / measured[g] - 1 for g in (2, 4)}
-        why = "; ".join(f"{g} towers: projected {points[g]['step_ms']:.3f} ms, measured {measured[g]:.3f} ms "
-                        f"({err[g]:+.1%})" for g in (2, 4)) + f" (link {gbps:.3g} Gb/s, {us:.3g} us)\n{out}"
+        errs = {2: [], 4: []}
+        lines = []
+        for sweep in range(5):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "sweep.json")
+                # batch 32: at batch 8 four towers' working sets no longer stay in the caches as one tower's
+                # does, and the model (N x one tower's compute) was 13% short at 4 towers
+                rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "2",
+                                   "--repetitions", "5", "--sweep-gpus", "1,2,4", "--sweep-batch", "32",
+                                   "--project-gpus", "2,4,64", "--link-gbps", f"{gbps:.6g}", "--link-latency-us",
+                                   f"{us:.6g}", "--json", path)
+                self.assertEqual(rc, 0, err)
+                with open(path) as f:
+                    sw = json.load(f)["sweep"]
+            measured = {r["gpus"]: r["step_ms"] for r in sw["rows"]}
+            pj = sw["projections"][0]
+            self.assertEqual(pj["batch"], 32)
+            self.assertTrue(pj["towers_one_after_another"])
+            self.assertGreater(len(pj["buckets"]), 0)
+            self.assertEqual(pj["link"]["gbps"], float(f"{gbps:.6g}"))
+            points = {p["gpus"]: p for p in pj["points"]}
+            self.assertAlmostEqual(pj["one_gpu_step_ms"], measured[1], places=6)  # the sweep's timed one tower
+            for g in (2, 4, 64):  # the model's arithmetic, exactly
+                step, sync, exposed = self.by_hand(pj, g)
+                self.assertAlmostEqual(points[g]["step_ms"], step, delta=1e-9 * step)
+                self.assertAlmostEqual(points[g]["sync_ms"], sync, delta=1e-9 * max(sync, 1e-9))
+                self.assertAlmostEqual(points[g]["exposed_sync_ms"], exposed, delta=1e-9 * max(step, 1e-9))
+            self.assertGreater(points[64]["step_ms"], points[4]["step_ms"])
+            for g in (2, 4):
+                errs[g].append(points[g]["step_ms"] / measured[g] - 1)
+            lines.append("; ".join(f"{g} towers: projected {points[g]['step_ms']:.3f} ms, measured "
+                                   f"{measured[g]:.3f} ms ({errs[g][-1]:+.1%})" for g in (2, 4)))
+        # against the measured towers: CPU towers share one host's caches, which the model (N x one tower +
+        # the sync) leaves out, so the measured steps mostly run above it: 5-12% at 2 and 4 towers on two
+        # EPYCs, 8% at 2 and 19% at 4 in one CI run. Not always: on a 2-vCPU Sapphire Rapids VM one CI run
+        # measured -14% at 2 towers and +18% at 4 (the one-tower step it projects from was timed slow under
+        # the load); alone, -4% to -19% in seven runs. So the median error is held to a band, -30% to +25%,
+        # at each count: a model that dropped the N x (-50% at 2, -75% at 4) or counted a tower twice
+        # (+100%) misses it
+        why = "\n".join(lines) + f"\n(link {gbps:.3g} Gb/s, {us:.3g} us)\n{out}"
         for g in (2, 4):
-            self.assertGreater(err[g], -0.30, why)
-            self.assertLess(err[g], 0.25, why)
-        self.assertGreater(points[64]["step_ms"], points[4]["step_ms"])
+            mid = statistics.median(errs[g])
+            self.assertGreater(mid, -0.30, f"{g} towers: median error {mid:+.1%}\n{why}")
+            self.assertLess(mid, 0.25, f"{g} towers: median error {mid:+.1%}\n{why}")
         self.assertIn("projection from one GPU's measured step", out)
         self.assertRegex(out, r"\n +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+% +host +[0-9.]+ +[-+][0-9.]+%\n")
 
