@@ -183,6 +183,7 @@ class LinearOp {
  public:
   virtual ~LinearOp() = default;
   virtual std::size_t workspace_bytes() const = 0;
+  virtual std::string implementation() const { return ""; }  // what runs it, for reports ("" : not said)
   virtual void forward(Stream&, const Tensor& x, const void* w, const void* b, const Tensor& y, void* ws) = 0;
   virtual void backward_data(Stream&, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) = 0;
   virtual void backward_weights(Stream&, const Tensor& x, const Tensor& dy, void* dw, void* db, void* ws) = 0;

@@ -15,8 +15,9 @@ namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 namespace {
 
 // The start of (n, c, h, w)'s contiguous run in t: a row of w in NCHW, a pixel's channels in NHWC.
-inline float* at(const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-  return t.as<float>() + t.desc.offset(n, c, h, w);
+template <class T>
+inline T* at(const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  return t.as<T>() + t.desc.offset(n, c, h, w);
 }
 
 // body(n, c, h, w, len) for every contiguous run of len elements starting at (n, c, h, w).
@@ -29,15 +30,19 @@ void for_each_run(const Shape& s, Layout l, F&& body) {
 }
 
 void add_relu_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
-  check_f32(y, "add_relu");
+  check_cpu_dtype(y, "add_relu");
   SB_CHECK(a.shape() == y.shape() && b.shape() == y.shape(), "add_relu: shapes differ");
-  for_each_run(y.shape(), y.desc.layout,
-               [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t len) {
-                 const float* pa = at(a, n, c, h, w);
-                 const float* pb = at(b, n, c, h, w);
-                 float* py = at(y, n, c, h, w);
-                 for (std::int64_t i = 0; i < len; ++i) py[i] = std::max(pa[i] + pb[i], 0.0f);
-               });
+  SB_CHECK(a.desc.dtype == y.desc.dtype && b.desc.dtype == y.desc.dtype, "add_relu: element types differ");
+  dispatch_dtype(y.desc.dtype, [&](auto t) {
+    using T = decltype(t);
+    for_each_run(y.shape(), y.desc.layout,
+                 [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t len) {
+                   const T* pa = at<T>(a, n, c, h, w);
+                   const T* pb = at<T>(b, n, c, h, w);
+                   T* py = at<T>(y, n, c, h, w);
+                   for (std::int64_t i = 0; i < len; ++i) py[i] = st<T>(std::max(ld(pa[i]) + ld(pb[i]), 0.0f));
+                 });
+  });
 }
 
 // d = g + beta * d (beta 0: d is not read, as every gradient output's overwrite)
@@ -45,28 +50,33 @@ inline float accumulate(float g, float beta, float d) { return beta == 0.0f ? g 
 
 void add_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& da, float beta_a, const Tensor& db,
                        float beta_b) {
-  check_f32(y, "add_relu backward");
+  check_cpu_dtype(y, "add_relu backward");
   const bool to_a = da.data != nullptr, to_b = db.data != nullptr;
   SB_CHECK((!to_a || da.shape() == y.shape()) && (!to_b || db.shape() == y.shape()) && dy.shape() == y.shape(),
            "add_relu backward: shapes differ");
-  for_each_run(y.shape(), y.desc.layout,
-               [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t len) {
-                 const float* py = at(y, n, c, h, w);
-                 const float* pg = at(dy, n, c, h, w);
-                 float* pa = to_a ? at(da, n, c, h, w) : nullptr;
-                 float* pb = to_b ? at(db, n, c, h, w) : nullptr;
-                 if (to_a && to_b) {
-                   for (std::int64_t i = 0; i < len; ++i) {
-                     const float g = py[i] > 0.0f ? pg[i] : 0.0f;
-                     pa[i] = accumulate(g, beta_a, pa[i]);
-                     pb[i] = accumulate(g, beta_b, pb[i]);
-                   }
-                 } else if (to_a || to_b) {
-                   float* pd = to_a ? pa : pb;
-                   const float beta = to_a ? beta_a : beta_b;
-                   for (std::int64_t i = 0; i < len; ++i) pd[i] = accumulate(py[i] > 0.0f ? pg[i] : 0.0f, beta, pd[i]);
-                 }
-               });
+  dispatch_dtype(y.desc.dtype, [&](auto t) {
+    using T = decltype(t);
+    for_each_run(
+        y.shape(), y.desc.layout,
+        [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t len) {
+          const T* py = at<T>(y, n, c, h, w);
+          const T* pg = at<T>(dy, n, c, h, w);
+          T* pa = to_a ? at<T>(da, n, c, h, w) : nullptr;
+          T* pb = to_b ? at<T>(db, n, c, h, w) : nullptr;
+          if (to_a && to_b) {
+            for (std::int64_t i = 0; i < len; ++i) {
+              const float g = ld(py[i]) > 0.0f ? ld(pg[i]) : 0.0f;
+              pa[i] = st<T>(accumulate(g, beta_a, beta_a == 0.0f ? 0.0f : ld(pa[i])));
+              pb[i] = st<T>(accumulate(g, beta_b, beta_b == 0.0f ? 0.0f : ld(pb[i])));
+            }
+          } else if (to_a || to_b) {
+            T* pd = to_a ? pa : pb;
+            const float beta = to_a ? beta_a : beta_b;
+            for (std::int64_t i = 0; i < len; ++i)
+              pd[i] = st<T>(accumulate(ld(py[i]) > 0.0f ? ld(pg[i]) : 0.0f, beta, beta == 0.0f ? 0.0f : ld(pd[i])));
+          }
+        });
+  });
 }
 
 class CpuAddRelu final : public AddReluOp {
@@ -81,7 +91,8 @@ class CpuAddRelu final : public AddReluOp {
 }  // namespace
 
 std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) {
-  if (y.dtype != DType::f32) throw UnsupportedError("add_relu: the cpu backend computes in fp32 only");
+  if (y.dtype != DType::f32 && y.dtype != DType::bf16)
+    throw UnsupportedError("add_relu: the cpu backend computes in fp32 or bf16");
   return std::make_unique<CpuAddRelu>();
 }
 

@@ -74,12 +74,21 @@ class CpuBackend final : public Backend {
   }
   void require(DType t) const override {
     if (t == DType::f32) return;
-    const std::string isa = isa_name(dnnl::get_effective_cpu_isa());
-    if (t == DType::bf16 && !bf16_capable())
-      throw UnsupportedError(fmt::format(
-          "precision bf16 is not supported by the cpu backend on this CPU: oneDNN finds no bf16 convolution for "
-          "ISA {} (it needs avx512_core or newer); use --precision fp32",
-          isa));
+    const dnnl::cpu_isa found = dnnl::get_effective_cpu_isa();
+    const std::string isa = isa_name(found);
+    if (t == DType::bf16) {
+      // native bf16 only: AVX512_BF16 (Zen 4/5, Cooper Lake) or AMX (Sapphire Rapids and later); on
+      // AVX2 or AVX-512 without it oneDNN would emulate bf16, slower than fp32 (or has no kernel)
+      const auto bits = static_cast<unsigned>(found),
+                 bf16_bits = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+      if ((bits & bf16_bits) != bf16_bits || !bf16_capable())
+        throw UnsupportedError(fmt::format(
+            "--precision bf16 on the cpu backend needs a CPU with native bf16 (AVX512_BF16: AMD Zen 4 or 5, Intel "
+            "Cooper Lake; or AMX: Sapphire Rapids and later); oneDNN finds {} here, where bf16 would be emulated and "
+            "slower than fp32 (ONEDNN_MAX_CPU_ISA, where set, limits what it finds). Use --precision fp32",
+            isa));
+      return;
+    }
     throw UnsupportedError(
         fmt::format("precision {} is not supported by the cpu backend (it computes in fp32); "
                     "use --precision fp32, or the cuda backend for reduced precision",

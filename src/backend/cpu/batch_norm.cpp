@@ -51,19 +51,20 @@ std::pair<float, float> scale_shift(float gamma, float beta, float mean, float i
 
 // y = relu?(a[c] * x + b[c]): channel-contiguous per pixel for NHWC, plane by plane for NCHW (each
 // (n, c) row of w is contiguous even in a channel slice), so both layouts stream through memory.
+template <class T>
 void affine_per_channel(const Tensor& x, const Tensor& y, const float* a, const float* b, bool relu) {
   const Shape& s = x.shape();
   const std::int64_t C = s.c;
-  const float* X = x.as<float>();
-  float* Y = y.as<float>();
+  const T* X = x.as<T>();
+  T* Y = y.as<T>();
   if (x.desc.layout == Layout::nhwc) {
     for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      float* py = Y + y.desc.offset(n, 0, h, w);
+      const T* px = X + x.desc.offset(n, 0, h, w);
+      T* py = Y + y.desc.offset(n, 0, h, w);
       if (relu) {
-        for (std::int64_t c = 0; c < C; ++c) py[c] = std::max(a[c] * px[c] + b[c], 0.0f);
+        for (std::int64_t c = 0; c < C; ++c) py[c] = st<T>(std::max(a[c] * ld(px[c]) + b[c], 0.0f));
       } else {
-        for (std::int64_t c = 0; c < C; ++c) py[c] = a[c] * px[c] + b[c];
+        for (std::int64_t c = 0; c < C; ++c) py[c] = st<T>(a[c] * ld(px[c]) + b[c]);
       }
     });
     return;
@@ -73,12 +74,12 @@ void affine_per_channel(const Tensor& x, const Tensor& y, const float* a, const 
     for (std::int64_t c = 0; c < C; ++c) {
       const float ac = a[c], bc = b[c];
       for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* px = X + x.desc.offset(n, c, h, 0);
-        float* py = Y + y.desc.offset(n, c, h, 0);
+        const T* px = X + x.desc.offset(n, c, h, 0);
+        T* py = Y + y.desc.offset(n, c, h, 0);
         if (relu) {
-          for (std::int64_t w = 0; w < s.w; ++w) py[w] = std::max(ac * px[w] + bc, 0.0f);
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = st<T>(std::max(ac * ld(px[w]) + bc, 0.0f));
         } else {
-          for (std::int64_t w = 0; w < s.w; ++w) py[w] = ac * px[w] + bc;
+          for (std::int64_t w = 0; w < s.w; ++w) py[w] = st<T>(ac * ld(px[w]) + bc);
         }
       }
     }
@@ -91,15 +92,16 @@ std::size_t bn_scratch_doubles(std::int64_t channels) {
 }
 
 // A channels-last row (pixel r of the N x H x W pixels): C contiguous channels, also in a slice.
-inline float* nhwc_row(const Tensor& t, std::int64_t r, std::int64_t hw, std::int64_t w) {
-  return t.as<float>() + t.desc.offset(r / hw, 0, (r % hw) / w, (r % hw) % w);
+template <class T>
+inline T* nhwc_row(const Tensor& t, std::int64_t r, std::int64_t hw, std::int64_t w) {
+  return t.as<T>() + t.desc.offset(r / hw, 0, (r % hw) / w, (r % hw) % w);
 }
 
 // Channels-last backward over rows, vectorised along the channels. Pass 1: per channel the sums of
 // g = dy (masked by the fused ReLU) and of g * (x - mean), in float over blocks of kRows rows, folded
 // into per-thread double accumulators. Pass 2: dx. The generic per-pixel loop (interleaved double
 // accumulators, a branch per element) made BN backward 11-18x its forward on Inception's layers.
-template <bool Relu>
+template <class E, bool Relu>
 void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* mean,
                       const float* k1, const float* k2, const float* k3, double* totals, double* scratch, bool sums,
                       float beta_dx) {
@@ -119,14 +121,14 @@ void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const 
       for (std::int64_t b = 0; b < (R + kRows - 1) / kRows; ++b) {
         std::fill(fg, fg + 2 * C, 0.0f);
         for (std::int64_t r = b * kRows; r < std::min(R, (b + 1) * kRows); ++r) {
-          const float* __restrict px = nhwc_row(x, r, HW, s.w);
-          const float* __restrict py = nhwc_row(y, r, HW, s.w);
-          const float* __restrict pdy = nhwc_row(dy, r, HW, s.w);
+          const E* __restrict px = nhwc_row<E>(x, r, HW, s.w);
+          const E* __restrict py = nhwc_row<E>(y, r, HW, s.w);
+          const E* __restrict pdy = nhwc_row<E>(dy, r, HW, s.w);
 #pragma omp simd
           for (std::int64_t c = 0; c < C; ++c) {
-            const float d = pdy[c], g = Relu ? (py[c] > 0.0f ? d : 0.0f) : d;  // loads first: a select, not a branch
+            const float d = ld(pdy[c]), g = Relu ? (ld(py[c]) > 0.0f ? d : 0.0f) : d;  // loads first: a select
             fg[c] += g;
-            fgx[c] += g * (px[c] - mean[c]);
+            fgx[c] += g * (ld(px[c]) - mean[c]);
           }
         }
         for (std::int64_t c = 0; c < C; ++c) {
@@ -144,15 +146,15 @@ void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const 
     constexpr bool Acc = decltype(accumulate)::value;
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < R; ++r) {
-      const float* __restrict px = nhwc_row(x, r, HW, s.w);
-      const float* __restrict py = nhwc_row(y, r, HW, s.w);
-      const float* __restrict pdy = nhwc_row(dy, r, HW, s.w);
-      float* __restrict pdx = nhwc_row(dx, r, HW, s.w);
+      const E* __restrict px = nhwc_row<E>(x, r, HW, s.w);
+      const E* __restrict py = nhwc_row<E>(y, r, HW, s.w);
+      const E* __restrict pdy = nhwc_row<E>(dy, r, HW, s.w);
+      E* __restrict pdx = nhwc_row<E>(dx, r, HW, s.w);
 #pragma omp simd
       for (std::int64_t c = 0; c < C; ++c) {
-        const float d = pdy[c], g = Relu ? (py[c] > 0.0f ? d : 0.0f) : d;  // loads first: a select, not a branch
-        const float v = k1[c] * (g - k2[c] - (px[c] - mean[c]) * k3[c]);
-        pdx[c] = Acc ? v + beta_dx * pdx[c] : v;  // beta 0 never reads dx
+        const float d = ld(pdy[c]), g = Relu ? (ld(py[c]) > 0.0f ? d : 0.0f) : d;  // loads first: a select
+        const float v = k1[c] * (g - k2[c] - (ld(px[c]) - mean[c]) * k3[c]);
+        pdx[c] = st<E>(Acc ? v + beta_dx * ld(pdx[c]) : v);  // beta 0 never reads dx
       }
     }
   };
@@ -175,19 +177,21 @@ double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's sum
 
 // y = relu?(a x + b) over channel c's planes, from the factors scale_shift gives: the training
 // forward's pass and the recompute's, one code so that they agree bit for bit.
+template <class T>
 void apply_channel_nchw(const Tensor& x, const Tensor& y, std::int64_t c, std::pair<float, float> ab, bool relu) {
   const Shape& s = x.shape();
   const float a = ab.first, b = ab.second;  // not a structured binding: OpenMP regions cannot capture one
   const float lo = relu ? 0.0f : -std::numeric_limits<float>::infinity();  // the fused ReLU, or none
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t h = 0; h < s.h; ++h) {
-      const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
-      float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
+      const T* px = x.as<T>() + x.desc.offset(n, c, h, 0);
+      T* py = y.as<T>() + y.desc.offset(n, c, h, 0);
 #pragma omp simd
-      for (std::int64_t w = 0; w < s.w; ++w) py[w] = std::max(a * px[w] + b, lo);  // NaN stays NaN
+      for (std::int64_t w = 0; w < s.w; ++w) py[w] = st<T>(std::max(a * ld(px[w]) + b, lo));  // NaN stays NaN
     }
 }
 
+template <class T>
 void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                               float* running_mean, float* running_var, float* save_mean, float* save_invstd,
                               const BatchNormParams& p) {
@@ -196,13 +200,13 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
   const std::int64_t W = s.w;
 #pragma omp parallel for schedule(static)
   for (std::int64_t c = 0; c < s.c; ++c) {
-    auto xrow = [&](std::int64_t n, std::int64_t h) { return x.as<float>() + x.desc.offset(n, c, h, 0); };
+    auto xrow = [&](std::int64_t n, std::int64_t h) { return x.as<T>() + x.desc.offset(n, c, h, 0); };
     const double mean = sum_over_rows(s,
                                       [&](std::int64_t n, std::int64_t h) {
-                                        const float* px = xrow(n, h);
+                                        const T* px = xrow(n, h);
                                         double r = 0.0;
 #pragma omp simd reduction(+ : r)
-                                        for (std::int64_t w = 0; w < W; ++w) r += px[w];
+                                        for (std::int64_t w = 0; w < W; ++w) r += ld(px[w]);
                                         return r;
                                       }) /
                         M;
@@ -210,11 +214,11 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     // around the float mean the row values are computed from (two passes: no cancellation)
     const double var = sum_over_rows(s,
                                      [&](std::int64_t n, std::int64_t h) {
-                                       const float* px = xrow(n, h);
+                                       const T* px = xrow(n, h);
                                        double r = 0.0;
 #pragma omp simd reduction(+ : r)
                                        for (std::int64_t w = 0; w < W; ++w) {
-                                         const double d = px[w] - mf;  // squared in double: no overflow
+                                         const double d = ld(px[w]) - mf;  // squared in double: no overflow
                                          r += d * d;
                                        }
                                        return r;
@@ -225,11 +229,11 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     const double unbiased = M > 1 ? var * M / (M - 1) : var;
     running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * mf);
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
-    apply_channel_nchw(x, y, c, scale_shift(gamma[c], beta[c], mf, save_invstd[c]), p.relu);
+    apply_channel_nchw<T>(x, y, c, scale_shift(gamma[c], beta[c], mf, save_invstd[c]), p.relu);
   }
 }
 
-template <bool Relu, bool Acc>
+template <class T, bool Relu, bool Acc>
 void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                       const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx) {
   const Shape& s = x.shape();
@@ -241,17 +245,17 @@ void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const 
     double sg = 0.0, sgx = 0.0;  // sum of g = dy (masked by the fused ReLU), of g * (x - mean)
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
-        const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
-        const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
+        const T* px = x.as<T>() + x.desc.offset(n, c, h, 0);
+        const T* py = y.as<T>() + y.desc.offset(n, c, h, 0);
+        const T* pdy = dy.as<T>() + dy.desc.offset(n, c, h, 0);
         double fg = 0.0, fgx = 0.0;
 #pragma omp simd reduction(+ : fg, fgx)
         for (std::int64_t w = 0; w < W; ++w) {
           // dy where y > 0 (NaN y: 0), as a bit mask: GCC leaves the select into double sums scalar
-          const std::uint32_t keep = !Relu || py[w] > 0.0f ? 0xffffffffu : 0u;
-          const float g = std::bit_cast<float>(std::bit_cast<std::uint32_t>(pdy[w]) & keep);
+          const std::uint32_t keep = !Relu || ld(py[w]) > 0.0f ? 0xffffffffu : 0u;
+          const float g = std::bit_cast<float>(std::bit_cast<std::uint32_t>(ld(pdy[w])) & keep);
           fg += g;
-          fgx += g * (px[w] - mean);
+          fgx += g * (ld(px[w]) - mean);
         }
         sg += fg;
         sgx += fgx;
@@ -264,47 +268,47 @@ void bn_backward_nchw(const Tensor& x, const Tensor& y, const Tensor& dy, const 
                 k3 = static_cast<float>(sgxhat / M) * save_invstd[c];
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* px = x.as<float>() + x.desc.offset(n, c, h, 0);
-        const float* py = y.as<float>() + y.desc.offset(n, c, h, 0);
-        const float* pdy = dy.as<float>() + dy.desc.offset(n, c, h, 0);
-        float* pdx = dx.as<float>() + dx.desc.offset(n, c, h, 0);
+        const T* px = x.as<T>() + x.desc.offset(n, c, h, 0);
+        const T* py = y.as<T>() + y.desc.offset(n, c, h, 0);
+        const T* pdy = dy.as<T>() + dy.desc.offset(n, c, h, 0);
+        T* pdx = dx.as<T>() + dx.desc.offset(n, c, h, 0);
 #pragma omp simd
         for (std::int64_t w = 0; w < W; ++w) {
-          const float d = pdy[w], g = Relu ? (py[w] > 0.0f ? d : 0.0f) : d;
-          const float v = k1 * (g - k2 - (px[w] - mean) * k3);
-          pdx[w] = Acc ? v + beta_dx * pdx[w] : v;  // beta 0 never reads dx
+          const float d = ld(pdy[w]), g = Relu ? (ld(py[w]) > 0.0f ? d : 0.0f) : d;
+          const float v = k1 * (g - k2 - (ld(px[w]) - mean) * k3);
+          pdx[w] = st<T>(Acc ? v + beta_dx * ld(pdx[w]) : v);  // beta 0 never reads dx
         }
       }
   }
 }
 
+template <class T>
 void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* running_mean,
                          float* running_var, float* save_mean, float* save_invstd, const BatchNormParams& p,
                          double* scratch) {
-  check_f32(x, "batch norm");
   if (x.desc.layout == Layout::nchw) {
-    bn_forward_training_nchw(x, y, gamma, beta, running_mean, running_var, save_mean, save_invstd, p);
+    bn_forward_training_nchw<T>(x, y, gamma, beta, running_mean, running_var, save_mean, save_invstd, p);
     return;
   }
   const Shape& s = x.shape();
   const std::int64_t C = s.c;
   const double M = static_cast<double>(s.n * s.h * s.w);
   double* totals = scratch + static_cast<std::size_t>(omp_get_max_threads()) * C * 2;
-  const float* X = x.as<float>();
+  const T* X = x.as<T>();
   dispatch_layout(x, [&](auto cl) {
     constexpr bool CL = decltype(cl)::value;
     const std::int64_t xc = cstride<CL>(x);
     // pass 1: mean
     channel_sums<CL, 1>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
-      for (std::int64_t c = 0; c < C; ++c) acc[c] += px[c * xc];
+      const T* px = X + x.desc.offset(n, 0, h, w);
+      for (std::int64_t c = 0; c < C; ++c) acc[c] += ld(px[c * xc]);
     });
     for (std::int64_t c = 0; c < C; ++c) save_mean[c] = static_cast<float>(totals[c] / M);
     // pass 2: variance around the mean (two passes: no cancellation)
     channel_sums<CL, 1>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
-      const float* px = X + x.desc.offset(n, 0, h, w);
+      const T* px = X + x.desc.offset(n, 0, h, w);
       for (std::int64_t c = 0; c < C; ++c) {
-        const double d = px[c * xc] - save_mean[c];
+        const double d = ld(px[c * xc]) - save_mean[c];
         acc[c] += d * d;
       }
     });
@@ -319,32 +323,32 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
     std::tie(a[c], b[c]) = scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]);
   }
-  affine_per_channel(x, y, a, b, p.relu);
+  affine_per_channel<T>(x, y, a, b, p.relu);
 }
 
 // forward_training's y from x and its saved mean and 1/sqrt(var + eps): the same factors and the
 // same pass, so the same bits.
+template <class T>
 void bn_forward_recompute(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                           const float* save_mean, const float* save_invstd, bool relu, double* scratch) {
-  check_f32(x, "batch norm");
   const std::int64_t C = x.shape().c;
   if (x.desc.layout == Layout::nchw) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t c = 0; c < C; ++c)
-      apply_channel_nchw(x, y, c, scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]), relu);
+      apply_channel_nchw<T>(x, y, c, scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]), relu);
     return;
   }
   float* a = reinterpret_cast<float*>(scratch);
   float* b = a + C;
   for (std::int64_t c = 0; c < C; ++c)
     std::tie(a[c], b[c]) = scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]);
-  affine_per_channel(x, y, a, b, relu);
+  affine_per_channel<T>(x, y, a, b, relu);
 }
 
+template <class T>
 void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                           const float* running_mean, const float* running_var, const BatchNormParams& p,
                           double* scratch) {
-  check_f32(x, "batch norm");
   const std::int64_t C = x.shape().c;
   float* a = reinterpret_cast<float*>(scratch);
   float* b = a + C;
@@ -353,13 +357,13 @@ void bn_forward_inference(const Tensor& x, const Tensor& y, const float* gamma, 
     a[c] = static_cast<float>(gamma[c] * invstd);
     b[c] = static_cast<float>(beta[c] - running_mean[c] * gamma[c] * invstd);
   }
-  affine_per_channel(x, y, a, b, p.relu);
+  affine_per_channel<T>(x, y, a, b, p.relu);
 }
 
+template <class T>
 void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                  const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, float beta_dx,
                  bool relu, double* scratch) {
-  check_f32(x, "batch norm backward");
   const Shape& s = x.shape();
   const std::int64_t C = s.c;
   const double M = static_cast<double>(s.n * s.h * s.w);
@@ -370,7 +374,7 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
     float* k2 = k1 + C;
     float* k3 = k2 + C;
     auto run = [&](auto relu_c, bool sums) {
-      bn_backward_nhwc<decltype(relu_c)::value>(x, y, dy, dx, save_mean, k1, k2, k3, tot, scratch, sums, beta_dx);
+      bn_backward_nhwc<T, decltype(relu_c)::value>(x, y, dy, dx, save_mean, k1, k2, k3, tot, scratch, sums, beta_dx);
     };
     relu ? run(std::true_type{}, true) : run(std::false_type{}, true);
     for (std::int64_t c = 0; c < C; ++c) {
@@ -386,8 +390,8 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
     return;
   }
   auto run = [&](auto relu_c, auto acc_c) {
-    bn_backward_nchw<decltype(relu_c)::value, decltype(acc_c)::value>(x, y, dy, dx, gamma, save_mean, save_invstd,
-                                                                      dgamma, dbeta, beta_dx);
+    bn_backward_nchw<T, decltype(relu_c)::value, decltype(acc_c)::value>(x, y, dy, dx, gamma, save_mean, save_invstd,
+                                                                         dgamma, dbeta, beta_dx);
   };
   if (beta_dx == 0.0f)
     relu ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{});
@@ -397,25 +401,38 @@ void bn_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tenso
 
 class CpuBatchNorm final : public BatchNormOp {
  public:
+  // bf16 data: statistics, scale and shift in fp32 (as oneDNN's and PyTorch's bf16 batch norm)
   CpuBatchNorm(const TensorDesc& x, const BatchNormParams& p) : p_(p), scratch_(bn_scratch_doubles(x.shape.c)) {
-    if (x.dtype != DType::f32) throw UnsupportedError("batch norm: the cpu backend computes in fp32 only");
+    if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+      throw UnsupportedError("batch norm: the cpu backend computes in fp32 or bf16");
   }
   void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
                         float* rv, float* sm, float* si, void*, void*) override {
-    bn_forward_training(x, y, gamma, beta, rm, rv, sm, si, p_, scratch_.data());
+    check_cpu_dtype(x, "batch norm");
+    dispatch_dtype(x.desc.dtype, [&](auto t) {
+      bn_forward_training<decltype(t)>(x, y, gamma, beta, rm, rv, sm, si, p_, scratch_.data());
+    });
   }
   void forward_inference(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                          const float* rm, const float* rv, void*) override {
-    bn_forward_inference(x, y, gamma, beta, rm, rv, p_, scratch_.data());
+    check_cpu_dtype(x, "batch norm");
+    dispatch_dtype(x.desc.dtype,
+                   [&](auto t) { bn_forward_inference<decltype(t)>(x, y, gamma, beta, rm, rv, p_, scratch_.data()); });
   }
   void forward_recompute(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                          const float* sm, const float* si, void*, const void*) override {
-    bn_forward_recompute(x, y, gamma, beta, sm, si, p_.relu, scratch_.data());
+    check_cpu_dtype(x, "batch norm");
+    dispatch_dtype(x.desc.dtype, [&](auto t) {
+      bn_forward_recompute<decltype(t)>(x, y, gamma, beta, sm, si, p_.relu, scratch_.data());
+    });
   }
   void backward(Stream&, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx, const float* gamma,
                 const float*, const float* sm, const float* si, float* dgamma, float* dbeta, float beta_dx, void*,
                 const void*) override {
-    bn_backward(x, y, dy, dx, gamma, sm, si, dgamma, dbeta, beta_dx, p_.relu, scratch_.data());
+    check_cpu_dtype(x, "batch norm backward");
+    dispatch_dtype(x.desc.dtype, [&](auto t) {
+      bn_backward<decltype(t)>(x, y, dy, dx, gamma, sm, si, dgamma, dbeta, beta_dx, p_.relu, scratch_.data());
+    });
   }
 
  private:

@@ -9,6 +9,7 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,6 +75,42 @@ void dispatch_layout(const Tensor& t, F&& f) {
 
 inline void check_f32(const Tensor& t, const char* what) {
   SB_CHECK(t.desc.dtype == DType::f32, fmt::format("{}: the cpu kernels take fp32 tensors", what));
+}
+
+// ---- bf16 tensors (--precision bf16): stored as the upper half of an fp32, computed in fp32 -------
+// The kernels are templates over the element type T (float or bf16): ld widens a stored value,
+// st<T> rounds to nearest even (tensor.hpp's float_to_bf16, NaN stays NaN), both branch-free so that
+// the loops vectorise as the fp32 ones do.
+struct bf16 {
+  std::uint16_t bits;
+};
+inline float ld(float v) { return v; }
+inline float ld(bf16 v) { return std::bit_cast<float>(static_cast<std::uint32_t>(v.bits) << 16); }
+template <class T>
+inline T st(float f);
+template <>
+inline float st<float>(float f) {
+  return f;
+}
+template <>
+inline bf16 st<bf16>(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (x >> 16) | 0x40u;  // quiet
+  return bf16{static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
+}
+// Calls f with a value of the element type of `t` (float for fp32, bf16 for bf16 tensors).
+template <class F>
+void dispatch_dtype(DType t, F&& f) {
+  SB_CHECK(t == DType::f32 || t == DType::bf16, "the cpu kernels take fp32 or bf16 tensors");
+  if (t == DType::bf16)
+    f(bf16{});
+  else
+    f(0.0f);
+}
+inline void check_cpu_dtype(const Tensor& t, const char* what) {
+  SB_CHECK(t.desc.dtype == DType::f32 || t.desc.dtype == DType::bf16,
+           fmt::format("{}: the cpu kernels take fp32 or bf16 tensors", what));
 }
 
 }  // namespace stepbench::cpu

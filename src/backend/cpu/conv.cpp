@@ -32,9 +32,10 @@ struct Choice {
 
 Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y, const ConvParams& p, FilterFormat ff) {
   Choice c;
-  c.xd = memory::desc(dims4(x.shape), dt::f32, act_tag(x.layout));
-  c.yd = memory::desc(dims4(y.shape), dt::f32, act_tag(y.layout));
-  c.wd = memory::desc({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, filter_tag(ff));
+  const dt t = dnnl_type(x.dtype);  // bf16: oneDNN's bf16 kernels, fp32 accumulation
+  c.xd = memory::desc(dims4(x.shape), t, act_tag(x.layout));
+  c.yd = memory::desc(dims4(y.shape), t, act_tag(y.layout));
+  c.wd = memory::desc({y.shape.c, x.shape.c, p.kh, p.kw}, t, filter_tag(ff));
   const memory::desc &xd = c.xd, &yd = c.yd, &wd = c.wd;
   const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
 #if STEPBENCH_PLANT_FAULT == 3
@@ -42,7 +43,7 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
   const auto& bs = wd.data.format_desc.blocking.strides;
   memory::dims ws(bs, bs + 4);
   if (p.kh == p.kw) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
-  const memory::desc wfd({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, ws);
+  const memory::desc wfd({y.shape.c, x.shape.c, p.kh, p.kw}, t, ws);
 #else
   const memory::desc& wfd = wd;
 #endif
@@ -61,7 +62,7 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
   // out (what PyTorch's NCHW convolutions do too). Where gemm takes the shape, the plain tensors
   // as they are (no reorders). NHWC activations stay plain: oneDNN's NHWC kernels (brgconv) read
   // them directly.
-  const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
+  const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, t, tag::any);
   auto forward_pd = [&](const memory::desc& src, const memory::desc& w, const memory::desc& dst) {
     return dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, w, dst, strides, pad_l, pad_r),
@@ -74,7 +75,7 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
     return impl.rfind("gemm", 0) == 0 || impl.find(":gemm") != std::string::npos;
   };
   if (STEPBENCH_PLANT_FAULT != 3 && x.layout == Layout::nchw) {
-    const memory::desc xany(dims4(x.shape), dt::f32, tag::any), yany(dims4(y.shape), dt::f32, tag::any);
+    const memory::desc xany(dims4(x.shape), t, tag::any), yany(dims4(y.shape), t, tag::any);
     auto pd = forward_pd(xany, wany, yany);
     if (!is_gemm(pd.impl_info_str()) && (pd.src_desc() != xd || pd.dst_desc() != yd)) {
       c.fwd = pd;
@@ -111,6 +112,15 @@ std::string format_name(const memory::desc& d) {
   return s;
 }
 
+// The same layout (blocking, padding) with fp32 elements: a bf16 filter's master copy in the fp32
+// arena is kept in its format element for element, so that the graph's element-wise cast makes the
+// 16-bit filter the bf16 kernel reads (its VNNI pairs, "...16a2b", included).
+memory::desc as_f32(const memory::desc& d) {
+  memory::desc f = d;
+  f.data.data_type = dnnl_f32;
+  return f;
+}
+
 // A filter kept in the format oneDNN's forward chose: converted by reorders from and to O,I,KH,KW.
 // It keeps that choice, which the convolution of its shapes reuses (one search per shape).
 class DnnlFilterStorage final : public FilterStorage {
@@ -118,10 +128,10 @@ class DnnlFilterStorage final : public FilterStorage {
   DnnlFilterStorage(const dnnl::engine& eng, Choice c, const memory::dims& oihw, std::string key)
       : eng_(eng),
         choice_(std::move(c)),
-        stored_(choice_.fwd.weights_desc()),
+        stored_(as_f32(choice_.fwd.weights_desc())),
         plain_(oihw, dt::f32, tag::oihw),
         key_(std::move(key)) {}
-  std::size_t floats() const override { return stored_.get_size() / sizeof(float); }
+  std::size_t floats() const override { return stored_.get_size() / sizeof(float); }  // elements, padding included
   std::string name() const override { return format_name(stored_); }
   void to_storage(const float* oihw, float* dst) const override { convert(oihw, plain_, dst, stored_); }
   void from_storage(const float* src, float* oihw) const override { convert(src, stored_, oihw, plain_); }
@@ -149,8 +159,9 @@ class DnnlConv final : public ConvOp {
   DnnlConv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y, const ConvParams& p,
            FilterFormat ff, const Choice* stored)
       : strm_(strm), ydesc_(y), xdesc_(x) {
-    require_dense_f32(x, "convolution");
-    require_dense_f32(y, "convolution");
+    require_dense(x, "convolution");
+    require_dense(y, "convolution");
+    SB_CHECK(x.dtype == y.dtype, "convolution: the input and output element types differ");
     SB_CHECK(conv_output_shape(x.shape, y.shape.c, p) == y.shape, "convolution output shape mismatch");
     const Choice c = stored ? *stored : choose(eng, x, y, p, ff);
     SB_CHECK(!stored || c.blocked, "convolution: a filter in oneDNN's own format where oneDNN chose the plain one");
@@ -165,9 +176,10 @@ class DnnlConv final : public ConvOp {
     const dnnl::primitive_attr attr = user_scratchpad();
     const auto alg = dnnl::algorithm::convolution_direct;
     const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
-    const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, dt::f32, tag::any);
-    const memory::desc any_x = act_blocked ? memory::desc(dims4(x.shape), dt::f32, tag::any) : xd;
-    const memory::desc any_y = act_blocked ? memory::desc(dims4(y.shape), dt::f32, tag::any) : yd;
+    const dt t = dnnl_type(x.dtype);
+    const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, t, tag::any);
+    const memory::desc any_x = act_blocked ? memory::desc(dims4(x.shape), t, tag::any) : xd;
+    const memory::desc any_y = act_blocked ? memory::desc(dims4(y.shape), t, tag::any) : yd;
     const memory::desc& wk = blocked ? wany : wd;
     bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
         dnnl::convolution_backward_data::desc(alg, any_x, wk, any_y, strides, pad, pad), attr, eng, fwd_pd_);
@@ -267,9 +279,15 @@ class DnnlConv final : public ConvOp {
                                 {DNNL_ARG_SCRATCHPAD, mscratch_}});
     done(bwd_filter_dw_, mw_, false);
 #if STEPBENCH_PLANT_FAULT == 1 || STEPBENCH_PLANT_FAULT == 2
-    float* g = static_cast<float*>(dw);
-    for (std::size_t i = 0, n = mw_.get_desc().get_size() / sizeof(float); i < n; ++i)
-      g[i] = STEPBENCH_PLANT_FAULT == 1 ? 2 * g[i] : 0.0f;
+    if (xdesc_.dtype == DType::bf16) {
+      auto* g = static_cast<std::uint16_t*>(dw);
+      for (std::size_t i = 0, n = mw_.get_desc().get_size() / 2; i < n; ++i)
+        g[i] = STEPBENCH_PLANT_FAULT == 1 ? float_to_bf16(2 * bf16_to_float(g[i])) : 0;
+    } else {
+      float* g = static_cast<float*>(dw);
+      for (std::size_t i = 0, n = mw_.get_desc().get_size() / sizeof(float); i < n; ++i)
+        g[i] = STEPBENCH_PLANT_FAULT == 1 ? 2 * g[i] : 0.0f;
+    }
 #endif
   }
 
@@ -321,14 +339,14 @@ std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, co
 }
 
 std::string dnnl_conv_key(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) {
-  return fmt::format("{} {}x{}x{}x{} -> {}x{}x{} k{}x{} s{}x{} p{}x{}", to_string(x.layout), x.shape.n, x.shape.c,
-                     x.shape.h, x.shape.w, y.shape.c, y.shape.h, y.shape.w, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h,
-                     p.pad_w);
+  return fmt::format("{}{} {}x{}x{}x{} -> {}x{}x{} k{}x{} s{}x{} p{}x{}", to_string(x.layout),
+                     x.dtype == DType::bf16 ? " bf16" : "", x.shape.n, x.shape.c, x.shape.h, x.shape.w, y.shape.c,
+                     y.shape.h, y.shape.w, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
 }
 
 std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
                                                          const TensorDesc& y, const ConvParams& p, FilterFormat ff) {
-  if (x.dtype != DType::f32 || y.dtype != DType::f32 || !x.is_dense() || !y.is_dense() ||
+  if ((x.dtype != DType::f32 && x.dtype != DType::bf16) || y.dtype != x.dtype || !x.is_dense() || !y.is_dense() ||
       conv_output_shape(x.shape, y.shape.c, p) != y.shape)
     return nullptr;  // make_conv says why
   Choice c = choose(eng, x, y, p, ff);

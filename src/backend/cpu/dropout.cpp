@@ -17,35 +17,41 @@ inline std::uint64_t splitmix64(std::uint64_t z) {
 
 void dropout_forward(const Tensor& x, const Tensor& y, std::uint8_t* mask, double p, std::uint64_t seed,
                      std::uint64_t step) {
-  check_f32(x, "dropout");
+  check_cpu_dtype(x, "dropout");
   SB_CHECK(x.desc.is_dense() && y.desc.is_dense(), "dropout takes dense tensors");
   const auto n = x.desc.numel();
-  const float* X = x.as<float>();
-  float* Y = y.as<float>();
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
   const std::uint64_t key = splitmix64(seed ^ splitmix64(step));
   // keep when the element's 24-bit uniform is >= p
   const auto threshold = static_cast<std::uint32_t>(p * 16777216.0);
+  dispatch_dtype(x.desc.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* X = x.as<T>();
+    T* Y = y.as<T>();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto u = static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 40);
-    const std::uint8_t keep = u >= threshold;
-    mask[i] = keep;
-    Y[i] = keep ? X[i] * keep_scale : 0.0f;
-  }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 40);
+      const std::uint8_t keep = u >= threshold;
+      mask[i] = keep;
+      Y[i] = st<T>(keep ? ld(X[i]) * keep_scale : 0.0f);
+    }
+  });
 }
 
 void dropout_backward(const Tensor& dy, const Tensor& dx, float beta, const std::uint8_t* mask, double p) {
   SB_CHECK(dy.desc.is_dense() && dx.desc.is_dense(), "dropout takes dense tensors");
   const auto n = dy.desc.numel();
-  const float* DY = dy.as<float>();
-  float* DX = dx.as<float>();
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  dispatch_dtype(dy.desc.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* DY = dy.as<T>();
+    T* DX = dx.as<T>();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = mask[i] ? DY[i] * keep_scale : 0.0f;
-    DX[i] = beta == 0.0f ? v : v + beta * DX[i];
-  }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = mask[i] ? ld(DY[i]) * keep_scale : 0.0f;
+      DX[i] = st<T>(beta == 0.0f ? v : v + beta * ld(DX[i]));
+    }
+  });
 }
 
 class CpuDropout final : public DropoutOp {

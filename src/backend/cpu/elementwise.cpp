@@ -13,35 +13,41 @@ STEPBENCH_CPU_ISA_BEGIN
 namespace stepbench::cpu::STEPBENCH_CPU_ISA_NS {
 namespace {
 
-// out = f(a, b, out) elementwise; the three tensors share one shape and layout (any strides of a
-// channel slice): per pixel along the contiguous channels in NHWC, per row along w in NCHW.
-template <class F>
-void zip3(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
+// out = f(a, b, out) elementwise; the three tensors share one shape, layout and element type (any
+// strides of a channel slice): per pixel along the contiguous channels in NHWC, per row along w in
+// NCHW. f takes and returns floats; bf16 tensors are widened and rounded around it.
+template <class T, class F>
+void zip3_typed(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
   const Shape& s = out.shape();
   if (out.desc.layout == Layout::nchw) {
     for_each_nchw_row(s, [&](std::int64_t n, std::int64_t c, std::int64_t h) {
-      const float* pa = a.as<float>() + a.desc.offset(n, c, h, 0);
-      const float* pb = b.as<float>() + b.desc.offset(n, c, h, 0);
-      float* po = out.as<float>() + out.desc.offset(n, c, h, 0);
-      for (std::int64_t w = 0; w < s.w; ++w) po[w] = f(pa[w], pb[w], po[w]);
+      const T* pa = a.as<T>() + a.desc.offset(n, c, h, 0);
+      const T* pb = b.as<T>() + b.desc.offset(n, c, h, 0);
+      T* po = out.as<T>() + out.desc.offset(n, c, h, 0);
+      for (std::int64_t w = 0; w < s.w; ++w) po[w] = st<T>(f(ld(pa[w]), ld(pb[w]), ld(po[w])));
     });
     return;
   }
   for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
-    const float* pa = a.as<float>() + a.desc.offset(n, 0, h, w);
-    const float* pb = b.as<float>() + b.desc.offset(n, 0, h, w);
-    float* po = out.as<float>() + out.desc.offset(n, 0, h, w);
-    for (std::int64_t c = 0; c < s.c; ++c) po[c] = f(pa[c], pb[c], po[c]);
+    const T* pa = a.as<T>() + a.desc.offset(n, 0, h, w);
+    const T* pb = b.as<T>() + b.desc.offset(n, 0, h, w);
+    T* po = out.as<T>() + out.desc.offset(n, 0, h, w);
+    for (std::int64_t c = 0; c < s.c; ++c) po[c] = st<T>(f(ld(pa[c]), ld(pb[c]), ld(po[c])));
   });
+}
+template <class F>
+void zip3(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
+  SB_CHECK(a.desc.dtype == out.desc.dtype && b.desc.dtype == out.desc.dtype, "elementwise: element types differ");
+  dispatch_dtype(out.desc.dtype, [&](auto t) { zip3_typed<decltype(t)>(a, b, out, f); });
 }
 
 void relu_forward(const Tensor& x, const Tensor& y) {
-  check_f32(x, "relu");
+  check_cpu_dtype(x, "relu");
   zip3(x, x, y, [](float a, float, float) { return std::max(a, 0.0f); });
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) {
-  check_f32(y, "relu backward");
+  check_cpu_dtype(y, "relu backward");
   zip3(y, dy, dx, [beta](float yv, float g, float o) {
     const float v = yv > 0.0f ? g : 0.0f;
     return beta == 0.0f ? v : v + beta * o;
@@ -59,12 +65,13 @@ class CpuRelu final : public ReluOp {
 }  // namespace
 
 std::unique_ptr<ReluOp> make_relu(const TensorDesc& x) {
-  if (x.dtype != DType::f32) throw UnsupportedError("relu: the cpu backend computes in fp32 only");
+  if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+    throw UnsupportedError("relu: the cpu backend computes in fp32 or bf16");
   return std::make_unique<CpuRelu>();
 }
 
 void add(const Tensor& src, const Tensor& dst, float beta) {
-  check_f32(src, "add");
+  check_cpu_dtype(src, "add");
   SB_CHECK(src.shape() == dst.shape(), "add: shapes differ");
   zip3(src, src, dst, [beta](float s, float, float o) { return beta == 0.0f ? s : s + beta * o; });
 }
@@ -81,6 +88,21 @@ void fill(float* x, float v, std::size_t n) {
 
 void cast(const void* src, DType from, void* dst, DType to, std::size_t count) {
   const auto n = static_cast<std::int64_t>(count);
+  // the step's weight cast and gradient widening (--precision bf16): vectorised, same rounding
+  if (from == DType::f32 && to == DType::bf16) {
+    const auto* a = static_cast<const float*>(src);
+    auto* b = static_cast<bf16*>(dst);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) b[i] = st<bf16>(a[i]);
+    return;
+  }
+  if (from == DType::bf16 && to == DType::f32) {
+    const auto* a = static_cast<const bf16*>(src);
+    auto* b = static_cast<float*>(dst);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) b[i] = ld(a[i]);
+    return;
+  }
   const std::int64_t chunk = 1 << 16;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; i += chunk)

@@ -12,12 +12,16 @@ namespace {
 class DnnlLinear final : public LinearOp {
  public:
   DnnlLinear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x, const TensorDesc& y) : strm_(strm), xdesc_(x) {
-    require_dense_f32(x, "linear");
-    require_dense_f32(y, "linear");
+    require_dense(x, "linear");
+    require_dense(y, "linear");
     SB_CHECK(x.shape.h == 1 && x.shape.w == 1 && y.shape.h == 1 && y.shape.w == 1 && x.shape.n == y.shape.n,
              "linear takes N x K x 1 x 1 inputs and N x M x 1 x 1 outputs");
-    const memory::desc xd({x.shape.n, x.shape.c}, dt::f32, tag::nc), yd({y.shape.n, y.shape.c}, dt::f32, tag::nc);
-    const memory::desc wd({y.shape.c, x.shape.c}, dt::f32, tag::oi), bd({y.shape.c}, dt::f32, tag::a);
+    SB_CHECK(x.dtype == y.dtype, "linear: the input and output element types differ");
+    // bf16: the weights and bias are the graph's 16-bit copies, their gradients 16-bit too (widened
+    // into the fp32 arena by the graph); oneDNN accumulates in fp32
+    const dt t = dnnl_type(x.dtype);
+    const memory::desc xd({x.shape.n, x.shape.c}, t, tag::nc), yd({y.shape.n, y.shape.c}, t, tag::nc);
+    const memory::desc wd({y.shape.c, x.shape.c}, t, tag::oi), bd({y.shape.c}, t, tag::a);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     fwd_pd_ = dnnl::inner_product_forward::primitive_desc(
@@ -38,6 +42,10 @@ class DnnlLinear final : public LinearOp {
     mscratch_ = scratchpad_memory(eng, scratch_);
   }
   std::size_t workspace_bytes() const override { return align_up(scratch_) + xdesc_.bytes(); }
+  std::string implementation() const override {
+    return fmt::format("fwd {} / bwd_data {} / bwd_weights {}", fwd_pd_.impl_info_str(), bwd_data_pd_.impl_info_str(),
+                       bwd_w_pd_.impl_info_str());
+  }
   void forward(Stream&, const Tensor& x, const void* w, const void* b, const Tensor& y, void* ws) override {
     point(mx_, x.data);
     point(mw_, w);

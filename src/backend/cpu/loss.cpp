@@ -12,7 +12,7 @@ namespace stepbench::cpu {
 namespace {
 
 void softmax_xent_forward(const Tensor& logits, const std::int32_t* labels, float* loss, float* probs) {
-  check_f32(logits, "softmax cross-entropy");
+  check_cpu_dtype(logits, "softmax cross-entropy");
   SB_CHECK(logits.desc.is_dense() && logits.shape().h == 1 && logits.shape().w == 1,
            "softmax cross-entropy takes dense N x M logits");
   const std::int64_t N = logits.shape().n, M = logits.shape().c;
@@ -22,22 +22,26 @@ void softmax_xent_forward(const Tensor& logits, const std::int32_t* labels, floa
           fmt::format("label {} of sample {} is outside [0, {}): the labels do not fit the model's "
                       "number of classes",
                       labels[i], i, M));
+  // in fp32 whatever the logits' type (bf16 logits are widened: autocast's cross-entropy is fp32)
   double total = 0;
+  dispatch_dtype(logits.desc.dtype, [&](auto t) {
+    using T = decltype(t);
 #pragma omp parallel for reduction(+ : total) schedule(static)
-  for (std::int64_t i = 0; i < N; ++i) {
-    const float* z = logits.as<float>() + i * M;
-    float* pr = probs + i * M;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < M; ++j) mx = std::max(mx, z[j]);
-    double sum = 0;
-    for (std::int64_t j = 0; j < M; ++j) {
-      pr[j] = std::exp(z[j] - mx);
-      sum += pr[j];
+    for (std::int64_t i = 0; i < N; ++i) {
+      const T* z = logits.as<T>() + i * M;
+      float* pr = probs + i * M;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < M; ++j) mx = std::max(mx, ld(z[j]));
+      double sum = 0;
+      for (std::int64_t j = 0; j < M; ++j) {
+        pr[j] = std::exp(ld(z[j]) - mx);
+        sum += pr[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t j = 0; j < M; ++j) pr[j] *= inv;
+      total += std::log(sum) + mx - ld(z[labels[i]]);
     }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (std::int64_t j = 0; j < M; ++j) pr[j] *= inv;
-    total += std::log(sum) + mx - z[labels[i]];
-  }
+  });
   *loss = static_cast<float>(total / static_cast<double>(N));
 }
 
@@ -45,13 +49,16 @@ void softmax_xent_backward(const std::int32_t* labels, const Tensor& dlogits, fl
                            const float* probs) {
   const std::int64_t N = dlogits.shape().n, M = dlogits.shape().c;
   const float k = scale / static_cast<float>(N);
-  float* D = dlogits.as<float>();
+  dispatch_dtype(dlogits.desc.dtype, [&](auto t) {
+    using T = decltype(t);
+    T* D = dlogits.as<T>();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < N; ++i)
-    for (std::int64_t j = 0; j < M; ++j) {
-      const float v = k * (probs[i * M + j] - (j == labels[i] ? 1.0f : 0.0f));
-      D[i * M + j] = beta == 0.0f ? v : v + beta * D[i * M + j];
-    }
+    for (std::int64_t i = 0; i < N; ++i)
+      for (std::int64_t j = 0; j < M; ++j) {
+        const float v = k * (probs[i * M + j] - (j == labels[i] ? 1.0f : 0.0f));
+        D[i * M + j] = st<T>(beta == 0.0f ? v : v + beta * ld(D[i * M + j]));
+      }
+  });
 }
 
 class CpuSoftmaxXent final : public SoftmaxCrossEntropyOp {

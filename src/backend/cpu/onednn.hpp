@@ -54,8 +54,11 @@ inline tag filter_tag(FilterFormat f) {
 }
 inline memory::dims dims4(const Shape& s) { return {s.n, s.c, s.h, s.w}; }
 
-inline void require_dense_f32(const TensorDesc& d, const char* op) {
-  if (d.dtype != DType::f32) throw UnsupportedError(fmt::format("{}: the cpu backend computes in fp32 only", op));
+// oneDNN's element type of a tensor the cpu backend takes: fp32, or bf16 (--precision bf16)
+inline dt dnnl_type(DType t) { return t == DType::bf16 ? dt::bf16 : dt::f32; }
+inline void require_dense(const TensorDesc& d, const char* op) {
+  if (d.dtype != DType::f32 && d.dtype != DType::bf16)
+    throw UnsupportedError(fmt::format("{}: the cpu backend computes in fp32 or bf16", op));
   SB_CHECK(d.is_dense(),
            fmt::format("{}: the cpu backend needs a dense {} tensor, got a strided view", op, to_string(d.layout)));
 }

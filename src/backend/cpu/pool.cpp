@@ -309,27 +309,78 @@ void pool_backward(const Tensor& dy, const Tensor& dx, const PoolParams& p, floa
   });
 }
 
+// dst = src element for element (one shape and layout, any strides), widening or rounding between
+// fp32 and bf16.
+template <class S, class D>
+void convert_tensor(const Tensor& src, const Tensor& dst) {
+  const Shape& s = dst.shape();
+  if (dst.desc.layout == Layout::nchw) {
+    for_each_nchw_row(s, [&](std::int64_t n, std::int64_t c, std::int64_t h) {
+      const S* a = src.as<S>() + src.desc.offset(n, c, h, 0);
+      D* b = dst.as<D>() + dst.desc.offset(n, c, h, 0);
+      for (std::int64_t w = 0; w < s.w; ++w) b[w] = st<D>(ld(a[w]));
+    });
+    return;
+  }
+  for_each_pixel(s, [&](std::int64_t n, std::int64_t h, std::int64_t w) {
+    const S* a = src.as<S>() + src.desc.offset(n, 0, h, w);
+    D* b = dst.as<D>() + dst.desc.offset(n, 0, h, w);
+    for (std::int64_t c = 0; c < s.c; ++c) b[c] = st<D>(ld(a[c]));
+  });
+}
+
+// bf16 pooling runs the fp32 kernels on fp32 copies (sums and the gradient's scatter stay in fp32),
+// staged in one buffer per thread that the first step grows to the largest pool's and keeps: the
+// pools run one at a time, so it is one pool's size, not their sum.
+float* staging(std::size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
 class CpuPool final : public PoolOp {
  public:
   CpuPool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p)
-      : p_(p), y_(y), inv_(inverse_counts(p, x.shape, y.shape)) {
-    if (x.dtype != DType::f32) throw UnsupportedError("pooling: the cpu backend computes in fp32 only");
+      : p_(p), x_(x), y_(y), inv_(inverse_counts(p, x.shape, y.shape)) {
+    if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+      throw UnsupportedError("pooling: the cpu backend computes in fp32 or bf16");
     SB_CHECK(pool_output_shape(x.shape, p) == y.shape, "pool output shape mismatch");
   }
   std::size_t reserve_bytes() const override {
     return p_.kind == PoolKind::max ? static_cast<std::size_t>(y_.numel()) * sizeof(std::int32_t) : 0;
   }
   void forward(Stream&, const Tensor& x, const Tensor& y, void* reserve) override {
-    pool_forward(x, y, p_, static_cast<std::int32_t*>(reserve));
+    check_cpu_dtype(x, "pooling");
+    if (x.desc.dtype == DType::f32) {
+      pool_forward(x, y, p_, static_cast<std::int32_t*>(reserve));
+      return;
+    }
+    float* buf = staging(static_cast<std::size_t>(x_.numel() + y_.numel()));
+    const Tensor xf{buf, TensorDesc::dense(x_.shape, DType::f32, x_.layout)};
+    const Tensor yf{buf + x_.numel(), TensorDesc::dense(y_.shape, DType::f32, y_.layout)};
+    convert_tensor<bf16, float>(x, xf);
+    pool_forward(xf, yf, p_, static_cast<std::int32_t*>(reserve));
+    convert_tensor<float, bf16>(yf, y);
   }
   void backward(Stream&, const Tensor&, const Tensor&, const Tensor& dy, const Tensor& dx, float beta,
                 const void* reserve) override {
-    pool_backward(dy, dx, p_, beta, static_cast<const std::int32_t*>(reserve), inv_.data());
+    check_cpu_dtype(dy, "pooling backward");
+    if (dy.desc.dtype == DType::f32) {
+      pool_backward(dy, dx, p_, beta, static_cast<const std::int32_t*>(reserve), inv_.data());
+      return;
+    }
+    float* buf = staging(static_cast<std::size_t>(x_.numel() + y_.numel()));
+    const Tensor dxf{buf, TensorDesc::dense(x_.shape, DType::f32, x_.layout)};
+    const Tensor dyf{buf + x_.numel(), TensorDesc::dense(y_.shape, DType::f32, y_.layout)};
+    convert_tensor<bf16, float>(dy, dyf);
+    if (beta != 0.0f) convert_tensor<bf16, float>(dx, dxf);
+    pool_backward(dyf, dxf, p_, beta, static_cast<const std::int32_t*>(reserve), inv_.data());
+    convert_tensor<float, bf16>(dxf, dx);
   }
 
  private:
   PoolParams p_;
-  TensorDesc y_;
+  TensorDesc x_, y_;
   std::vector<float> inv_;  // average pools: inverse_counts(), made at planning
 };
 
