@@ -77,8 +77,9 @@ def main():
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
-    elif args.precision != "fp32":
-        print(f"the peer runs --precision {args.precision} on CUDA only", file=sys.stderr)
+    elif args.precision not in ("fp32", "bf16"):
+        print(f"the peer runs --precision {args.precision} on CUDA only (the CPU: fp32, or bf16 through autocast)",
+              file=sys.stderr)
         sys.exit(2)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     baseline_rss = proc_status_bytes("VmRSS")  # before the model: torch imported, nothing built
@@ -193,7 +194,8 @@ def main():
                            f"autocast={str(amp).replace('torch.', '') if amp is not None else 'off'}"
                            f"{', GradScaler' if args.precision == 'fp16' else ''}, {out['threads']} threads")
     else:
-        out["settings"] = f"fp32 on the CPU, autocast=off, {out['threads']} threads"
+        out["settings"] = (f"{'autocast(cpu, bfloat16)' if amp is not None else 'fp32, autocast=off'} on the CPU, "
+                           f"{out['threads']} threads")
     dropout = "none (resnet50 has none)" if args.model == "resnet50" else f"{args.dropout:g}"
     out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")

@@ -384,10 +384,9 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
   }
   if (m.precision == Precision::tf32 && !cuda)
     throw UsageError("--precision tf32 needs the cuda backend; use --precision fp32 on the cpu");
-  if (b.peer != PeerKind::none && !cuda && m.precision != Precision::fp32)
+  if (b.peer != PeerKind::none && !cuda && m.precision != Precision::fp32 && m.precision != Precision::bf16)
     throw UsageError(
-        "--peer on the cpu backend compares fp32 only (the peer's autocast runs on CUDA); use --precision fp32 or "
-        "drop --peer");
+        "--peer on the cpu backend compares fp32 or bf16 (PyTorch's CPU autocast); use one of them or drop --peer");
   if (o.given("--peer-python")) {
     if (o.peer_python.empty()) throw UsageError("--peer-python is empty; give the path of a python interpreter");
     b.peer_pythons = {o.peer_python};

@@ -115,7 +115,17 @@ class Flags(unittest.TestCase):
                  "--gpus 4", "multiple of 4")
         self.bad(["--batch-size", "8", "--global-batch-size", "16"], "--global-batch-size")
         self.bad(["--backend", "cpu", "--precision", "tf32"], "tf32", "--precision fp32")
-        self.bad(["--backend", "cpu", "--precision", "bf16"], "bf16", "--precision fp32")
+        # bf16 on the CPU: runs where the CPU has native bf16 (AVX512_BF16 or AMX), else exit 2 saying why
+        flags = open("/proc/cpuinfo").read()
+        native = "avx512_bf16" in flags or "amx_bf16" in flags
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--precision", "bf16", "--list")
+        if native:
+            self.assertEqual(rc, 0, err)
+            self.assertIn("tiny bf16", out)
+        else:
+            self.assertEqual(rc, 2, err)
+            self.assertIn("native bf16", err)
+            self.assertIn("--precision fp32", err)
         self.bad(["--backend", "cpu", "--image-size", "150"], "--image-size 150", "aux")
         self.bad(["--backend", "cpu", "--image-size", "40", "--aux-logits", "off"], "--image-size 40")
         self.bad(["--backend", "cpu", "--model", "resnet50", "--image-size", "16"], "--image-size 16", "resnet50")
@@ -688,9 +698,9 @@ class Peer(unittest.TestCase):
         self.assertIn("/nonexistent/python: not found", err)
         self.assertIn("point --peer-python at one", err)
         self.assertNotIn("median ms", out)  # nothing was timed
-        rc, _, err = run(*base, "--peer", "pytorch", "--precision", "bf16")
+        rc, _, err = run(*base, "--peer", "pytorch", "--precision", "fp16")
         self.assertEqual(rc, 2, err)
-        self.assertIn("compares fp32 only", err)
+        self.assertIn("compares fp32 or bf16", err)
         rc, _, err = run(*base, "--peer", "pytorch", "--peer-python", "")
         self.assertEqual(rc, 2, err)
         self.assertIn("--peer-python is empty", err)
