@@ -77,6 +77,9 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   tally("batch_norm_kernels", conv_bn, &LayerInfo::implementation);
   tally(
       "pool_kernels", [](const LayerInfo& l) { return l.kind == "pool"; }, &LayerInfo::implementation);
+  tally(
+      "linear_kernels", [](const LayerInfo& l) { return l.kind == "linear" && !l.implementation.empty(); },
+      &LayerInfo::implementation);
   return ctx;
 }
 

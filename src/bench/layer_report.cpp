@@ -129,6 +129,32 @@ void print_layer_times(const LayerTimes& lt, int top, double timed_step_ms) {
                              ratio(s.b, s.f), pct(s.f + s.b, lt.step_ms), tf > 0 ? fmt::format("{:.3f}", tf) : "-",
                              lt.peak_tflops > 0 ? fmt::format(" {:>9}", tf > 0 ? pct(tf, lt.peak_tflops) : "-") : "");
   }
+  // the CPU: oneDNN's implementation of every convolution and fully connected piece of the top
+  // layers (--json has every layer's), and once, any piece on oneDNN's reference code (slow)
+  std::map<int, std::vector<const LayerTimes::Row*>> impl;
+  std::vector<std::string> slow;
+  for (const auto& r : lt.rows) {
+    if (r.implementation.empty()) continue;
+    impl[r.layer].push_back(&r);
+    if (r.implementation.rfind("ref", 0) == 0 || r.implementation.find(":ref") != std::string::npos)
+      slow.push_back(r.label + " " + r.part);
+  }
+  if (!impl.empty()) {
+    std::cout << "  oneDNN's implementations of the top layers (per piece):\n";
+    for (int i : idx) {
+      if (!impl.count(i)) continue;
+      std::string v;
+      for (const auto* r : impl[i])
+        v += fmt::format("{}{} {}", v.empty() ? "" : ", ", r->part.rfind("conv_", 0) == 0 ? r->part.substr(5) : r->part,
+                         r->implementation);
+      std::cout << wrap(fmt::format("{}: {}", label[i], v), 6, kWidth, "    ");
+    }
+    if (!slow.empty())
+      say(
+          fmt::format("{} piece{} ran on oneDNN's reference code, its slow path (a shape or type its fast kernels "
+                      "do not take): {}",
+                      slow.size(), slow.size() == 1 ? "" : "s", slow.front() + (slow.size() > 1 ? ", ..." : "")));
+  }
   if (lt.row_kernels.empty()) return;
   // the kernels behind the top layers' largest pieces
   std::cout << "  kernels of the top layers' largest pieces (median ms per step, launches):\n";

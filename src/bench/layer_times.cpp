@@ -18,6 +18,23 @@ double steady_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// oneDNN's implementation of one piece, from what the layer reports: its convolution's "fwd A /
+// bwd_data B / bwd_filter C" or its inner product's "fwd A / bwd_data B / bwd_weights C".
+std::string piece_implementation(const LayerInfo& info, const std::string& part) {
+  const std::string& all = info.is_conv_bn() ? info.conv_algorithm : info.kind == "linear" ? info.implementation : "";
+  const char* key = part == "conv_fwd" || (info.kind == "linear" && part == "fwd") ? "fwd "
+                    : part == "conv_bwd_data"                                      ? "bwd_data "
+                    : part == "conv_bwd_filter"                                    ? "bwd_filter "
+                    : info.kind == "linear" && part == "bwd"                       ? "bwd_weights "
+                                                                                   : nullptr;
+  if (!key || all.empty()) return "";
+  const auto at = all.find(key);
+  if (at == std::string::npos) return "";
+  const auto from = at + std::string(key).size();
+  const auto end = std::min(all.find(" / ", from), all.find(" (", from));
+  return all.substr(from, end == std::string::npos ? std::string::npos : end - from);
+}
+
 }  // namespace
 
 // Records an event before and after every piece on the tower's stream, and the host clock around
@@ -327,6 +344,7 @@ LayerTimes summarize_layer_times(const std::vector<ProbedStep>& steps, const Tow
       const double f = 2.0 * static_cast<double>(info.macs);
       if (part.rfind("conv_", 0) == 0 || (info.kind == "linear" && part == "fwd")) r.flops = f;
       if (info.kind == "linear" && part == "bwd") r.flops = 2 * f;  // data and weight gradients
+      if (lt.clock == "steady clock") r.implementation = piece_implementation(info, part);
     } else {
       r.label = "(graph)";
       r.kind = "graph";
@@ -347,6 +365,7 @@ nlohmann::json layer_times_json(const LayerTimes& lt) {
                      {"pass", r.pass},
                      {"median_ms", r.ms},
                      {"share_of_step", lt.step_ms > 0 ? r.ms / lt.step_ms : 0.0}};
+    if (!r.implementation.empty()) j["implementation"] = r.implementation;
     if (r.flops > 0 && r.ms > 0) {
       j["tflops"] = r.flops / (r.ms * 1e9);
       if (lt.peak_tflops > 0) j["percent_of_peak"] = 100.0 * r.flops / (r.ms * 1e9) / lt.peak_tflops;

@@ -97,6 +97,9 @@ struct LayerTimes {
     std::string label, kind, part, pass;  // pass: forward, backward
     double ms = 0;                        // median over the steps
     double flops = 0;                     // per step (0: not counted)
+    // the library's implementation of this piece where the backend names it: oneDNN's on the CPU
+    // ("brgconv:avx512_core_bf16", "jit_bf16:avx512_core_bf16", "gemm:jit"); "" elsewhere
+    std::string implementation;
   };
   std::vector<Row> rows;  // in execution order (backward rows in backward order)
   int steps = 0;

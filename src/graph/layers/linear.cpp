@@ -41,7 +41,11 @@ struct LinearLayer final : Layer {
   std::int64_t macs() const override { return k * m * batch; }
   std::int64_t batch = 0;
   std::string name;
-  LayerInfo info() const override { return base_info("linear", name); }
+  LayerInfo info() const override {
+    LayerInfo i = base_info("linear", name);
+    if (op) i.implementation = op->implementation();
+    return i;
+  }
 };
 
 }  // namespace
