@@ -6,7 +6,7 @@ stepbench again under another oneDNN instruction set against the same reference.
 
 Exit 0 on agreement, 1 on a mismatch, 77 (skip) when PyTorch or torchvision is missing.
 Also usable by hand to check a user's own weights: see docs/usage.md ("Checking numerics against PyTorch")."""
-import argparse, copy, json, os, struct, subprocess, sys, tempfile
+import argparse, contextlib, copy, json, os, struct, subprocess, sys, tempfile
 
 try:
     import numpy as np
@@ -107,6 +107,9 @@ def main():
     ap.add_argument("--max-grad-ratio", type=float, default=32.0,
                     help="no gradient's error above this many times PyTorch fp32's (a wrong gradient is orders of magnitude off)")
     ap.add_argument("--formats", default="nchw,nhwc")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: stepbench's --precision bf16 against PyTorch's CPU autocast (bfloat16), both against "
+                         "float64; the yardstick is autocast's error (exit 77 where the CPU has no native bf16)")
     ap.add_argument("--also-isa", default="", metavar="ISA:FORMATS",
                     help="check these formats again with stepbench under ONEDNN_MAX_CPU_ISA=ISA (and its plain "
                          "x86-64 kernels), against the same reference: e.g. SSE41:nhwc (the reference, minutes "
@@ -149,21 +152,28 @@ def main():
     np.save(os.path.join(tmp, "x.npy"), x.numpy())
     np.save(os.path.join(tmp, "y.npy"), y.numpy())
 
-    def eval_logits(dtype):
+    bf16 = args.precision == "bf16"
+    yard = "PyTorch autocast bf16" if bf16 else "PyTorch fp32"  # whose error is the yardstick
+
+    def amp(on):  # PyTorch's CPU autocast: what stepbench's --precision bf16 computes as
+        return torch.autocast("cpu", dtype=torch.bfloat16) if on else contextlib.nullcontext()
+
+    def eval_logits(dtype, autocast=False):
         m = copy.deepcopy(model).to(dtype).eval()
-        with torch.no_grad():
+        with torch.no_grad(), amp(autocast):
             return m(x.to(dtype)).double().numpy()
 
-    def train_step(dtype, channels_last=False):
+    def train_step(dtype, channels_last=False, autocast=False):
         m = copy.deepcopy(model).to(dtype)
         if channels_last:
             m = m.to(memory_format=torch.channels_last)
         m.train()
         m.dropout = torch.nn.Identity()  # stepbench check runs train mode without dropout by default
-        out = m(x.to(dtype).contiguous(memory_format=torch.channels_last) if channels_last else x.to(dtype))
-        ce = torch.nn.functional.cross_entropy
-        logits, aux = (out.logits, out.aux_logits) if hasattr(out, "logits") else (out, None)
-        loss = ce(logits, y) + (0.4 * ce(aux, y) if aux is not None else 0)
+        with amp(autocast):
+            out = m(x.to(dtype).contiguous(memory_format=torch.channels_last) if channels_last else x.to(dtype))
+            ce = torch.nn.functional.cross_entropy
+            logits, aux = (out.logits, out.aux_logits) if hasattr(out, "logits") else (out, None)
+            loss = ce(logits.float(), y) + (0.4 * ce(aux.float(), y) if aux is not None else 0)
         loss.backward()
         return (logits.detach().double().numpy(), None if aux is None else aux.detach().double().numpy(),
                 loss.detach().double().numpy(), {k: p.grad.double().numpy() for k, p in m.named_parameters()})
@@ -187,10 +197,11 @@ def main():
     # Every layer's gradient is checked against the oracle, within the error model's bounds, by the
     # C++ tests (InceptionUnits, ResNet50Units: EveryUnitMatchesTheOracleInPlace); this script checks
     # the model end to end.
-    ref_eval, eval32 = eval_logits(torch.float64), eval_logits(torch.float32)
+    # --precision bf16: the yardstick is PyTorch's autocast bf16 (NCHW and channels_last) instead of fp32
+    ref_eval, eval32 = eval_logits(torch.float64), eval_logits(torch.float32, autocast=bf16)
     logits64, aux64, loss64, grads64 = train_step(torch.float64)
-    logits32, aux32, loss32, grads32 = train_step(torch.float32)
-    logits32c, aux32c, loss32c, grads32c = train_step(torch.float32, channels_last=True)
+    logits32, aux32, loss32, grads32 = train_step(torch.float32, autocast=bf16)
+    logits32c, aux32c, loss32c, grads32c = train_step(torch.float32, channels_last=True, autocast=bf16)
     floor = 2.0 ** -18
     failed, outputs, grad_rows = [], [], []
     verbose = bool(os.environ.get("PARITY_VERBOSE"))
@@ -199,7 +210,7 @@ def main():
         err, base = rel(got, want64), max(rel(torch32, want64), rel(torch32c, want64))
         outputs.append((name, err, base))
         if not err <= args.noise_factor * max(base, floor):
-            failed.append(f"{name}: {err:.3g} (PyTorch fp32: {base:.3g})")
+            failed.append(f"{name}: {err:.3g} ({yard}: {base:.3g})")
 
     runs = [("", fmt) for fmt in args.formats.split(",")]
     if args.also_isa:
@@ -212,8 +223,14 @@ def main():
             opath = os.path.join(tmp, f"{isa}{run_fmt}-{mode}.safetensors")
             cmd = [args.stepbench, "check", "--model", args.model, "--backend", "cpu", "--weights", wpath, "--input",
                    os.path.join(tmp, "x.npy"), "--labels", os.path.join(tmp, "y.npy"), "--mode", mode,
-                   "--format", run_fmt, "--output", opath]
-            subprocess.run(cmd, check=True, env=env)
+                   "--format", run_fmt, "--precision", args.precision, "--output", opath]
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode == 2 and "native bf16" in r.stderr:
+                print(f"SKIP: {r.stderr.strip()}")
+                return 77
+            if r.returncode != 0:
+                print(r.stdout + r.stderr)
+                return 1
             got = read_safetensors(opath)
             if mode == "eval":
                 output(f"{fmt}/eval/logits", got["logits"], ref_eval, eval32, eval32)
@@ -231,21 +248,22 @@ def main():
                                       max(rel(grads32[k], grads64[k]), rel(grads32c[k], grads64[k]))))
 
     print(f"parity vs torchvision {torchvision.__version__} (PyTorch {torch.__version__}), reference in float64, "
-          f"batch {n}, {s}x{s}; metric max|a-b|/max|b| per tensor")
+          f"batch {n}, {s}x{s}, {args.precision}{' (yardstick: PyTorch autocast bf16)' if bf16 else ''}; "
+          f"metric max|a-b|/max|b| per tensor")
     if verbose:
         for name, err, base in outputs + grad_rows:
-            print(f"  {name:<64} stepbench {err:.3g}  PyTorch fp32 {base:.3g}")
+            print(f"  {name:<64} stepbench {err:.3g}  {yard} {base:.3g}")
     for name, err, base in outputs:
-        print(f"  {name:<28} stepbench {err:.3e}  PyTorch fp32 {base:.3e}")
+        print(f"  {name:<28} stepbench {err:.3e}  {yard} {base:.3e}")
     if grad_rows and args.strict_grads:
         worst = max(grad_rows, key=lambda r: r[1])
         worst_ratio = max(grad_rows, key=lambda r: r[1] / max(r[2], floor))
-        print(f"  gradients: {len(grad_rows)} tensors, each within {args.noise_factor:g}x PyTorch fp32's error "
-              f"(at least {floor:g}); largest error {worst[1]:.3g} ({worst[0]}, PyTorch fp32 {worst[2]:.3g}); "
+        print(f"  gradients: {len(grad_rows)} tensors, each within {args.noise_factor:g}x {yard}'s error "
+              f"(at least {floor:g}); largest error {worst[1]:.3g} ({worst[0]}, {yard} {worst[2]:.3g}); "
               f"largest ratio {worst_ratio[1] / max(worst_ratio[2], floor):.3g} ({worst_ratio[0]})")
         for name, err, base in grad_rows:
             if not err <= args.noise_factor * max(base, floor):
-                failed.append(f"{name}: {err:.3g} > {args.noise_factor:g} x {max(base, floor):.3g} (PyTorch fp32)")
+                failed.append(f"{name}: {err:.3g} > {args.noise_factor:g} x {max(base, floor):.3g} ({yard})")
     elif grad_rows:
         # judged per run (format, and ISA with --also-isa): pooled, a moderate error in one run alone
         # would hide among the others' rows
@@ -257,18 +275,23 @@ def main():
             med, p90 = float(np.median(ratios)), float(np.percentile(ratios, 90))
             worst = max(rows, key=lambda r: r[1])
             worst_ratio = max(zip(ratios, rows), key=lambda t: t[0])
-            print(f"  {group} gradients: {len(rows)} tensors; err(stepbench)/err(PyTorch fp32): median {med:.3f}, "
+            print(f"  {group} gradients: {len(rows)} tensors; err(stepbench)/err({yard}): median {med:.3f}, "
                   f"90th percentile {p90:.3f}, largest {worst_ratio[0]:.3g} ({worst_ratio[1][0]}); "
-                  f"largest error {worst[1]:.3g} ({worst[0]}, PyTorch fp32 {worst[2]:.3g})")
+                  f"largest error {worst[1]:.3g} ({worst[0]}, {yard} {worst[2]:.3g})")
             if med > args.noise_factor:
                 failed.append(f"{group} gradients: median error ratio {med:.3f} > {args.noise_factor:g}")
             if p90 > 2 * args.noise_factor:
                 failed.append(f"{group} gradients: 90th percentile of the error ratio {p90:.3f} > "
                               f"{2 * args.noise_factor:g}")
+            # bf16: PyTorch's autocast gradients of a randomly initialised ResNet-50 are off by more
+            # than 100% on some tensors (bf16 activations through 50 layers), so no absolute limit
+            # holds; each tensor within 4x autocast's error instead (a doubled gradient where the
+            # yardstick is small; the op tests catch it everywhere)
+            limit_err, limit_ratio = (float("inf"), 4.0) if bf16 else (args.max_grad_error, args.max_grad_ratio)
             for (name, err, base), r in zip(rows, ratios):
-                if not (err <= args.max_grad_error and r <= args.max_grad_ratio):
-                    failed.append(f"{name}: {err:.3g}, {r:.3g} x PyTorch fp32's {base:.3g} "
-                                  f"(limits {args.max_grad_error:g}, {args.max_grad_ratio:g}x)")
+                if not (err <= limit_err and r <= limit_ratio):
+                    failed.append(f"{name}: {err:.3g}, {r:.3g} x {yard}'s {base:.3g} "
+                                  f"(limits {limit_err:g}, {limit_ratio:g}x)")
     if failed:
         print("MISMATCH:\n  " + "\n  ".join(failed[:20]))
         return 1
