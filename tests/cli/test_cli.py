@@ -15,6 +15,13 @@ def slurp(path):
         return f.read()
 
 
+def native_bf16():
+    """Whether this CPU has native bf16 (AVX512_BF16 or AMX), which --backend cpu --precision bf16 needs"""
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def run(*args, timeout=300):
     p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
@@ -116,8 +123,7 @@ class Flags(unittest.TestCase):
         self.bad(["--batch-size", "8", "--global-batch-size", "16"], "--global-batch-size")
         self.bad(["--backend", "cpu", "--precision", "tf32"], "tf32", "--precision fp32")
         # bf16 on the CPU: runs where the CPU has native bf16 (AVX512_BF16 or AMX), else exit 2 saying why
-        flags = open("/proc/cpuinfo").read()
-        native = "avx512_bf16" in flags or "amx_bf16" in flags
+        native = native_bf16()
         rc, out, err = run("--backend", "cpu", "--model", "tiny", "--precision", "bf16", "--list")
         if native:
             self.assertEqual(rc, 0, err)
@@ -319,6 +325,31 @@ class Presets(unittest.TestCase):
 
 
 class Json(unittest.TestCase):
+    def test_the_cpu_names_onednns_kernel_of_every_piece_in_fp32_and_bf16(self):
+        for precision in ("fp32", "bf16"):
+            if precision == "bf16" and not native_bf16():
+                continue  # Flags.test_impossible_combinations checks the refusal there
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "out.json")
+                rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                                   "--precision", precision, "--warmup", "1", "--repetitions", "1", "--phases", "step",
+                                   "--layer-times", "--json", path, *FAST)
+                self.assertEqual(rc, 0, err)
+                with open(path) as f:
+                    j = json.load(f)
+            pieces = j["layer_times"]["pieces"]
+            convs = [p for p in pieces if p["part"].startswith("conv_")]
+            fcs = [p for p in pieces if p["kind"] == "linear" and p["part"] in ("fwd", "bwd")]
+            self.assertEqual(len(convs), 3 * 8 - 1, precision)  # 8 convolutions x 3 directions; no dx of the image
+            self.assertEqual(len(fcs), 2, precision)
+            for p in convs + fcs:
+                impl = p.get("implementation", "")
+                self.assertRegex(impl, r"^[a-z0-9_:]+$", f"{precision} {p['layer']} {p['part']}")
+                # bf16 pieces on bf16 kernels (or gemm, which names no type); fp32 never on a bf16 one
+                self.assertEqual("bf16" in impl, precision == "bf16" and "gemm" not in impl, impl)
+            self.assertIn("oneDNN's implementations of the top layers", out)
+            self.assertRegex(j["context"]["linear_kernels"], r"^1 x fwd \S+ / bwd_data \S+ / bwd_weights \S+$")
+
     def test_json_holds_every_phase_with_its_counters(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "out.json")
@@ -590,6 +621,19 @@ class Interrupted(unittest.TestCase):
 
 
 class Peer(unittest.TestCase):
+    def test_bf16_on_the_cpu_against_pytorchs_autocast(self):
+        if not native_bf16():
+            self.skipTest("this CPU has no native bf16 (AVX512_BF16 or AMX)")
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
+            self.skipTest("python3-torch and python3-torchvision are not installed")
+        rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4",
+                           "--precision", "bf16", "--warmup", "1", "--repetitions", "1", "--phases", "forward,step",
+                           "--peer", "pytorch", "--peer-python", "/usr/bin/python3", *FAST)
+        self.assertEqual(rc, 0, f"{out}\n{err}")
+        self.assertIn("tiny bf16 nchw", out)
+        self.assertRegex(" ".join(out.split()), r"peer settings: autocast\(cpu, bfloat16\) on the CPU")
+        self.assertRegex(out, r"\nstep +[0-9.]+ .* [0-9.]+ +[0-9.]+\n")  # PyTorch's median and the ratio
+
     def test_pytorch_peer_adds_medians_and_ratios(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch, torchvision"], capture_output=True).returncode:
             self.skipTest("python3-torch and python3-torchvision are not installed")
