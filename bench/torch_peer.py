@@ -194,8 +194,8 @@ def main():
                            f"autocast={str(amp).replace('torch.', '') if amp is not None else 'off'}"
                            f"{', GradScaler' if args.precision == 'fp16' else ''}, {out['threads']} threads")
     else:
-        out["settings"] = (f"{'autocast(cpu, bfloat16)' if amp is not None else 'fp32, autocast=off'} on the CPU, "
-                           f"{out['threads']} threads")
+        out["settings"] = (f"autocast(cpu, bfloat16) on the CPU, {out['threads']} threads" if amp is not None
+                           else f"fp32 on the CPU, autocast=off, {out['threads']} threads")
     dropout = "none (resnet50 has none)" if args.model == "resnet50" else f"{args.dropout:g}"
     out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")

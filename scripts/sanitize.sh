@@ -36,7 +36,8 @@ rc=0
 if [ "$what" != tsan ]; then
   echo "== asan: AddressSanitizer + UBSan"
   build_tests "$BASE-asan" -DSTEPBENCH_SANITIZE=ON -DSTEPBENCH_TSAN=OFF
-  cmake --build "$BASE-asan" --parallel "$(nproc)" --target stepbench
+  built_cli=1
+  cmake --build "$BASE-asan" --parallel "$(nproc)" --target stepbench || { rc=1; built_cli=0; }
   export ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:fast_unwind_on_malloc=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export LSAN_OPTIONS=suppressions=$STEPBENCH_ROOT/tests/support/lsan.supp
@@ -52,7 +53,7 @@ if [ "$what" != tsan ]; then
   # the binary as a user without the CUDA toolkit builds it (the cpu-only preset: CUDA off), under
   # ASan: the command-line tests whose output depends on the build (flags, presets, JSON, the
   # summary, compare; about 30 s) and --help against its snapshot
-  if command -v python3 >/dev/null; then
+  if [ "$built_cli" = 1 ] && command -v python3 >/dev/null; then
     log=$BASE-asan/cli.log
     for part in Flags Presets Json Output Compare; do
       if python3 "$STEPBENCH_ROOT/tests/cli/test_cli.py" --stepbench "$BASE-asan/bin/stepbench" \
@@ -65,7 +66,9 @@ if [ "$what" != tsan ]; then
       fi
     done
   fi
-  "$STEPBENCH_ROOT/tests/cli/help_snapshot.sh" "$BASE-asan/bin/stepbench" "$STEPBENCH_ROOT/tests/cli/help.txt" || rc=1
+  if [ "$built_cli" = 1 ]; then
+    "$STEPBENCH_ROOT/tests/cli/help_snapshot.sh" "$BASE-asan/bin/stepbench" "$STEPBENCH_ROOT/tests/cli/help.txt" || rc=1
+  fi
   unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 fi
 if [ "$what" != asan ]; then

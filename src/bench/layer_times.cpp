@@ -28,11 +28,19 @@ std::string piece_implementation(const LayerInfo& info, const std::string& part)
                     : info.kind == "linear" && part == "bwd"                       ? "bwd_weights "
                                                                                    : nullptr;
   if (!key || all.empty()) return "";
-  const auto at = all.find(key);
-  if (at == std::string::npos) return "";
-  const auto from = at + std::string(key).size();
-  const auto end = std::min(all.find(" / ", from), all.find(" (", from));
-  return all.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  const auto named = [&](const std::string& k) -> std::string {
+    const auto at = all.find(k);
+    if (at == std::string::npos) return "";
+    const auto from = at + k.size();
+    const auto end = std::min({all.find(" / ", from), all.find(" (", from), all.find(" [", from)});
+    return all.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  };
+  // the fully connected layer's backward piece runs both gradients: both kernels, where they differ
+  if (info.kind == "linear" && part == "bwd") {
+    const std::string d = named("bwd_data "), w = named("bwd_weights ");
+    return d.empty() || d == w ? w : d + "+" + w;
+  }
+  return named(key);
 }
 
 }  // namespace

@@ -58,13 +58,17 @@ struct PerLayerBench::Rig {
       be.memset_zero(st, x.get(), xd.bytes());
       be.memset_zero(st, y.get(), yd.bytes());
     }
+    // the filter in the convolution's type (a 16-bit one's bytes cast from fp32, as the graph's are)
+    std::vector<float> stored(wn, 0.01f);
     if (storage) {  // its padding zero
-      std::vector<float> plain(logical, 0.01f), stored(wn);
+      std::vector<float> plain(logical, 0.01f);
       storage->to_storage(plain.data(), stored.data());
-      be.copy(st, w.get(), stored.data(), wn * sizeof(float));
-    } else {
-      be.fill(st, w.as<float>(), 0.01f, wn);
     }
+    be.copy(st, dw.get(), stored.data(), wn * sizeof(float));
+    if (t == DType::f32)
+      be.copy(st, w.get(), dw.get(), wn * sizeof(float));
+    else
+      be.cast(st, dw.get(), DType::f32, w.get(), t, wn);
     be.synchronize(st);
   }
 };

@@ -187,7 +187,7 @@ class GlooTransport final : public Transport {
   }
   template <class F>
   void run(const char* what, int rank, int size, double limit, F&& f, const ProcessGroup* pg = nullptr) {
-    std::lock_guard<std::mutex> l(mu_);
+    std::unique_lock<std::mutex> l(mu_);
     if (!ctx_) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
     std::string why;
     try {
@@ -199,19 +199,23 @@ class GlooTransport final : public Transport {
       why = e.what();
     }
     ctx_.reset();  // a failed collective leaves its pairs in no known state
-    // who: the well ranks fail about now too (a timeout) or at once (a dropped connection), and answer
+    l.unlock();    // the tokens take seconds: abort() and the other thread need not wait for them
+    // who: the well ranks fail about now too (a timeout) or at once (a dropped connection), and answer.
+    // A rank named is one that did not answer, whatever this process's own failure was: a timeout
+    // here closes this process's pairs, so a well peer may see a dropped connection and still name
+    // the stalled rank rightly.
     const double window = std::clamp(limit / 4, 2.0, 10.0);
     const std::vector<int> quiet = silent(window);
     const std::string who = pg ? pg->name_ranks(quiet) : ProcessGroup().name_ranks(quiet);
+    const std::string named =
+        fmt::format("{} did not answer within {:g} s (stalled or ended)", who.empty() ? "-" : who, window);
     if (why.find("Timed out") != std::string::npos)
       throw SyncError(fmt::format(
           "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
           "--sync-timeout-s (0 waits forever)",
-          what, limit, rank, size,
-          who.empty() ? "another process failed or stalled"
-                      : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
-    throw SyncError(fmt::format("{} failed on process {} of {}: {} ended or dropped its connection ({})", what, rank,
-                                size, who.empty() ? "another process" : who, why));
+          what, limit, rank, size, who.empty() ? "another process failed or stalled" : named));
+    throw SyncError(fmt::format("{} failed on process {} of {}: {} ({})", what, rank, size,
+                                who.empty() ? "another process ended or dropped its connection" : named, why));
   }
   std::vector<int> silent(double window_s) {
     std::lock_guard<std::mutex> l(live_mu_);

@@ -118,6 +118,8 @@ def main():
                     help="every gradient within --noise-factor x its yardstick, as the outputs (default for the "
                          "well-conditioned tiny model)")
     args = ap.parse_args()
+    if args.precision == "bf16" and args.also_isa:
+        ap.error("--also-isa runs under a narrower ISA, where bf16 is refused: drop it with --precision bf16")
     if args.strict_grads is None:
         args.strict_grads = args.model == "tiny"
     if args.batch <= 0:
