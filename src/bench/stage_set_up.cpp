@@ -75,9 +75,14 @@ std::string towers_text(const Run& run) {
   const bool gpu = r.backend == BackendKind::cuda;
   const auto n = [](int k, const char* one, const char* many) { return fmt::format("{} {}", k, k == 1 ? one : many); };
   const std::string per = gpu ? n(r.towers, "GPU", "GPUs") : n(r.towers, "tower", "towers");
-  if (run.group.size() > 1)
-    return fmt::format("{} ({}, started by {}) x {} x batch {}", n(run.group.size(), "process", "processes"),
-                       run.group.transport_name(), run.group.launcher_name(), per, r.batch_per_tower);
+  if (run.group.size() > 1) {
+    const int nodes = run.group.nodes();  // "2 nodes x 2 processes": processes per node
+    const std::string procs = nodes > 1 ? fmt::format("{} x {}", n(nodes, "node", "nodes"),
+                                                      n(run.group.size() / nodes, "process", "processes"))
+                                        : n(run.group.size(), "process", "processes");
+    return fmt::format("{} ({}, started by {}) x {} x batch {}", procs, run.group.transport_name(),
+                       run.group.launcher_name(), per, r.batch_per_tower);
+  }
   return fmt::format("{} x batch {}", per, r.batch_per_tower);
 }
 

@@ -1,6 +1,7 @@
-// stepbench launch --nproc N [--rendezvous ADDR] [--grace-s S] -- ARGS...
+// stepbench launch --nproc N [--nodes M] [--rendezvous ADDR] [--grace-s S] -- ARGS...
 // One node's launcher, as torchrun --nproc-per-node: starts N processes with torchrun's variables
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) plus STEPBENCH_LAUNCHER and STEPBENCH_RENDEZVOUS (a
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; with --nodes M, M groups of N / M that act as M
+// nodes, each with torchrun's GROUP_RANK) plus STEPBENCH_LAUNCHER and STEPBENCH_RENDEZVOUS (a
 // store folder it makes and removes), forwards SIGINT and SIGTERM to them once, and when one ends
 // badly ends the others (SIGTERM, then SIGKILL after the grace period), naming it. ARGS are this
 // stepbench's flags, or a program and its arguments when ARGS[0] does not start with '-'.
@@ -41,18 +42,24 @@ const char* const kForeign[] = {
     "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "PMI_SIZE",    "PMI_RANK",   "PMIX_RANK",
     "SLURM_STEP_NUM_TASKS", "SLURM_PROCID",         "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"};
 
-[[noreturn]] void exec_child(int rank, int n, const std::string& rendezvous, const std::vector<std::string>& args,
-                             pid_t launcher) {
+[[noreturn]] void exec_child(int rank, int n, int nodes, const std::string& rendezvous,
+                             const std::vector<std::string>& args, pid_t launcher) {
   prctl(PR_SET_PDEATHSIG, SIGTERM);     // the launcher gone (even by SIGKILL): end too
   if (getppid() != launcher) _exit(1);  // it went before prctl took
   setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   for (const char* v : kForeign) unsetenv(v);
+  // --nodes M: M groups of n / M processes, each group a node of its own (torchrun's GROUP_RANK)
+  const int per = n / nodes;
   setenv("RANK", std::to_string(rank).c_str(), 1);
-  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(rank % per).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-  setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(per).c_str(), 1);
+  if (nodes > 1)
+    setenv("GROUP_RANK", std::to_string(rank / per).c_str(), 1);
+  else
+    unsetenv("GROUP_RANK");
   setenv("STEPBENCH_LAUNCHER", "stepbench", 1);
   setenv("STEPBENCH_RENDEZVOUS", rendezvous.c_str(), 1);
   if (!getenv("OMP_NUM_THREADS"))  // as torchrun: N processes of OpenMP teams over one node's cores
@@ -94,7 +101,7 @@ char process_state(pid_t p) {
 int launch_main(int argc, char** argv) {
   int sep = 2;
   while (sep < argc && std::strcmp(argv[sep], "--") != 0) ++sep;
-  int nproc = 0;
+  int nproc = 0, nodes = 1;
   double grace_s = 10;
   std::string rendezvous;
   CLI::App app{
@@ -103,6 +110,11 @@ int launch_main(int argc, char** argv) {
       "  stepbench launch --nproc N -- PROGRAM ARGS...              (any program)",
       "stepbench launch"};
   app.add_option("--nproc", nproc, "processes to start (ranks 0 to N-1)")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--nodes", nodes,
+                 "act as this many nodes: N / M processes each, with node ids of their own (two-level sync "
+                 "on one machine)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--rendezvous", rendezvous,
                  "where they meet: file:PATH or tcp://HOST:PORT [default: a fresh folder under /tmp]");
   app.add_option("--grace-s", grace_s, "after one process fails, how long the others get to end before SIGKILL")
@@ -112,6 +124,11 @@ int launch_main(int argc, char** argv) {
   if (sep >= argc - 1)
     throw UsageError("stepbench launch: give the run after --, e.g. stepbench launch --nproc 2 -- --backend cpu");
   const std::vector<std::string> args(argv + sep + 1, argv + argc);
+  if (nproc % nodes != 0)
+    throw UsageError(
+        fmt::format("stepbench launch: --nproc {} does not split into --nodes {} of the same size: give "
+                    "a multiple of {} processes",
+                    nproc, nodes, nodes));
   if (!rendezvous.empty()) check_rendezvous_address(rendezvous);
   std::string folder;
   if (rendezvous.empty()) {
@@ -136,7 +153,7 @@ int launch_main(int argc, char** argv) {
   for (int r = 0; r < nproc; ++r) {
     const pid_t p = fork();
     if (p < 0) throw Error(fmt::format("stepbench launch: fork failed ({})", std::strerror(errno)));
-    if (p == 0) exec_child(r, nproc, rendezvous, args, launcher);
+    if (p == 0) exec_child(r, nproc, nodes, rendezvous, args, launcher);
     pids[static_cast<std::size_t>(r)] = p;
   }
 

@@ -66,6 +66,40 @@ void check(const LaunchEnv& e) {
   if (e.size > 1 || e.launcher != Launcher::none) check_rendezvous_address(e.rendezvous);
 }
 
+// Which node of how many (LaunchEnv::node), from the launcher's variables; UsageError where they
+// disagree with the ranks (a node past the last, processes that do not fill whole nodes).
+void set_node(const EnvLookup& env, LaunchEnv& e) {
+  const int per = e.local_size;
+  if (e.launcher == Launcher::slurm) {
+    e.node = static_cast<int>(number(env, "SLURM_NODEID").value_or(0));
+    // SLURM_NNODES, else the nodes SLURM_STEP_TASKS_PER_NODE lists ("2(x3),1": 4)
+    int listed = 0;
+    const std::string per_node = text(env, "SLURM_STEP_TASKS_PER_NODE");
+    for (std::size_t pos = 0; !per_node.empty() && pos <= per_node.size();) {
+      const std::size_t end = std::min(per_node.find(',', pos), per_node.size());
+      int tasks = 0, repeat = 1;
+      std::sscanf(per_node.substr(pos, end - pos).c_str(), "%d(x%d)", &tasks, &repeat);
+      listed += repeat;
+      pos = end + 1;
+    }
+    e.nodes = static_cast<int>(number(env, "SLURM_NNODES").value_or(listed > 0 ? listed : e.node + 1));
+  } else if (const auto group = number(env, "GROUP_RANK")) {
+    if (e.size % per != 0)
+      throw UsageError(
+          fmt::format("{} GROUP_RANK={}: {} processes do not fill nodes of {} (LOCAL_WORLD_SIZE): give "
+                      "every node the same number",
+                      e.source, *group, e.size, per));
+    e.node = static_cast<int>(*group);
+    e.nodes = e.size / per;
+    e.source += fmt::format(" GROUP_RANK={}", *group);
+  } else {
+    e.nodes = (e.size + per - 1) / per;
+    e.node = e.rank / per;
+  }
+  if (e.nodes < 1 || e.node < 0 || e.node >= e.nodes)
+    throw UsageError(fmt::format("{}: node {} is outside the {} nodes", e.source, e.node, e.nodes));
+}
+
 // MASTER_ADDR and MASTER_PORT as a store address (port + offset), or "" when MASTER_ADDR is unset.
 std::string master(const EnvLookup& env, int offset) {
   const std::string addr = text(env, "MASTER_ADDR");
@@ -221,6 +255,7 @@ LaunchEnv discover_launch(const EnvLookup& env, const std::string& flag, bool wi
   if (!who.empty() && who != "stepbench")
     throw UsageError(fmt::format("STEPBENCH_LAUNCHER={}: only stepbench launch sets it (to 'stepbench')", who));
   check(e);
+  set_node(env, e);
   return e;
 }
 

@@ -37,6 +37,10 @@ constexpr auto enum_names(Launcher) {
 struct LaunchEnv {
   Launcher launcher = Launcher::none;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  // The node this process is on, of how many: srun's SLURM_NODEID and SLURM_NNODES; torchrun's
+  // GROUP_RANK (stepbench launch --nodes sets it too) with WORLD_SIZE / LOCAL_WORLD_SIZE nodes; else
+  // the rank over the processes per node.
+  int node = 0, nodes = 1;
   // How the processes find each other: "mpi", or a store address ("file:PATH", "tcp://HOST:PORT");
   // empty for a single process.
   std::string rendezvous;

@@ -24,6 +24,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& env, double 
   pg->size_ = j.size;
   pg->local_rank_ = j.local_rank;
   pg->local_size_ = j.local_size;
+  pg->node_ = env.node;
+  pg->nodes_ = env.nodes;
   pg->threads_ok_ = j.threads_ok;
   pg->mpi_ = env.rendezvous == "mpi";
   pg->launcher_ = std::string(to_string(env.launcher));

@@ -38,6 +38,8 @@ class ProcessGroup {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // among the processes on this node (which GPUs it takes)
   int local_size() const { return local_size_; }
+  int node() const { return node_; }  // this process's node, of nodes() (LaunchEnv::node)
+  int nodes() const { return nodes_; }
   bool threads_ok() const { return threads_ok_; }  // collectives may be called from a communication thread
   bool uses_mpi() const { return mpi_; }
   // "MPI", "Gloo", or "" for a single process; and which launcher started it.
@@ -74,7 +76,7 @@ class ProcessGroup {
   double sync_timeout() const { return timeout_s_.load(); }
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, node_ = 0, nodes_ = 1;
   bool threads_ok_ = true;
   bool mpi_ = false;
   std::string launcher_;

@@ -1213,6 +1213,26 @@ class Launch(unittest.TestCase):
         self.assertRegex(out, r"grad_sync: .* over Gloo over 2 processes \+ host memory")
         self.assertEqual(len(re.findall(r"\nphase +median ms ", out)), 1, out)
 
+    def test_nodes_on_one_machine(self):
+        # --nodes M: M groups of N / M processes with node ids of their own (torchrun's GROUP_RANK)
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
+                            "step,grad_sync"], capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("2 nodes x 2 processes (Gloo, started by stepbench launch) x 1 tower x batch 4", out)
+        self.assertRegex(out, r"grad_sync: .* over Gloo over 4 processes")
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "3", "--", *TINY], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--nproc 4 does not split into --nodes 3 of the same size", p.stderr)
+        # torchrun's variables by hand: GROUP_RANK past the nodes the sizes make is refused naming it
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "GROUP_RANK": "2"}
+        p = subprocess.run([STEPBENCH, *TINY, "--rendezvous", "file:/tmp/stepbench-never"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("node 2 is outside the 2 nodes", p.stderr)
+
     def test_torchruns_variables_set_by_hand(self):
         port = str(free_port())
         envs = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",

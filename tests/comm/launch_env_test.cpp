@@ -133,6 +133,45 @@ TEST(LaunchEnv, SrunsVariables) {
   EXPECT_EQ(discover(v, "", false).launcher, Launcher::slurm);
 }
 
+// The node a process is on, of how many: each launcher's way, and the refusals where they disagree.
+TEST(LaunchEnv, EachLaunchersNodeAndNodeCount) {
+  const Vars torchrun = {{"RANK", "3"},         {"WORLD_SIZE", "8"},     {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "29500"}};
+  LaunchEnv e = discover(torchrun);  // no GROUP_RANK: the rank over the processes per node
+  EXPECT_EQ(e.node, 1);
+  EXPECT_EQ(e.nodes, 4);
+  Vars g = torchrun;
+  g["GROUP_RANK"] = "2";  // torchrun's (and stepbench launch --nodes'): taken as it is
+  e = discover(g);
+  EXPECT_EQ(e.node, 2);
+  EXPECT_EQ(e.nodes, 4);
+  g["GROUP_RANK"] = "4";
+  EXPECT_NE(refusal(g).find("node 4 is outside the 4 nodes"), std::string::npos) << refusal(g);
+  g["GROUP_RANK"] = "1";
+  g["LOCAL_WORLD_SIZE"] = "3";  // 8 processes in nodes of 3
+  EXPECT_NE(refusal(g).find("8 processes do not fill nodes of 3"), std::string::npos) << refusal(g);
+  const Vars mpi = {{"OMPI_COMM_WORLD_RANK", "3"},
+                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  e = discover(mpi);
+  EXPECT_EQ(e.node, 1);
+  EXPECT_EQ(e.nodes, 2);
+  const Vars srun = {{"SLURM_PROCID", "5"},
+                     {"SLURM_STEP_NUM_TASKS", "6"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "2"},
+                     {"SLURM_NNODES", "3"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x3)"},
+                     {"SLURM_STEP_NODELIST", "g[1-3]"}};
+  e = discover(srun);
+  EXPECT_EQ(e.node, 2);
+  EXPECT_EQ(e.nodes, 3);
+  e = discover({{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "file:/tmp/x");  // no local variables: one node
+  EXPECT_EQ(e.node, 0);
+  EXPECT_EQ(e.nodes, 1);
+}
+
 TEST(LaunchEnv, SlurmsForms) {
   EXPECT_EQ(slurm_first_host("node[07-09,12],gpu1"), "node07");
   EXPECT_EQ(slurm_first_host("a1,a2"), "a1");
