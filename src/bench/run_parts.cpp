@@ -91,4 +91,20 @@ void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, doub
   }
 }
 
+void set_level_counters(benchmark::State& st, const std::vector<SyncLevel>& before, const std::vector<SyncLevel>& after,
+                        const ProcessGroup& group) {
+  if (after.empty() || before.size() != after.size()) return;
+  const double n = std::max<double>(1.0, static_cast<double>(st.iterations()));
+  std::vector<double> ms;
+  for (std::size_t i = 0; i < after.size(); ++i) ms.push_back((after[i].seconds - before[i].seconds) * 1e3 / n);
+  group.allreduce_max(ms);
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    const SyncLevel& l = after[i];
+    const double gb = (l.bytes - before[i].bytes) / n / 1e9;
+    st.counters[l.key + "_ms"] = ms[i];
+    st.counters[l.key + "_algbw_GB/s"] = ms[i] > 0 ? gb / (ms[i] / 1e3) : 0.0;
+    st.counters[l.key + "_busbw_GB/s"] = ms[i] > 0 ? gb * l.bus_factor / (ms[i] / 1e3) : 0.0;
+  }
+}
+
 }  // namespace stepbench

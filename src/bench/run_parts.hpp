@@ -66,5 +66,10 @@ bool init_google_benchmark(const BenchConfig& c, bool root, const char* argv0, B
 void list_names(const BenchConfig& c, const Towers& towers, const std::vector<Phase>& phases, const std::string& prefix,
                 const Feeder& feeder, bool data_step);
 void set_rate_counters(benchmark::State& st, Phase p, const Towers& towers, double images, const Flops& fl);
+// A sync in levels (Towers::sync_levels, before and after the timed loop): each level's host time
+// per iteration, the slowest process's (a collective: every process calls it), as `<key>_ms`, and
+// its `<key>_algbw_GB/s` and `<key>_busbw_GB/s` from this process's bytes.
+void set_level_counters(benchmark::State& st, const std::vector<SyncLevel>& before, const std::vector<SyncLevel>& after,
+                        const ProcessGroup& group);
 
 }  // namespace stepbench

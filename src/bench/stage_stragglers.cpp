@@ -59,6 +59,7 @@ std::string local_part(const Run& run, std::size_t keep) {
   for (int i = 0; i < t.size(); ++i) {
     const Backend& be = t.backend(i);
     towers.push_back({{"host", host},
+                      {"node", run.group.nodes() > 1 ? run.group.node() : -1},
                       {"device", be.device()},
                       {"bus_id", version_of(be, "pci_bus_id")},
                       {"uuid", version_of(be, "gpu_uuid")},
@@ -140,7 +141,7 @@ std::optional<Stragglers> gather_stragglers(Run& run) {
       in.towers.push_back({static_cast<int>(r) * in.towers_per_process + static_cast<int>(i), static_cast<int>(r),
                            t.at("device").get<int>(), t.at("host").get<std::string>(),
                            t.at("bus_id").get<std::string>(), t.at("uuid").get<std::string>(),
-                           t.at("state").get<std::string>()});
+                           t.at("state").get<std::string>(), t.value("node", -1)});
     }
   }
   // each process's last `calls` calls, paired from the end (the repetitions are the last calls)

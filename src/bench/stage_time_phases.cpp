@@ -73,6 +73,7 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       log.begin_call();
     }
     if (def->phase == Phase::step) run.step_samples.emplace_back();
+    const std::vector<SyncLevel> levels_before = towers.sync_levels();
     for (auto _ : st) {
       if (run.stop.stop_in_loop(st)) break;
       NvtxRange nv(name);
@@ -112,6 +113,8 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
     gpu.read(towers);
     gpu.report(st);
     set_rate_counters(st, def->phase, towers, run.images, run.flops);
+    if (def->phase == Phase::grad_sync || def->phase == Phase::step)
+      set_level_counters(st, levels_before, towers.sync_levels(), run.group);
   };
 }
 

@@ -164,7 +164,8 @@ StragglerReport analyze_stragglers(const StragglerInput& in_) {
 namespace {
 
 std::string where(const TowerId& t) {
-  std::string s = fmt::format("rank {}, {}", t.rank, t.host.empty() ? "this host" : t.host);
+  std::string s = fmt::format("rank {}, {}{}", t.rank, t.node >= 0 ? fmt::format("node {}, ", t.node) : "",
+                              t.host.empty() ? "this host" : t.host);
   if (t.device >= 0) s += fmt::format(", GPU {}", t.device);
   if (!t.bus_id.empty()) s += " " + t.bus_id;
   if (!t.uuid.empty()) s += " " + t.uuid;
@@ -221,6 +222,7 @@ nlohmann::json straggler_json(const StragglerInput& in, const StragglerReport& r
     const auto& id = in.towers[t];
     towers.push_back({{"tower", id.tower},
                       {"rank", id.rank},
+                      {"node", id.node},
                       {"host", id.host},
                       {"device", id.device},
                       {"pci_bus_id", id.bus_id},

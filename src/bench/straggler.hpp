@@ -28,6 +28,7 @@ struct TowerId {
   int device = 0;  // its GPU on the host (-1: the CPU)
   std::string host, bus_id, uuid;
   std::string state;  // the GPU's clocks, temperature, power and throttle reasons while it ran ("" none)
+  int node = -1;      // its process's node where the processes span several (ProcessGroup::node); -1: one
 };
 
 // One tower in one timed step, in ms since the step's start on that tower's process.

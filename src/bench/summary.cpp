@@ -164,6 +164,10 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
           "", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
                           static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(), t.bucket_count() == 1 ? "" : "s",
                           med(*gs->reps, "algbw_GB/s"), med(*gs->reps, "busbw_GB/s")));
+      for (const SyncLevel& l : t.sync_levels())  // the host's time per level, the slowest process's
+        out << labelled("", fmt::format("{}: {:.3f} ms, algbw {:.2f} GB/s, busbw {:.2f} GB/s", l.name,
+                                        med(*gs->reps, l.key + "_ms"), med(*gs->reps, l.key + "_algbw_GB/s"),
+                                        med(*gs->reps, l.key + "_busbw_GB/s")));
     }
   }
   if (step) {

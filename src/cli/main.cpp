@@ -162,7 +162,10 @@ int main(int argc, char** argv) {
       print_version();
       return 0;
     }
-    const LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, o.rendezvous, built_with_mpi());
+    LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, o.rendezvous, built_with_mpi());
+    if (o.procs_per_node > 0) split_nodes(env, o.procs_per_node);
+    // a peer that died: Gloo's write to it fails, and names it, instead of SIGPIPE ending this process
+    if (env.multi()) std::signal(SIGPIPE, SIG_IGN);
     group = ProcessGroup::create(env, o.sync_timeout_s);
     cli::resolve(o, group->local_size(), env.launcher == Launcher::stepbench);
     o.bench.run.gpu_sharing = share_gpus(o.bench.run, *group);

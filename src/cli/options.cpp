@@ -42,7 +42,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                              "images per step over all GPUs; must divide evenly by --gpus")
                   ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   bs->excludes(gbs);
-  add_enum(app, "--variable-update", b.run.variable_update, "replicated, parameter_server or independent");
+  add_enum(app, "--variable-update", b.run.variable_update,
+           "replicated, parameter_server, independent or distributed_all_reduce (replicated's all-reduce in two "
+           "levels: within each node, across the nodes, back within each node)");
   add_enum(app, "--optimizer", b.run.optimizer.kind, "momentum (0.9), sgd or rmsprop");
   app.add_option("--learning-rate", o.learning_rate, "optimizer learning rate")
       ->capture_default_str()
@@ -75,6 +77,10 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--rendezvous", o.rendezvous,
                  "processes without MPI meet at file:PATH (a folder all can write) or tcp://HOST:PORT (rank 0 "
                  "listens) [default: the launcher's: stepbench launch, torchrun's MASTER_ADDR, srun's first node]");
+  app.add_option("--procs-per-node", o.procs_per_node,
+                 "every K consecutive ranks act as one node, whatever the launcher says (to pose as several nodes on "
+                 "one machine, e.g. under mpirun) [default: the launcher's nodes]")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--ranks-per-gpu", o.ranks_per_gpu,
                  "cuda: towers (NCCL ranks) sharing each GPU, to run the multi-rank path on fewer GPUs; not scaling "
                  "figures [default: 1; under stepbench launch, as many as the processes need]")

@@ -25,6 +25,7 @@ struct Options {
   bool ps_on_cpu = false;  // --ps-device cpu
   double sync_timeout_s = 600.0;
   std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
+  int procs_per_node = 0;  // --procs-per-node: consecutive ranks that act as one node; 0: the launcher's nodes
   std::string slow_tower;  // --slow-tower T:FACTOR or T:Nms ("": none); resolve() types it into bench
   int ranks_per_gpu = 0;   // --ranks-per-gpu; 0: not given
   int workspace_mb = 512;

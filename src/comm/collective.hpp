@@ -12,6 +12,17 @@
 
 namespace stepbench {
 
+// One level of a collective done in several (--variable-update distributed_all_reduce), timed on
+// the host over every call since the collective was made.
+struct SyncLevel {
+  std::string key;        // for counters and --json: "node_reduce_scatter"
+  std::string name;       // "reduce-scatter within each node"
+  double seconds = 0;     // summed over the calls
+  double bytes = 0;       // summed: what nccl-tests' algbw divides by the time
+  double bus_factor = 0;  // nccl-tests' for the level's collective over its processes
+  long calls = 0;
+};
+
 class Collective {
  public:
   virtual ~Collective() = default;
@@ -29,6 +40,8 @@ class Collective {
   virtual void reduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
   // Copy tower 0's range to every other tower.
   virtual void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
+  // The levels of allreduce_average, in order, where it runs in several; empty otherwise.
+  virtual std::vector<SyncLevel> levels() const { return {}; }
 };
 
 // Runs `fn` on a thread of its own and waits at most `seconds` for it: true when it returned in time.
@@ -37,9 +50,14 @@ class Collective {
 bool run_within(std::function<void()> fn, double seconds);
 
 // Towers whose memory the host can address (the cpu backend): sums on tower 0's backend, then,
-// across the processes of `group` (when it has more than one), with MPI on tower 0's buffer. Runs
-// to completion on the calling thread.
-std::unique_ptr<Collective> make_host_collective(Backend& tower0, int local_towers, const ProcessGroup& group);
+// across the processes of `group` (when it has more than one), with MPI or Gloo on tower 0's
+// buffer. Runs to completion on the calling thread. two_level: the all-reduce across processes in
+// the group's levels (ProcessGroup::within_node, across_nodes), as tf_cnn_benchmarks'
+// distributed_all_reduce: a reduce-scatter within each node (one reduce per shard, each onto the
+// process that owns it), an all-reduce of each shard across the nodes among the processes that own
+// it, and an all-gather back within each node (one broadcast per shard); each level timed (levels()).
+std::unique_ptr<Collective> make_host_collective(Backend& tower0, int local_towers, const ProcessGroup& group,
+                                                 bool two_level = false);
 
 // NCCL over the towers' GPUs, one rank per tower, its collectives enqueued on `streams` (one per
 // tower, made by that tower's backend). The towers of every process of `group` form one

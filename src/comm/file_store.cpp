@@ -96,8 +96,8 @@ class FileStore final : public Store {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
       const std::string n = e.path().filename().string();
-      if (n == "lock" || n.rfind("stepbench%2F", 0) == 0 || n.rfind("gloo%2F", 0) == 0 ||
-          n.rfind("gloo-live%2F", 0) == 0)
+      if (n == "lock" || n.rfind("stepbench%2F", 0) == 0 ||
+          (n.rfind("gloo", 0) == 0 && n.find("%2F") != std::string::npos))
         fs::remove(e.path(), ec);
     }
     fs::remove(dir_, ec);  // only when empty

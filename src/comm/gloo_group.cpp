@@ -129,24 +129,26 @@ class GlooTransport final : public Transport {
   void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) override {
     allreduce(pg, "the gradient all-reduce (Gloo)", data, count, &gloo::sum<float>);
   }
-  void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) override {
-    run(pg, "the gradient reduce to the parameter server (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
-      gloo::ReduceOptions o(c);
-      o.setOutput(data, count);
-      o.setRoot(0);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-      o.setTimeout(t);
-      gloo::reduce(o);
-    });
+  void reduce_sum_to(const ProcessGroup& pg, float* data, std::size_t count, int root) override {
+    run(pg, root == 0 ? "the gradient reduce to the parameter server (Gloo)" : "a gradient reduce (Gloo)",
+        [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+          gloo::ReduceOptions o(c);
+          o.setOutput(data, count);
+          o.setRoot(root);
+          o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+          o.setTimeout(t);
+          gloo::reduce(o);
+        });
   }
-  void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) override {
-    run(pg, "a broadcast from process 0 (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
-      gloo::BroadcastOptions o(c);
-      o.setOutput(static_cast<char*>(data), bytes);
-      o.setRoot(0);
-      o.setTimeout(t);
-      gloo::broadcast(o);
-    });
+  void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes, int root) override {
+    run(pg, root == 0 ? "a broadcast from process 0 (Gloo)" : "a broadcast (Gloo)",
+        [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+          gloo::BroadcastOptions o(c);
+          o.setOutput(static_cast<char*>(data), bytes);
+          o.setRoot(root);
+          o.setTimeout(t);
+          gloo::broadcast(o);
+        });
   }
   void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) override {
     run(pg, "an all-gather (Gloo)", [&](const std::shared_ptr<gloo::Context>& c, auto t) {
@@ -156,6 +158,19 @@ class GlooTransport final : public Transport {
       o.setTimeout(t);
       gloo::allgather(o);
     });
+  }
+  // Every rank's ints, rank after rank, before a group exists (the levels' check while joining).
+  std::vector<int> allgather_ints(int rank, int size, double timeout_s, std::vector<int> mine) {
+    std::vector<int> all(mine.size() * static_cast<std::size_t>(size));
+    run("an all-gather while joining (Gloo)", rank, size, timeout_s,
+        [&](const std::shared_ptr<gloo::Context>& c, auto t) {
+          gloo::AllgatherOptions o(c);
+          o.setInput(mine.data(), mine.size());
+          o.setOutput(all.data(), all.size());
+          o.setTimeout(t);
+          gloo::allgather(o);
+        });
+    return all;
   }
   void barrier(int rank, int size, double timeout_s) {
     run("a barrier (Gloo)", rank, size, timeout_s, [&](const std::shared_ptr<gloo::Context>& c, auto t) {
@@ -183,7 +198,8 @@ class GlooTransport final : public Transport {
   }
   template <class F>
   void run(const ProcessGroup& pg, const char* what, F&& f) {
-    run(what, pg.rank(), pg.size(), pg.sync_timeout(), std::forward<F>(f), &pg);
+    const std::string w = pg.level_name().empty() ? std::string(what) : fmt::format("{} {}", what, pg.level_name());
+    run(w.c_str(), pg.world_rank(), pg.world_size(), pg.sync_timeout(), std::forward<F>(f), &pg);
   }
   template <class F>
   void run(const char* what, int rank, int size, double limit, F&& f, const ProcessGroup* pg = nullptr) {
@@ -312,8 +328,8 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s) {
   }
   // Gloo waits up to 5 x its timeout for a pair to connect: a fifth while connecting, so that a
   // stalled peer ends the meeting within the timeout
-  const auto mesh = [&](const char* prefix) {
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.size);
+  const auto mesh = [&](const std::string& prefix, int rank, int size) {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(timeout_s > 0 ? as_timeout(std::max(timeout_s / 5, 1.0)) : as_timeout(0));
     GlooStore gs(*store, timeout_s, prefix);
     try {
@@ -326,9 +342,23 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s) {
     ctx->setTimeout(as_timeout(timeout_s));
     return ctx;
   };
-  auto ctx = mesh("gloo/");
-  auto live = mesh("gloo-live/");
+  auto ctx = mesh("gloo/", env.rank, env.size);
+  auto live = mesh("gloo-live/", env.rank, env.size);
   auto t = std::make_unique<GlooTransport>(ctx, live);
+  j.node = env.node;
+  j.nodes = env.nodes;
+  // the two levels, each its own pair of meshes, where several nodes have several processes each
+  const std::vector<int> pairs = t->allgather_ints(env.rank, env.size, timeout_s, {env.node, env.local_rank});
+  auto [within, across] = level_members(pairs, env.node, env.local_rank, env.nodes, env.local_size, j.levels_why);
+  if (!within.empty() && env.local_size > 1 && env.nodes > 1) {
+    const std::string in = fmt::format("gloo-node{}", env.node), out = fmt::format("gloo-across{}", env.local_rank);
+    j.within = std::make_unique<GlooTransport>(mesh(in + "/", env.local_rank, env.local_size),
+                                               mesh(in + "-live/", env.local_rank, env.local_size));
+    j.across = std::make_unique<GlooTransport>(mesh(out + "/", env.node, env.nodes),
+                                               mesh(out + "-live/", env.node, env.nodes));
+    j.within_ranks = std::move(within);
+    j.across_ranks = std::move(across);
+  }
   t->barrier(env.rank, env.size, timeout_s);  // every rank is connected: the store has served its purpose
   if (env.rank == 0) store->clear();
   j.transport = std::move(t);

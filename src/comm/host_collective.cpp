@@ -1,4 +1,8 @@
+// The cpu backend's collective: host memory between one process's towers, MPI or Gloo between the
+// processes, flat or in two levels.
 #include <fmt/format.h>
+
+#include <chrono>
 
 #include "comm/collective.hpp"
 
@@ -13,15 +17,29 @@ TensorDesc flat(std::size_t count) {
 // mpirun, across the processes with MPI on tower 0's buffer.
 class HostCollective final : public Collective {
  public:
-  HostCollective(Backend& be, int local, const ProcessGroup& group)
-      : be_(be), group_(group), local_(local), procs_(group.size()) {}
+  HostCollective(Backend& be, int local, const ProcessGroup& group, bool two_level)
+      : be_(be), group_(group), local_(local), procs_(group.size()), two_level_(two_level) {
+    if (!two_level_) return;
+    const double in = group.within_node().size(), across = group.across_nodes().size();
+    levels_ = {{"node_reduce_scatter", "reduce-scatter within each node", 0, 0, (in - 1) / in, 0},
+               {"cross_node_all_reduce", "all-reduce across the nodes", 0, 0, 2 * (across - 1) / across, 0},
+               {"node_all_gather", "all-gather within each node", 0, 0, (in - 1) / in, 0}};
+  }
   std::string name() const override {
+    if (procs_ > 1 && two_level_)
+      return fmt::format("{} in two levels ({} node{} x {} process{}) + host memory", group_.transport_name(),
+                         group_.across_nodes().size(), group_.across_nodes().size() == 1 ? "" : "s",
+                         group_.within_node().size(), group_.within_node().size() == 1 ? "" : "es");
     return procs_ > 1 ? fmt::format("{} over {} processes + host memory", group_.transport_name(), procs_)
                       : "host memory";
   }
+  std::vector<SyncLevel> levels() const override { return procs_ > 1 ? levels_ : std::vector<SyncLevel>{}; }
   void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
     local_sum(bufs, off, count);
-    if (procs_ > 1) group_.allreduce_sum(bufs[0] + off, count);
+    if (procs_ > 1 && two_level_)
+      two_level_sum(bufs[0] + off, count);
+    else if (procs_ > 1)
+      group_.allreduce_sum(bufs[0] + off, count);
     be_.scale(be_.default_stream(), bufs[0] + off, 1.0f / static_cast<float>(local_ * procs_), count);
     local_copy(bufs, off, count);
   }
@@ -46,15 +64,52 @@ class HostCollective final : public Collective {
     auto& s = be_.default_stream();
     for (std::size_t i = 1; i < bufs.size(); ++i) be_.copy(s, bufs[i] + off, bufs[0] + off, count * sizeof(float));
   }
+  // Shard s of a bucket of n floats: [n s / L, n (s + 1) / L) for the L processes of a node.
+  static std::pair<std::size_t, std::size_t> shard(std::size_t n, int s, int parts) {
+    const auto b = n * static_cast<std::size_t>(s) / static_cast<std::size_t>(parts);
+    return {b, n * static_cast<std::size_t>(s + 1) / static_cast<std::size_t>(parts) - b};
+  }
+  template <class F>
+  void timed(std::size_t level, double bytes, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    SyncLevel& l = levels_[level];
+    l.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    l.bytes += bytes;
+    ++l.calls;
+  }
+  void two_level_sum(float* p, std::size_t n) {
+    const ProcessGroup& in = group_.within_node();
+    const ProcessGroup& across = group_.across_nodes();
+    const int parts = in.size();
+    const double all = static_cast<double>(n * sizeof(float));
+    timed(0, all, [&] {
+      for (int s = 0; s < parts; ++s) {
+        const auto [b, k] = shard(n, s, parts);
+        in.reduce_sum_to(p + b, k, s);
+      }
+    });
+    const auto [mb, mk] = shard(n, in.rank(), parts);
+    timed(1, static_cast<double>(mk * sizeof(float)), [&] { across.allreduce_sum(p + mb, mk); });
+    timed(2, all, [&] {
+      for (int s = 0; s < parts; ++s) {
+        const auto [b, k] = shard(n, s, parts);
+        in.broadcast_from(p + b, k, s);
+      }
+    });
+  }
   Backend& be_;
   const ProcessGroup& group_;
   int local_, procs_;
+  bool two_level_;
+  std::vector<SyncLevel> levels_;
 };
 
 }  // namespace
 
-std::unique_ptr<Collective> make_host_collective(Backend& tower0, int local_towers, const ProcessGroup& group) {
-  return std::make_unique<HostCollective>(tower0, local_towers, group);
+std::unique_ptr<Collective> make_host_collective(Backend& tower0, int local_towers, const ProcessGroup& group,
+                                                 bool two_level) {
+  return std::make_unique<HostCollective>(tower0, local_towers, group, two_level);
 }
 
 }  // namespace stepbench

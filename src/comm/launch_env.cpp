@@ -230,6 +230,19 @@ int slurm_tasks_on_node(const std::string& s, int node) {
   throw UsageError(fmt::format("SLURM_NODEID={} is past the nodes of SLURM_STEP_TASKS_PER_NODE={}", node, s));
 }
 
+void split_nodes(LaunchEnv& e, int per) {
+  if (per < 1 || e.size % per != 0)
+    throw UsageError(
+        fmt::format("--procs-per-node {}: the {} process{} do not split into nodes of {}; give a divisor "
+                    "of {}",
+                    per, e.size, e.size == 1 ? "" : "es", per, e.size));
+  e.local_size = per;
+  e.local_rank = e.rank % per;
+  e.node = e.rank / per;
+  e.nodes = e.size / per;
+  e.nodes_given = true;
+}
+
 LaunchEnv discover_launch(const EnvLookup& env, const std::string& flag, bool with_mpi) {
   LaunchEnv e;
   const std::string who = text(env, "STEPBENCH_LAUNCHER");

@@ -47,7 +47,12 @@ struct LaunchEnv {
   // The variables the rank and size came from (for messages: "RANK=1 WORLD_SIZE=2").
   std::string source;
   bool multi() const { return size > 1 || launcher != Launcher::none; }
+  bool nodes_given = false;  // split_nodes set the nodes: MPI keeps them rather than finding its own
 };
+
+// --procs-per-node K: every K consecutive ranks act as one node (local rank = rank mod K), whatever
+// the launcher said. UsageError when K does not divide the processes.
+void split_nodes(LaunchEnv& e, int per_node);
 
 // A lookup of the environment: the value, or nullptr when the variable is not set.
 using EnvLookup = std::function<const char*(const char*)>;

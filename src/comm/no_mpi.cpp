@@ -7,7 +7,7 @@ namespace stepbench {
 
 bool built_with_mpi() { return false; }
 
-Joined join_mpi(double) {
+Joined join_mpi(const LaunchEnv&, double) {
   throw UsageError(
       "stepbench was launched by mpirun but built without MPI (configure with -DSTEPBENCH_MPI=ON), or give "
       "--rendezvous file:PATH to meet through Gloo");

@@ -19,20 +19,98 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& env, double 
   auto pg = std::make_unique<ProcessGroup>();
   pg->set_sync_timeout(timeout_s);
   if (!env.multi()) return pg;
-  Joined j = env.rendezvous == "mpi" ? join_mpi(timeout_s) : join_gloo(env, timeout_s);
+  Joined j = env.rendezvous == "mpi" ? join_mpi(env, timeout_s) : join_gloo(env, timeout_s);
   pg->rank_ = j.rank;
   pg->size_ = j.size;
   pg->local_rank_ = j.local_rank;
   pg->local_size_ = j.local_size;
-  pg->node_ = env.node;
-  pg->nodes_ = env.nodes;
+  pg->node_ = j.node;
+  pg->nodes_ = j.nodes;
   pg->threads_ok_ = j.threads_ok;
   pg->mpi_ = env.rendezvous == "mpi";
   pg->launcher_ = std::string(to_string(env.launcher));
   pg->t_ = std::move(j.transport);
   pg->peers_ = std::move(j.peers);
   SB_CHECK(pg->peers_.size() == static_cast<std::size_t>(pg->size_), "the transport names every rank");
+  pg->levels_why_ = j.levels_why;
+  if (!j.within_ranks.empty()) {
+    pg->within_ = level(*pg, std::move(j.within), j.within_ranks, fmt::format("within node {}", pg->node_));
+    pg->across_ = level(*pg, std::move(j.across), j.across_ranks, "across the nodes");
+  }
+  pg->alone_ = std::make_unique<ProcessGroup>();
+  pg->alone_->world_ = {pg->rank_};
+  pg->alone_->world_size_ = pg->size_;
+  pg->alone_->peers_ = {pg->peers_[static_cast<std::size_t>(pg->rank_)]};
   return pg;
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::level(const ProcessGroup& whole, std::unique_ptr<Transport> t,
+                                                  const std::vector<int>& members, std::string name) {
+  auto l = std::make_unique<ProcessGroup>();
+  l->level_name_ = std::move(name);
+  l->size_ = static_cast<int>(members.size());
+  l->rank_ = static_cast<int>(std::find(members.begin(), members.end(), whole.rank_) - members.begin());
+  SB_CHECK(l->rank_ < l->size_, "a level holds its process");
+  l->local_rank_ = l->rank_;
+  l->local_size_ = l->size_;
+  l->threads_ok_ = whole.threads_ok_;
+  l->mpi_ = whole.mpi_;
+  l->launcher_ = whole.launcher_;
+  l->world_ = members;
+  l->world_size_ = whole.size_;
+  l->peers_.clear();
+  for (int r : members) l->peers_.push_back(whole.peers_[static_cast<std::size_t>(r)]);
+  l->timeout_s_ = whole.timeout_s_.load();
+  l->t_ = std::move(t);  // null for a level of one
+  return l;
+}
+
+// Without levels of their own: one node is the whole group within it and this process alone across;
+// one process per node (or no levels) this process alone within and the whole group across.
+const ProcessGroup& ProcessGroup::within_node() const {
+  if (within_) return *within_;
+  if (nodes_ == 1 && levels_why_.empty()) return *this;
+  return alone_ ? *alone_ : *this;
+}
+
+const ProcessGroup& ProcessGroup::across_nodes() const {
+  if (across_) return *across_;
+  if (nodes_ == 1 && levels_why_.empty() && alone_) return *alone_;
+  return *this;
+}
+
+void ProcessGroup::set_sync_timeout(double seconds) {
+  timeout_s_ = seconds;
+  for (ProcessGroup* l : {within_.get(), across_.get()})
+    if (l) l->set_sync_timeout(seconds);
+}
+
+std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<int>& pairs, int node, int local_rank,
+                                                            int nodes, int local_size, std::string& why) {
+  const std::size_t n = pairs.size() / 2;
+  std::vector<int> where(static_cast<std::size_t>(nodes * local_size), -1);  // (node, local) -> rank
+  for (std::size_t r = 0; r < n; ++r) {
+    const int nd = pairs[2 * r], lr = pairs[2 * r + 1];
+    if (nd < 0 || nd >= nodes || lr < 0 || lr >= local_size) {
+      why = fmt::format("rank {} is local rank {} of node {}, outside {} nodes of {} processes", r, lr, nd, nodes,
+                        local_size);
+      return {};
+    }
+    int& slot = where[static_cast<std::size_t>(nd * local_size + lr)];
+    if (slot >= 0) {
+      why = fmt::format("ranks {} and {} are both local rank {} of node {}", slot, r, lr, nd);
+      return {};
+    }
+    slot = static_cast<int>(r);
+  }
+  if (n != where.size()) {
+    why = fmt::format("{} processes do not fill {} nodes of {}", n, nodes, local_size);
+    return {};
+  }
+  std::vector<int> within, across;
+  for (int l = 0; l < local_size; ++l) within.push_back(where[static_cast<std::size_t>(node * local_size + l)]);
+  for (int d = 0; d < nodes; ++d) across.push_back(where[static_cast<std::size_t>(d * local_size + local_rank)]);
+  return {within, across};
 }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -40,6 +118,8 @@ ProcessGroup::~ProcessGroup() = default;
 std::string ProcessGroup::transport_name() const { return t_ ? t_->name() : ""; }
 
 void ProcessGroup::abort(int code) const {
+  for (const ProcessGroup* l : {within_.get(), across_.get()})  // peers waiting in a level fail at once too
+    if (l && !mpi_) l->abort(code);
   if (t_ && size_ > 1) t_->abort(code);
 }
 
@@ -56,16 +136,16 @@ void ProcessGroup::allreduce_sum(float* data, std::size_t count) const {
   if (t_ && size_ > 1) t_->allreduce_sum(*this, data, count);
 }
 
-void ProcessGroup::reduce_sum_to_root(float* data, std::size_t count) const {
-  if (t_ && size_ > 1) t_->reduce_sum_to_root(*this, data, count);
+void ProcessGroup::reduce_sum_to(float* data, std::size_t count, int root) const {
+  if (t_ && size_ > 1) t_->reduce_sum_to(*this, data, count, root);
 }
 
-void ProcessGroup::broadcast_from_root(float* data, std::size_t count) const {
-  broadcast_bytes_from_root(data, count * sizeof(float));
+void ProcessGroup::broadcast_from(float* data, std::size_t count, int root) const {
+  if (t_ && size_ > 1) t_->broadcast_bytes(*this, data, count * sizeof(float), root);
 }
 
 void ProcessGroup::broadcast_bytes_from_root(void* data, std::size_t bytes) const {
-  if (t_ && size_ > 1) t_->broadcast_bytes(*this, data, bytes);
+  if (t_ && size_ > 1) t_->broadcast_bytes(*this, data, bytes, 0);
 }
 
 std::string ProcessGroup::silent_ranks(double window_s) const {
@@ -82,7 +162,8 @@ std::string ProcessGroup::silent_ranks(double window_s) const {
 std::string ProcessGroup::name_ranks(const std::vector<int>& ranks) const {
   std::string s;
   for (int r : ranks) {
-    s += (s.empty() ? "" : ", ") + std::to_string(r);
+    const bool in_level = r >= 0 && static_cast<std::size_t>(r) < world_.size();
+    s += (s.empty() ? "" : ", ") + std::to_string(in_level ? world_[static_cast<std::size_t>(r)] : r);
     if (r >= 0 && static_cast<std::size_t>(r) < peers_.size() && peers_[static_cast<std::size_t>(r)].pid > 0) {
       const PeerInfo& p = peers_[static_cast<std::size_t>(r)];
       s += fmt::format(" (pid {}{})", p.pid, p.host.empty() ? "" : " on " + p.host);

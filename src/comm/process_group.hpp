@@ -58,8 +58,10 @@ class ProcessGroup {
   double allreduce_max(double v) const;
   void allreduce_max(std::vector<double>& v) const;  // element by element
   void allreduce_sum(float* data, std::size_t count) const;
-  void reduce_sum_to_root(float* data, std::size_t count) const;
-  void broadcast_from_root(float* data, std::size_t count) const;
+  void reduce_sum_to_root(float* data, std::size_t count) const { reduce_sum_to(data, count, 0); }
+  void reduce_sum_to(float* data, std::size_t count, int root) const;  // the sum on `root` alone
+  void broadcast_from_root(float* data, std::size_t count) const { broadcast_from(data, count, 0); }
+  void broadcast_from(float* data, std::size_t count, int root) const;
   void broadcast_bytes_from_root(void* data, std::size_t bytes) const;  // e.g. NCCL's unique id
   // Every rank's values, rank after rank (each rank gives the same count).
   std::vector<double> allgather(const std::vector<double>& mine) const;
@@ -71,8 +73,24 @@ class ProcessGroup {
   std::string silent_ranks(double window_s) const;
   // "rank 1 (pid 4242 on node7)", "ranks 1 (pid ...), 3 (pid ...)"; "" for none.
   std::string name_ranks(const std::vector<int>& ranks) const;
-  // Seconds a collective may take (--sync-timeout-s); 0 waits forever. Default 600.
-  void set_sync_timeout(double seconds) { timeout_s_ = seconds; }
+  // The two levels of a group spread over nodes (--variable-update distributed_all_reduce): the
+  // processes of this node (rank local_rank() of local_size() there) and those of every node that
+  // share this process's local rank (rank node() of nodes() there). A level of one process is a
+  // group of one. has_levels() is false where the processes do not fill whole, equal nodes
+  // (levels_why() says how); the levels are then this process alone and the whole group.
+  bool has_levels() const { return levels_why_.empty(); }
+  const std::string& levels_why() const { return levels_why_; }
+  const ProcessGroup& within_node() const;
+  const ProcessGroup& across_nodes() const;
+  // This process's rank in the whole group (a level's rank() is its rank in the level), and the
+  // whole group's size: what messages name.
+  int world_rank() const { return world_.empty() ? rank_ : world_[static_cast<std::size_t>(rank_)]; }
+  int world_size() const { return world_size_ > 0 ? world_size_ : size_; }
+  // For messages: "within node 1", "across the nodes"; "" for the whole group.
+  const std::string& level_name() const { return level_name_; }
+  // Seconds a collective may take (--sync-timeout-s); 0 waits forever. Default 600. Set on the whole
+  // group, it holds for its levels too.
+  void set_sync_timeout(double seconds);
   double sync_timeout() const { return timeout_s_.load(); }
 
  private:
@@ -83,6 +101,13 @@ class ProcessGroup {
   std::vector<PeerInfo> peers_;
   std::unique_ptr<Transport> t_;  // null for a single process
   std::atomic<double> timeout_s_{600.0};
+  std::unique_ptr<ProcessGroup> within_, across_, alone_;  // the levels; alone_: this process, for a level of one
+  std::string levels_why_;
+  std::vector<int> world_;  // a level's members as ranks of the whole group (empty for the whole group)
+  int world_size_ = 0;
+  std::string level_name_;
+  static std::unique_ptr<ProcessGroup> level(const ProcessGroup& whole, std::unique_ptr<Transport> t,
+                                             const std::vector<int>& members, std::string name);
 };
 
 // What this build can carry between processes.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/launch_env.hpp"
@@ -21,8 +22,8 @@ class Transport {
   virtual void abort(int code) = 0;
   virtual void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) = 0;
   virtual void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) = 0;
-  virtual void reduce_sum_to_root(const ProcessGroup& pg, float* data, std::size_t count) = 0;
-  virtual void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes) = 0;
+  virtual void reduce_sum_to(const ProcessGroup& pg, float* data, std::size_t count, int root) = 0;
+  virtual void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes, int root) = 0;
   // Every rank's `bytes` bytes, in rank order, into all (size() x bytes).
   virtual void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) = 0;
   // After a timeout: the ranks that did not answer a token within window_s (every rank that is still
@@ -34,12 +35,27 @@ class Transport {
 struct Joined {
   std::unique_ptr<Transport> transport;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
-  bool threads_ok = true;  // the collectives may be called from a communication thread
+  int node = 0, nodes = 1;  // Gloo: the launcher's (LaunchEnv); MPI: its shared-memory split
+  bool threads_ok = true;   // the collectives may be called from a communication thread
   std::vector<PeerInfo> peers;
+  // The two levels (ProcessGroup::within_node, across_nodes), made when the processes fill several
+  // nodes of more than one process each: the transports and their members' ranks in the whole
+  // group, in the level's rank order. Otherwise null, and `levels_why` may say why not.
+  std::unique_ptr<Transport> within, across;
+  std::vector<int> within_ranks, across_ranks;
+  std::string levels_why;
 };
 
-// MPI_Init (MPI_THREAD_SERIALIZED) and the node split; UsageError when built without MPI.
-Joined join_mpi(double timeout_s);
+// The members of this process's two levels from every rank's (node, local rank), rank after rank:
+// {within its node in local-rank order, across nodes with its local rank in node order}. Empty with
+// `why` set when they do not form whole, equal nodes (a pair given twice, a node short of processes).
+std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<int>& node_local_pairs, int node,
+                                                            int local_rank, int nodes, int local_size,
+                                                            std::string& why);
+
+// MPI_Init (MPI_THREAD_SERIALIZED) and the node split (shared memory, or env's when nodes_given);
+// UsageError when built without MPI.
+Joined join_mpi(const LaunchEnv& env, double timeout_s);
 // The store's rendezvous, then Gloo's full mesh over TCP; UsageError when built without Gloo.
 Joined join_gloo(const LaunchEnv& env, double timeout_s);
 

@@ -69,7 +69,16 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
   coll_->check();
 }
 
+namespace {
+constexpr const char* kTwoLevelsOnCpuOnly =
+    "--variable-update distributed_all_reduce runs on CPU towers so far: on GPUs its NCCL communicators split by "
+    "node are not built yet; use --variable-update replicated (NCCL's rings and trees cross nodes themselves) or "
+    "--backend cpu";
+}  // namespace
+
 void check_sync_options(const TowerOptions& o) {
+  if (o.variable_update == VariableUpdate::distributed_all_reduce && o.backend == BackendKind::cuda)
+    throw UnsupportedError(kTwoLevelsOnCpuOnly);
   if (o.ps_on_host && o.variable_update != VariableUpdate::parameter_server)
     throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
   if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
@@ -102,6 +111,14 @@ std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTow
 std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const SyncTowers& t) {
   switch (o.variable_update) {
     case VariableUpdate::replicated: return make_replicated_sync(t, make_collective(o, t));
+    case VariableUpdate::distributed_all_reduce:
+      if (o.backend != BackendKind::cpu) throw UnsupportedError(kTwoLevelsOnCpuOnly);
+      if (!t.group.has_levels())
+        throw UsageError(
+            fmt::format("--variable-update distributed_all_reduce needs every node to have the same "
+                        "number of processes: {}; launch as many on each node, or use replicated",
+                        t.group.levels_why()));
+      return make_replicated_sync(t, make_host_collective(*t.towers[0]->be, o.towers, t.group, true));
     case VariableUpdate::parameter_server:
       return o.ps_on_host ? make_host_server_sync(t, o.optimizer) : make_device_server_sync(t, make_collective(o, t));
     case VariableUpdate::independent: return make_independent_sync(t);

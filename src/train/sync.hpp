@@ -5,7 +5,8 @@
 //   parameter_server  (sync_parameter_server.cpp) every bucket is reduced (averaged) onto the server,
 //                     tower 0 of process 0, which alone updates and broadcasts the variables; with
 //                     ps_on_host the server is host memory, updated by the cpu backend;
-//   independent       (sync_independent.cpp) nothing moves, every tower updates its own.
+//   independent       (sync_independent.cpp) nothing moves, every tower updates its own;
+//   distributed_all_reduce  replicated's sync over a two-level host collective (make_host_collective).
 // Towers decides when buckets go (as backward produces them, or after it; on a communication
 // thread when the sync runs on the host); the GradientSync decides what a bucket's sync and the
 // update do. Internal to src/train.
@@ -68,6 +69,8 @@ class GradientSync {
   virtual void wait_for(Backend& be, Stream& s) const { be.synchronize(s); }
   // UsageError naming what to change when a CUDA Graph cannot capture this sync's work.
   virtual void check_capturable() const {}
+  // The collective's levels where it runs in several (Collective::levels).
+  virtual std::vector<SyncLevel> levels() const { return {}; }
 };
 
 // The modes that average through a Collective (replicated; parameter_server on tower 0): host
@@ -83,6 +86,7 @@ class CollectiveSync : public GradientSync {
   void sync_bucket(std::size_t k) override;
   void synchronize() const override;
   void wait_for(Backend& be, Stream& s) const override;
+  std::vector<SyncLevel> levels() const override { return coll_ ? coll_->levels() : std::vector<SyncLevel>{}; }
 
  protected:
   // The mode's collective on one bucket: `count` floats at `off` of every tower's gradients.

@@ -289,6 +289,7 @@ void Towers::step() {
 std::string Towers::sync_name() const { return sync_->name(); }
 std::size_t Towers::sync_bytes() const { return sync_->bytes(); }
 double Towers::bus_factor() const { return sync_->bus_factor(); }
+std::vector<SyncLevel> Towers::sync_levels() const { return sync_->levels(); }
 
 float Towers::loss(int tower) const { return graph(tower).loss(stream(tower)); }
 

@@ -6,7 +6,9 @@
 //   parameter_server  gradients are reduced (averaged) onto the server (tower 0 of process 0, or
 //                     host memory with ps_on_host), which updates the variables and broadcasts
 //                     them back to every tower;
-//   independent       no synchronisation: each tower trains on its own.
+//   independent       no synchronisation: each tower trains on its own;
+//   distributed_all_reduce  replicated's all-reduce in two levels across processes: within each
+//                     node, across the nodes, back within each node (CPU towers so far).
 // Each mode is a GradientSync (train/sync.hpp), chosen once by the constructor.
 // Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
 // execution order, so the first bucket is the first one backward finishes).
@@ -31,11 +33,12 @@ class CommThread;    // comm/comm_thread.hpp
 class GradientSync;  // train/sync.hpp
 struct Replica;      // train/tower_parts.hpp
 
-enum class VariableUpdate { replicated, parameter_server, independent };
+enum class VariableUpdate { replicated, parameter_server, independent, distributed_all_reduce };
 constexpr auto enum_names(VariableUpdate) {
-  return std::array<EnumName<VariableUpdate>, 3>{{{VariableUpdate::replicated, "replicated"},
+  return std::array<EnumName<VariableUpdate>, 4>{{{VariableUpdate::replicated, "replicated"},
                                                   {VariableUpdate::parameter_server, "parameter_server"},
-                                                  {VariableUpdate::independent, "independent"}}};
+                                                  {VariableUpdate::independent, "independent"},
+                                                  {VariableUpdate::distributed_all_reduce, "distributed_all_reduce"}}};
 }
 
 struct TowerOptions {
@@ -197,6 +200,9 @@ class Towers {
   // Gradient synchronisation: what one grad_sync moves, and nccl-tests' bus-bandwidth factor for
   // the collective the mode uses (allreduce 2(n-1)/n, reduce 1), 0 when nothing moves.
   std::size_t sync_bytes() const;
+  // The levels of a sync done in several (distributed_all_reduce), timed on the host since the towers
+  // were made (Collective::levels); empty otherwise.
+  std::vector<SyncLevel> sync_levels() const;
   std::size_t bucket_count() const { return buckets_.size(); }
   const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }  // (offset, floats)
   // How many buckets the last grad_sync() found already started during backward.

@@ -1009,6 +1009,20 @@ class Mpi(unittest.TestCase):
         self.assertIn("--sync-timeout-s", out)
         self.assertLess(secs, 60, f"took {secs:.0f} s: the other process was not ended\n{out}")
 
+    def test_two_levels_with_a_node_split(self):
+        # mpirun on one machine: --procs-per-node 2 makes 4 processes 2 nodes; MPI splits its communicator
+        p = subprocess.run([*MPIRUN[:-1], "4", STEPBENCH, *TINY, "--phases", "step,grad_sync", "--variable-update",
+                            "distributed_all_reduce", "--procs-per-node", "2"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **MPI_ENV})
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("2 nodes x 2 processes (MPI, started by mpirun)", out)
+        self.assertRegex(out, r"grad_sync: +over MPI in two levels \(2 nodes x 2 processes\) \+ host memory")
+        self.assertRegex(out, r"all-reduce across the nodes: [0-9.]+ ms, algbw")
+        rc, out, _ = self.mpirun(*TINY, "--procs-per-node", "3")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--procs-per-node 3: the 2 processes do not split into nodes of 3", out)
+
     def test_a_killed_process_ends_the_run_naming_it(self):
         # process 1 is killed (SIGKILL) mid-run: the other ends too, within the timeout, and the output
         # names the rank that died (mpirun notices the death and ends the job)
@@ -1232,6 +1246,36 @@ class Launch(unittest.TestCase):
                            text=True, timeout=60, env=env)
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("node 2 is outside the 2 nodes", p.stderr)
+
+    def test_two_levels_on_two_nodes_and_a_rank_of_the_second_killed(self):
+        # distributed_all_reduce over 4 processes posing as 2 nodes: the summary times each level
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
+                            "step,grad_sync", "--variable-update", "distributed_all_reduce"], capture_output=True,
+                           text=True, timeout=300)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertRegex(out, r"grad_sync: +over Gloo in two levels \(2 nodes x 2 processes\) \+ host memory")
+        for level in ("reduce-scatter within each node", "all-reduce across the nodes", "all-gather within each node"):
+            self.assertRegex(out, level + r": [0-9.]+ ms, algbw [0-9.]+ GB/s, busbw [0-9.]+ GB/s")
+        self.assertRegex(out, r"slowest: tower [0-3] \(rank [0-3], node [01], ")
+        # rank 3 (node 1) killed mid-run: the launcher names it first, and a rank that shares a level with
+        # it (rank 2 within node 1, rank 1 across the nodes) names it too (each names what it waited on:
+        # the dead rank, or one that ended because of it); all within the timeout
+        t0 = time.monotonic()
+        p = subprocess.Popen([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--grace-s", "20", "--", *LONG,
+                              "--variable-update", "distributed_all_reduce", "--sync-timeout-s", "30"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        victim = find_rank(3, p.pid)
+        self.assertIsNotNone(victim, "rank 3 never started")
+        time.sleep(4)  # into the benchmarks
+        os.kill(victim, signal.SIGKILL)
+        out, _ = p.communicate(timeout=120)
+        said = [l for l in out.splitlines() if l.startswith("stepbench launch: rank")]
+        self.assertTrue(said, out)
+        self.assertRegex(said[0], rf"rank 3 \(pid {victim}\) was killed by signal 9", out)
+        self.assertRegex(out, rf"on process [12] of 4: rank 3 \(pid {victim} on [^)]+\) did not answer")
+        self.assertEqual(p.returncode, 128 + 9, out)
+        self.assertLess(time.monotonic() - t0, 90, out)
 
     def test_torchruns_variables_set_by_hand(self):
         port = str(free_port())

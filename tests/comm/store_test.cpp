@@ -15,10 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "backend/registry.hpp"
+#include "comm/collective.hpp"
 #include "comm/launch_env.hpp"
 #include "comm/process_group.hpp"
 #include "comm/rendezvous.hpp"
 #include "comm/store.hpp"
+#include "comm/transport.hpp"
 #include "tensor/error.hpp"
 
 namespace stepbench {
@@ -343,6 +346,70 @@ TEST(GlooGroup, SilentRanksNamesTheOneThatDoesNotAnswer) {
   const std::string two = fmt::format("rank 2 (pid {} on ", getpid());
   EXPECT_EQ(named[0].substr(0, two.size()), two) << named[0];
   EXPECT_EQ(named[1].substr(0, two.size()), two) << named[1];
+}
+
+// ---- the two levels (distributed_all_reduce) -----------------------------------------------------
+
+TEST(Levels, MembersComeFromEachRanksNodeAndLocalRank) {
+  // 4 ranks dealt to 2 nodes in turn (srun's cyclic distribution): rank r is local rank r / 2 of node r % 2
+  const std::vector<int> pairs = {0, 0, 1, 0, 0, 1, 1, 1};
+  std::string why;
+  auto [within, across] = level_members(pairs, 1, 1, 2, 2, why);  // rank 3
+  EXPECT_EQ(within, (std::vector<int>{1, 3}));
+  EXPECT_EQ(across, (std::vector<int>{2, 3}));
+  EXPECT_EQ(why, "");
+  std::tie(within, across) = level_members({0, 0, 0, 1, 1, 0, 0, 1}, 0, 0, 2, 2, why);
+  EXPECT_TRUE(within.empty());
+  EXPECT_EQ(why, "ranks 1 and 3 are both local rank 1 of node 0");
+  std::tie(within, across) = level_members({0, 0, 0, 1, 1, 0}, 0, 0, 2, 2, why);
+  EXPECT_TRUE(within.empty());
+  EXPECT_EQ(why, "3 processes do not fill 2 nodes of 2");
+}
+
+TEST(GlooGroup, TwoLevelsSumEveryElementAsTheFlatAllReduceDoes) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  const auto value = [](int rank, std::size_t i) { return static_cast<float>((rank + 1) * 100000 + i); };
+  const auto errors = on_ranks(4, [&](int r) {
+    LaunchEnv e = env_of(r, 4, where);
+    e.node = r % 2;  // dealt in turn: each level's members are not consecutive ranks
+    e.nodes = 2;
+    e.local_rank = r / 2;
+    e.local_size = 2;
+    auto g = ProcessGroup::create(e, 20);
+    ASSERT_TRUE(g->has_levels()) << g->levels_why();
+    const ProcessGroup& in = g->within_node();
+    const ProcessGroup& across = g->across_nodes();
+    ASSERT_EQ(in.size(), 2);
+    ASSERT_EQ(across.size(), 2);
+    EXPECT_EQ(in.rank(), r / 2);
+    EXPECT_EQ(across.rank(), r % 2);
+    EXPECT_EQ(in.world_rank(), r);
+    EXPECT_EQ(in.world_size(), 4);
+    // a level names its members by their ranks in the whole group
+    EXPECT_EQ(in.name_ranks({1 - r / 2}).substr(0, 7), fmt::format("rank {} ", r % 2 + 2 * (1 - r / 2)));
+    // every element its own value: a shard summed twice, skipped or sent to the wrong owner fails
+    auto cpu = make_backend(BackendKind::cpu);
+    std::vector<float> v(100003);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(r, i);
+    auto coll = make_host_collective(*cpu, 1, *g, true);
+    std::vector<float*> bufs = {v.data()};
+    coll->allreduce_average(bufs, 1, v.size() - 1);  // at an offset: the shards start within it
+    for (std::size_t i = 1; i < v.size(); ++i) {
+      const float sum = value(0, i) + value(1, i) + value(2, i) + value(3, i);
+      ASSERT_EQ(v[i], sum / 4) << "element " << i;
+    }
+    ASSERT_EQ(v[0], value(r, 0)) << "outside the range";
+    const auto levels = coll->levels();
+    ASSERT_EQ(levels.size(), 3u);
+    for (const auto& l : levels) EXPECT_EQ(l.calls, 1) << l.name;
+    EXPECT_EQ(levels[0].bytes, 100002.0 * 4);
+    EXPECT_EQ(levels[1].bytes, 50001.0 * 4);  // this process's half
+    EXPECT_EQ(levels[2].bus_factor, 0.5);
+    EXPECT_EQ(levels[1].bus_factor, 1.0);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_FALSE(fs::exists(where.substr(5))) << "rank 0 clears the store, the levels' keys too";
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 // scripts/gpu-check.sh ranks on a GPU). Without a launcher every test here skips.
 //   Dist.TwoProcessesEqualTwoTowersInOneProcess  cpu: one tower per process ends the steps bit for
 //       bit where two towers in one process do, in every variable-update mode
+//   Dist.TwoLevelsEqualReplicated  cpu: distributed_all_reduce over any number of processes and nodes
+//       (dist.two_nodes, mpi.two_nodes: 4 processes posing as 2 nodes) ends where replicated and where as many towers
+//       in one process do, to the rounding of the order of summation, with every rank bit for bit alike
 //   Dist.NcclRanksEqualTheOracle  cuda: one tower per process (several sharing a GPU when there are
 //       fewer GPUs than processes), NCCL between them, in every mode, overlap on and off, fp32 and
 //       bf16, launched and replayed from a CUDA Graph: every rank ends with the same parameters, within
@@ -10,6 +13,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -24,9 +28,13 @@ namespace stepbench {
 namespace {
 
 // The process group of this test program: whatever launched it (comm/launch_env.hpp).
+// STEPBENCH_TEST_PROCS_PER_NODE=K: K consecutive ranks act as one node (stepbench's --procs-per-node).
 ProcessGroup& test_group() {
-  static const std::unique_ptr<ProcessGroup> g =
-      ProcessGroup::create(discover_launch([](const char* v) { return std::getenv(v); }, "", built_with_mpi()), 120);
+  static const std::unique_ptr<ProcessGroup> g = [] {
+    LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, "", built_with_mpi());
+    if (const char* k = std::getenv("STEPBENCH_TEST_PROCS_PER_NODE")) split_nodes(env, std::atoi(k));
+    return ProcessGroup::create(env, 120);
+  }();
   return *g;
 }
 
@@ -108,6 +116,41 @@ bool every_rank_holds(const ProcessGroup& pg, const std::vector<float>& p) {
   for (std::size_t r = 2; r < all.size(); r += 2)
     if (all[r] != all[0] || all[r + 1] != all[1]) return false;
   return true;
+}
+
+TEST(Dist, TwoLevelsEqualReplicated) {
+  auto& pg = test_group();
+  expect_the_launched_ranks(pg);
+  if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.two_nodes)";
+  ASSERT_TRUE(pg.has_levels()) << pg.levels_why();
+  if (const char* nodes = std::getenv("STEPBENCH_TEST_NODES")) {  // ctest's: the split must have happened
+    ASSERT_EQ(pg.nodes(), std::atoi(nodes));
+    ASSERT_EQ(pg.across_nodes().size(), pg.nodes());
+    ASSERT_EQ(pg.within_node().size(), pg.size() / pg.nodes());
+  }
+  const auto run = [&](VariableUpdate mode, int towers, ProcessGroup* group) {
+    auto o = tiny_dist(BackendKind::cpu, towers, mode, false);
+    o.group = group;
+    Towers t(o);
+    t.set_synthetic_batch(77);  // process r gets the batch of tower r
+    std::vector<float> before = tower_params(t, 0);
+    for (int k = 0; k < 2; ++k) t.step();
+    t.synchronize();
+    return std::make_pair(std::move(before), tower_params(t, group ? 0 : pg.rank()));
+  };
+  const auto [init, two_level] = run(VariableUpdate::distributed_all_reduce, 1, &pg);
+  const auto flat = run(VariableUpdate::replicated, 1, &pg).second;
+  const auto local = run(VariableUpdate::replicated, pg.size(), nullptr).second;
+  EXPECT_TRUE(every_rank_holds(pg, two_level)) << "the ranks' parameters differ";
+  // the same update to the rounding of its order of summation: far below what a rank's gradient
+  // missing or counted twice would move (a quarter of the update with 4 ranks)
+  double moved = 0;
+  for (std::size_t i = 0; i < init.size(); ++i) moved = std::max(moved, std::abs(double{flat[i]} - init[i]));
+  ASSERT_GT(moved, 0.0);
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    ASSERT_LE(std::abs(double{two_level[i]} - flat[i]), 1e-3 * moved) << "parameter " << i;
+    ASSERT_LE(std::abs(double{two_level[i]} - local[i]), 1e-3 * moved) << "parameter " << i;
+  }
 }
 
 TEST(Dist, NcclRanksEqualTheOracle) {
