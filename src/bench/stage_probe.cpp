@@ -78,6 +78,8 @@ Probes probe(Run& run, const Timings& t) {
   Probes p;
   p.fabric = fabric_of(c);
   p.stragglers = gather_stragglers(run);
+  p.async = gather_async(run);
+  if (p.async) add_json_section(run, t, "asynchronous", async_json(run, *p.async));
   if (p.stragglers && p.stragglers->report.valid)
     add_json_section(run, t, "stragglers", stragglers_json(run, *p.stragglers));
   else if (p.stragglers && run.root)

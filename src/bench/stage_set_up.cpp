@@ -118,7 +118,8 @@ void build_towers(Run& run) {
   const Graph& g0 = run.towers->graph(0);
   run.flops = Flops{2.0 * static_cast<double>(g0.forward_macs_per_image(false)),
                     2.0 * static_cast<double>(g0.forward_macs_per_image(true))};
-  run.images = static_cast<double>(r.batch_per_tower * run.gpus);
+  // asynchronous workers each time their own steps: a row's images are this process's
+  run.images = static_cast<double>(r.batch_per_tower * (run.towers->asynchronous() ? run.towers->size() : run.gpus));
   run.feeder = std::make_unique<Feeder>(c, *run.towers);
   run.data_step = run.feeder->active() && has(run.phases, Phase::step);
   // every tower's timeline in the step fixture: which one the step waits for, and its cost

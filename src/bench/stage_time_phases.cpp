@@ -25,6 +25,7 @@ namespace stepbench {
 namespace {
 
 using Body = std::function<void(benchmark::State&)>;
+constexpr int kAsyncIterations = 8;  // per repetition, with --cross-replica-sync off
 
 // One fixture: skipped after a signal or a blow-up; after its body, a check that the phase left the
 // numbers finite. Every process answers together, so that all of them mark this fixture (Google
@@ -37,22 +38,26 @@ void register_fixture(Run& run, const std::string& name, Body body) {
   const std::string shown = name.substr(run.prefix.size() + 1);  // the phase, on the progress line
   const int repetitions = run.c.repetitions;
   ++run.fixtures;
-  benchmark::RegisterBenchmark(
-      name.c_str(),
-      [&stop, &towers, &group, &progress, body = std::move(body), name, shown, repetitions](benchmark::State& st) {
-        if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
-        progress.repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
-        body(st);
-        // outside the timed loop: did this phase blow the numbers up?
-        const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
-        if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
-          const std::string why = bad.empty() ? "on another process" : bad;
-          st.SkipWithError(("not finite: " + why).c_str());
-          stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
-        }
-      })
-      ->UseManualTime()
-      ->Unit(benchmark::kMillisecond);  // --repetitions: Google Benchmark's flag (run_parts.cpp), not in the name
+  benchmark::internal::Benchmark* b =
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [&stop, &towers, &group, &progress, body = std::move(body), name, shown, repetitions](benchmark::State& st) {
+            if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
+            progress.repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
+            body(st);
+            // outside the timed loop: did this phase blow the numbers up?
+            const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
+            if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
+              const std::string why = bad.empty() ? "on another process" : bad;
+              st.SkipWithError(("not finite: " + why).c_str());
+              stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
+            }
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);  // --repetitions: Google Benchmark's flag (run_parts.cpp), not in the name
+  // asynchronous workers time themselves, so Google Benchmark's iteration counts would differ between
+  // the processes: a fixed count keeps their fixture calls (and the collectives after each) in step
+  if (towers.asynchronous()) b->Iterations(kAsyncIterations);
 }
 
 // A model phase of the phase table: its device time, split at the table's points (forward |
@@ -81,7 +86,8 @@ Body phase_body(Run& run, const PhaseDef* def, const std::string& name) {
       def->run(towers, rt);
       rt.stop();
       const double d = rt.device_ms(0, last);
-      const double slowest = run.group.allreduce_max(d);
+      // the slowest process's time, which every process agrees on; asynchronous workers each their own
+      const double slowest = towers.asynchronous() ? d : run.group.allreduce_max(d);
       st.SetIterationTime(slowest / 1e3);  // every process agrees: the slowest
       if (timeline) log.record(towers, slowest);
       if (def->phase == Phase::step) run.step_samples.back().push_back(d);

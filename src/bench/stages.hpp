@@ -100,12 +100,21 @@ struct Timings {
   Exit exit;                                  // the run ends here (no benchmark ran, --json not written)
 };
 
+// --cross-replica-sync off: every worker's pace and pushes, and what the server applied (process 0's).
+struct AsyncReport {
+  std::vector<double> step_ms;     // per worker (process): the median of its own timed steps
+  std::vector<double> pushes;      // per worker: the gradients it pushed since the towers were made
+  std::vector<double> pushed_sum;  // per worker: the sum of every element it pushed
+  AsyncStats server;               // process 0's server
+};
+
 // What probe found in the probed steps after the timed repetitions.
 struct Probes {
   std::optional<LayerTimes> layer_times;      // --layer-times
   std::optional<ProjectionInput> projection;  // --project-gpus
   Fabric fabric;                              // the fabric --project-gpus projects over
   std::optional<Stragglers> stragglers;       // two towers or more: on the root process
+  std::optional<AsyncReport> async;           // --cross-replica-sync off: on the root process
   bool failed = false;                        // a probed step threw (said on stderr); the exit status is 1
 };
 
@@ -132,6 +141,11 @@ std::optional<Stragglers> gather_stragglers(Run& run);
 nlohmann::json stragglers_json(const Run& run, const Stragglers& s);  // --json's "stragglers"
 // The summary's section: the spread, the slowest and fastest, the cost, the top --straggler-top.
 void print_stragglers(std::ostream& out, const Run& run, const Stragglers& s);
+// --cross-replica-sync off (stage_async.cpp): every worker's steps and pushes gathered on the root
+// process (every process together); its summary lines and --json's "asynchronous".
+std::optional<AsyncReport> gather_async(Run& run);
+void print_async(std::ostream& out, const Run& run, const AsyncReport& a);
+nlohmann::json async_json(const Run& run, const AsyncReport& a);
 // The stragglers gathered; --layer-times, --trace, --project-gpus: probed steps after the timed
 // repetitions (every process together), their results added to --json.
 Probes probe(Run& run, const Timings& t);

@@ -164,14 +164,23 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
           "", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
                           static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(), t.bucket_count() == 1 ? "" : "s",
                           med(*gs->reps, "algbw_GB/s"), med(*gs->reps, "busbw_GB/s")));
-      for (const SyncLevel& l : t.sync_levels())  // the host's time per level, the slowest process's
-        out << labelled("", fmt::format("{}: {:.3f} ms, algbw {:.2f} GB/s, busbw {:.2f} GB/s", l.name,
-                                        med(*gs->reps, l.key + "_ms"), med(*gs->reps, l.key + "_algbw_GB/s"),
-                                        med(*gs->reps, l.key + "_busbw_GB/s")));
+      // each level's host time, the slowest process's: in the step, which runs every level (a parameter
+      // server's pull is part of the update), else in grad_sync
+      const Row* lr = step ? step : gs;
+      if (!t.sync_levels().empty())
+        out << labelled(
+            "", fmt::format("each level in {}, host time of the slowest process:", step ? "the step" : "grad_sync"));
+      for (const SyncLevel& l : t.sync_levels())
+        out << labelled("", fmt::format("  {}: {:.3f} ms, algbw {:.2f} GB/s, busbw {:.2f} GB/s", l.name,
+                                        med(*lr->reps, l.key + "_ms"), med(*lr->reps, l.key + "_algbw_GB/s"),
+                                        med(*lr->reps, l.key + "_busbw_GB/s")));
     }
   }
   if (step) {
     std::string v = fmt::format("{:.1f} in the step ({} images per step)", 1000.0 * images / step->ms, images);
+    if (t.asynchronous())
+      v = fmt::format("{:.1f} in process 0's steps ({} images each; every worker's under asynchronous: below)",
+                      1000.0 * images / step->ms, images);
     if (const Row* g = find_row(rows, "step:cuda_graph"))
       v += fmt::format("; {:.1f} replayed as a CUDA Graph", 1000.0 * images / g->ms);
     out << labelled("images/s", v);
@@ -257,7 +266,8 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                    const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory) {
   const auto& r = c.run;
   const int gpus = t.global_size();
-  const double images = static_cast<double>(r.batch_per_tower * gpus);
+  // asynchronous workers each time their own steps: the rows are process 0's, with its images
+  const double images = static_cast<double>(r.batch_per_tower * (t.asynchronous() ? t.size() : gpus));
   const std::vector<Row> rows = phase_rows(c, rep, prefix, feeder);
   const Row* step = find_row(rows, "step");
   const double step_ms = step ? step->ms : NAN;

@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
     if (o.procs_per_node > 0) split_nodes(env, o.procs_per_node);
     // a peer that died: Gloo's write to it fails, and names it, instead of SIGPIPE ending this process
     if (env.multi()) std::signal(SIGPIPE, SIG_IGN);
-    group = ProcessGroup::create(env, o.sync_timeout_s);
+    group = ProcessGroup::create(env, o.sync_timeout_s, /*point_to_point=*/!o.cross_replica_sync);
     cli::resolve(o, group->local_size(), env.launcher == Launcher::stepbench);
     o.bench.run.gpu_sharing = share_gpus(o.bench.run, *group);
     if (!o.given("--peer-python")) o.bench.peer_pythons = peer_pythons();

@@ -42,9 +42,6 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                              "images per step over all GPUs; must divide evenly by --gpus")
                   ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   bs->excludes(gbs);
-  add_enum(app, "--variable-update", b.run.variable_update,
-           "replicated, parameter_server, independent or distributed_all_reduce (replicated's all-reduce in two "
-           "levels: within each node, across the nodes, back within each node)");
   add_enum(app, "--optimizer", b.run.optimizer.kind, "momentum (0.9), sgd or rmsprop");
   app.add_option("--learning-rate", o.learning_rate, "optimizer learning rate")
       ->capture_default_str()
@@ -58,33 +55,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_option("--repetitions", b.repetitions, "repetitions of every benchmark; median, stddev and cv over them")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  app.add_option("--bucket-mb", o.bucket_mb, "gradient sync bucket size in MiB")
-      ->capture_default_str()
-      ->check(CLI::Range(0.001, 65536.0));
-  app.add_flag("--no-overlap", o.no_overlap,
-               "in the step, sync the gradients after backward instead of bucket by bucket during it");
-  app.add_option_function<std::string>(
-         "--ps-device", [&o](const std::string& s) { o.ps_on_cpu = s == "cpu"; },
-         "parameter_server: where the variables live and the update runs: device (tower 0, GPU 0) or cpu "
-         "(host memory, as tf_cnn_benchmarks' --local_parameter_device=cpu)")
-      ->default_str("device")
-      ->check(CLI::IsMember({"device", "cpu"}));
-  app.add_option("--sync-timeout-s", o.sync_timeout_s,
-                 "a gradient sync not done after this many seconds (a failed or stalled peer) ends the run with a "
-                 "message; 0 waits forever")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e9));
-  app.add_option("--rendezvous", o.rendezvous,
-                 "processes without MPI meet at file:PATH (a folder all can write) or tcp://HOST:PORT (rank 0 "
-                 "listens) [default: the launcher's: stepbench launch, torchrun's MASTER_ADDR, srun's first node]");
-  app.add_option("--procs-per-node", o.procs_per_node,
-                 "every K consecutive ranks act as one node, whatever the launcher says (to pose as several nodes on "
-                 "one machine, e.g. under mpirun) [default: the launcher's nodes]")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--ranks-per-gpu", o.ranks_per_gpu,
-                 "cuda: towers (NCCL ranks) sharing each GPU, to run the multi-rank path on fewer GPUs; not scaling "
-                 "figures [default: 1; under stepbench launch, as many as the processes need]")
-      ->check(CLI::Range(1, 64));
+  add_sync_flags(app, o);
   app.add_option("--workspace-mb", o.workspace_mb,
                  "cuda: the most scratch memory one convolution's cuDNN algorithm may use; the fastest algorithm "
                  "within it is picked")
@@ -442,6 +413,8 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
   r.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
   r.overlap = !o.no_overlap;
   r.ps_on_host = o.ps_on_cpu;
+  r.ps_ranks = o.ps_ranks;
+  r.cross_replica_sync = o.cross_replica_sync;
   r.sync_timeout_s = o.sync_timeout_s;
   r.workspace_bytes = static_cast<std::size_t>(o.workspace_mb) << 20;
   r.memory_limit_bytes = static_cast<std::size_t>(o.device_memory_mb) << 20;

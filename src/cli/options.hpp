@@ -22,7 +22,9 @@ struct Options {
   double weight_decay = 0.0;
   double bucket_mb = 25.0;
   bool no_overlap = false;
-  bool ps_on_cpu = false;  // --ps-device cpu
+  bool ps_on_cpu = false;          // --ps-device cpu
+  int ps_ranks = 1;                // --ps-ranks
+  bool cross_replica_sync = true;  // --cross-replica-sync on|off
   double sync_timeout_s = 600.0;
   std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
   int procs_per_node = 0;  // --procs-per-node: consecutive ranks that act as one node; 0: the launcher's nodes
@@ -48,6 +50,9 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o);
 // under stepbench launch, more towers than GPUs share them (--ranks-per-gpu chosen) instead of being
 // refused. Throws UsageError with what to change.
 void resolve(Options& o, int local_processes = 1, bool share_gpus = false);
+// options_sync.cpp: --variable-update and its settings, the buckets, the timeout, the rendezvous, nodes
+// and GPU sharing, registered (resolve() validates them).
+void add_sync_flags(CLI::App& app, Options& o);
 // options_stragglers.cpp: --straggler-top and --slow-tower, registered and validated.
 void add_straggler_flags(CLI::App& app, Options& o);
 void resolve_stragglers(Options& o);

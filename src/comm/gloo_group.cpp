@@ -181,6 +181,49 @@ class GlooTransport final : public Transport {
   }
   std::vector<int> silent_peers(const ProcessGroup&, double window_s) override { return silent(window_s); }
 
+  // Point to point on p2p_, a mesh of its own (its users are one thread per process: the server's, or
+  // a worker's), never the collectives' context.
+  void set_p2p(std::shared_ptr<gloo::rendezvous::Context> p2p) { p2p_ = std::move(p2p); }
+  void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot) override {
+    if (!p2p_) Transport::send(pg, to, data, bytes, slot);
+    p2p_call(pg, to, "a message", [&] {
+      auto b = p2p_->createUnboundBuffer(const_cast<void*>(data), bytes);
+      b->send(to, slot);
+      if (!b->waitSend(as_timeout(pg.sync_timeout()))) throw SyncError("a message was not sent");
+    });
+  }
+  int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot,
+           bool forever) override {
+    if (!p2p_) return Transport::recv(pg, from, data, bytes, slot, forever);
+    int who = -1;
+    p2p_call(pg, from.size() == 1 ? from[0] : -1, "a message", [&] {
+      auto b = p2p_->createUnboundBuffer(data, bytes);
+      {
+        std::lock_guard<std::mutex> l(p2p_mu_);
+        if (cancelled_) return;
+        b->recv(from, slot);
+        pending_ = b.get();
+      }
+      bool got = false;
+      try {
+        got = b->waitRecv(&who, forever ? as_timeout(0) : as_timeout(pg.sync_timeout()));
+      } catch (...) {
+        std::lock_guard<std::mutex> l(p2p_mu_);
+        pending_ = nullptr;
+        throw;
+      }
+      std::lock_guard<std::mutex> l(p2p_mu_);
+      pending_ = nullptr;
+      if (!got) who = -1;  // cancelled
+    });
+    return who;
+  }
+  void cancel_recv() override {
+    std::lock_guard<std::mutex> l(p2p_mu_);
+    cancelled_ = true;
+    if (pending_) pending_->abortWaitRecv();
+  }
+
  private:
   // One collective at a time (the communication thread and the main thread share the group), its
   // failures as SyncError saying whether it timed out or a peer went away.
@@ -241,8 +284,21 @@ class GlooTransport final : public Transport {
     live_.reset();
     return who;
   }
-  std::shared_ptr<gloo::rendezvous::Context> ctx_, live_;
-  std::mutex mu_, live_mu_;
+  // A point-to-point call's failure as SyncError naming the peer (-1: any of several).
+  template <class F>
+  void p2p_call(const ProcessGroup& pg, int peer, const char* what, F&& f) {
+    try {
+      f();
+    } catch (const gloo::Exception& e) {
+      throw SyncError(fmt::format("{} {} {} failed on process {} of {} ({}): it ended or stalled", what,
+                                  peer >= 0 ? "with" : "from", peer >= 0 ? pg.name_ranks({peer}) : "another process",
+                                  pg.world_rank(), pg.world_size(), e.what()));
+    }
+  }
+  std::shared_ptr<gloo::rendezvous::Context> ctx_, live_, p2p_;
+  std::mutex mu_, live_mu_, p2p_mu_;
+  gloo::transport::UnboundBuffer* pending_ = nullptr;  // a recv waiting, for cancel_recv
+  bool cancelled_ = false;
 };
 
 std::string host_name() {
@@ -301,7 +357,7 @@ std::unique_ptr<stepbench::Store> open_for(const LaunchEnv& env, double timeout_
   }
 }
 
-Joined join_gloo(const LaunchEnv& env, double timeout_s) {
+Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   auto store = open_for(env, timeout_s);
   Joined j;
   j.rank = env.rank;
@@ -345,6 +401,7 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s) {
   auto ctx = mesh("gloo/", env.rank, env.size);
   auto live = mesh("gloo-live/", env.rank, env.size);
   auto t = std::make_unique<GlooTransport>(ctx, live);
+  if (point_to_point) t->set_p2p(mesh("gloo-p2p/", env.rank, env.size));
   j.node = env.node;
   j.nodes = env.nodes;
   // the two levels, each its own pair of meshes, where several nodes have several processes each

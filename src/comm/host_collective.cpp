@@ -89,7 +89,8 @@ class HostCollective final : public Collective {
         in.reduce_sum_to(p + b, k, s);
       }
     });
-    const auto [mb, mk] = shard(n, in.rank(), parts);
+    const auto mine = shard(n, in.rank(), parts);  // not a structured binding: the lambda captures it
+    const std::size_t mb = mine.first, mk = mine.second;
     timed(1, static_cast<double>(mk * sizeof(float)), [&] { across.allreduce_sum(p + mb, mk); });
     timed(2, all, [&] {
       for (int s = 0; s < parts; ++s) {

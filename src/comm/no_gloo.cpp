@@ -6,7 +6,7 @@ namespace stepbench {
 
 bool built_with_gloo() { return false; }
 
-Joined join_gloo(const LaunchEnv&, double) {
+Joined join_gloo(const LaunchEnv&, double, bool) {
   throw UsageError(
       "several processes without MPI (stepbench launch, torchrun, srun) need Gloo, and this stepbench was built "
       "without it: install Debian's libgloo-dev and rebuild, or launch with mpirun");

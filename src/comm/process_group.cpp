@@ -15,11 +15,11 @@ namespace stepbench {
 
 ProcessGroup::ProcessGroup() : peers_(1) {}
 
-std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& env, double timeout_s) {
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   auto pg = std::make_unique<ProcessGroup>();
   pg->set_sync_timeout(timeout_s);
   if (!env.multi()) return pg;
-  Joined j = env.rendezvous == "mpi" ? join_mpi(env, timeout_s) : join_gloo(env, timeout_s);
+  Joined j = env.rendezvous == "mpi" ? join_mpi(env, timeout_s) : join_gloo(env, timeout_s, point_to_point);
   pg->rank_ = j.rank;
   pg->size_ = j.size;
   pg->local_rank_ = j.local_rank;
@@ -88,7 +88,10 @@ void ProcessGroup::set_sync_timeout(double seconds) {
 std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<int>& pairs, int node, int local_rank,
                                                             int nodes, int local_size, std::string& why) {
   const std::size_t n = pairs.size() / 2;
-  std::vector<int> where(static_cast<std::size_t>(nodes * local_size), -1);  // (node, local) -> rank
+  const auto at = [local_size](int nd, int lr) {
+    return static_cast<std::size_t>(nd) * static_cast<std::size_t>(local_size) + static_cast<std::size_t>(lr);
+  };
+  std::vector<int> where(at(nodes, 0), -1);  // (node, local) -> rank
   for (std::size_t r = 0; r < n; ++r) {
     const int nd = pairs[2 * r], lr = pairs[2 * r + 1];
     if (nd < 0 || nd >= nodes || lr < 0 || lr >= local_size) {
@@ -96,7 +99,7 @@ std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<in
                         local_size);
       return {};
     }
-    int& slot = where[static_cast<std::size_t>(nd * local_size + lr)];
+    int& slot = where[at(nd, lr)];
     if (slot >= 0) {
       why = fmt::format("ranks {} and {} are both local rank {} of node {}", slot, r, lr, nd);
       return {};
@@ -108,8 +111,8 @@ std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<in
     return {};
   }
   std::vector<int> within, across;
-  for (int l = 0; l < local_size; ++l) within.push_back(where[static_cast<std::size_t>(node * local_size + l)]);
-  for (int d = 0; d < nodes; ++d) across.push_back(where[static_cast<std::size_t>(d * local_size + local_rank)]);
+  for (int l = 0; l < local_size; ++l) within.push_back(where[at(node, l)]);
+  for (int d = 0; d < nodes; ++d) across.push_back(where[at(d, local_rank)]);
   return {within, across};
 }
 
@@ -157,6 +160,34 @@ std::string ProcessGroup::silent_ranks(double window_s) const {
     return "";
   }
   return name_ranks(silent);
+}
+
+void Transport::send(const ProcessGroup&, int, const void*, std::size_t, std::uint64_t) {
+  throw UsageError(
+      fmt::format("{} carries no point-to-point messages between stepbench's processes: "
+                  "--cross-replica-sync off needs the processes to meet through Gloo (stepbench launch, "
+                  "torchrun, srun), whose server answers on a thread of its own",
+                  name()));
+}
+
+int Transport::recv(const ProcessGroup& pg, const std::vector<int>&, void*, std::size_t, std::uint64_t, bool) {
+  send(pg, 0, nullptr, 0, 0);  // the same refusal
+  return -1;
+}
+
+void ProcessGroup::send(int to, const void* data, std::size_t bytes, std::uint64_t slot) const {
+  if (!t_) throw UsageError("point-to-point messages need several processes");
+  t_->send(*this, to, data, bytes, slot);
+}
+
+int ProcessGroup::recv(const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot,
+                       bool forever) const {
+  if (!t_) throw UsageError("point-to-point messages need several processes");
+  return t_->recv(*this, from, data, bytes, slot, forever);
+}
+
+void ProcessGroup::cancel_recv() const {
+  if (t_) t_->cancel_recv();
 }
 
 std::string ProcessGroup::name_ranks(const std::vector<int>& ranks) const {

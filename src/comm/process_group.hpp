@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,8 @@ class ProcessGroup {
   // within timeout_s (0: forever; --sync-timeout-s). A single process without a launcher gets the
   // plain group. UsageError when the processes' variables disagree or the transport was not built;
   // SyncError naming the ranks that never arrived.
-  static std::unique_ptr<ProcessGroup> create(const LaunchEnv& env, double timeout_s);
+  // point_to_point: also connect what send() and recv() use (Gloo only: --cross-replica-sync off).
+  static std::unique_ptr<ProcessGroup> create(const LaunchEnv& env, double timeout_s, bool point_to_point = false);
   ~ProcessGroup();  // MPI_Finalize when this group initialised MPI
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -71,6 +73,15 @@ class ProcessGroup {
   // window_s are named (name_ranks), or "" when all answered. The group may be spent afterwards
   // (the run is ending). Every well rank must call it at about the same time.
   std::string silent_ranks(double window_s) const;
+  // Point to point on a connection of its own (the group made with point_to_point): send waits until
+  // `bytes` went to rank `to`; recv waits for them from any rank of `from` (within the timeout, or
+  // forever until cancel_recv) and returns which sent them. `slot` tells messages apart. UsageError
+  // where the group was not made for it (MPI, whose threads are serialised, or no point_to_point);
+  // SyncError when a peer is gone or silent past the timeout. cancel_recv ends a forever recv on
+  // another thread (it then returns -1).
+  void send(int to, const void* data, std::size_t bytes, std::uint64_t slot) const;
+  int recv(const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot, bool forever) const;
+  void cancel_recv() const;
   // "rank 1 (pid 4242 on node7)", "ranks 1 (pid ...), 3 (pid ...)"; "" for none.
   std::string name_ranks(const std::vector<int>& ranks) const;
   // The two levels of a group spread over nodes (--variable-update distributed_all_reduce): the

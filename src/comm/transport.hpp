@@ -4,6 +4,7 @@
 // SyncError naming pg's rank when a peer stalled or died. Internal to src/comm.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,11 @@ class Transport {
   // After a timeout: the ranks that did not answer a token within window_s (every rank that is still
   // well calls it about then). The group may be spent afterwards.
   virtual std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) = 0;
+  // Point to point, on a connection of its own (a group made with point_to_point; ProcessGroup::send).
+  virtual void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot);
+  virtual int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes,
+                   std::uint64_t slot, bool forever);
+  virtual void cancel_recv() {}
 };
 
 // Where this process stands, as its transport found it.
@@ -53,10 +59,11 @@ std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<in
                                                             int local_rank, int nodes, int local_size,
                                                             std::string& why);
 
+// The store's rendezvous, then Gloo's full mesh over TCP (and the point-to-point mesh when asked);
+// UsageError when built without Gloo.
+Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point);
 // MPI_Init (MPI_THREAD_SERIALIZED) and the node split (shared memory, or env's when nodes_given);
 // UsageError when built without MPI.
 Joined join_mpi(const LaunchEnv& env, double timeout_s);
-// The store's rendezvous, then Gloo's full mesh over TCP; UsageError when built without Gloo.
-Joined join_gloo(const LaunchEnv& env, double timeout_s);
 
 }  // namespace stepbench

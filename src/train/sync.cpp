@@ -70,15 +70,39 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
 }
 
 namespace {
-constexpr const char* kTwoLevelsOnCpuOnly =
-    "--variable-update distributed_all_reduce runs on CPU towers so far: on GPUs its NCCL communicators split by "
-    "node are not built yet; use --variable-update replicated (NCCL's rings and trees cross nodes themselves) or "
-    "--backend cpu";
+bool two_level(VariableUpdate v) {
+  return v == VariableUpdate::distributed_all_reduce || v == VariableUpdate::distributed_replicated;
+}
+std::string two_levels_on_cpu_only(VariableUpdate v) {
+  return fmt::format(
+      "--variable-update {} runs on CPU towers so far: on GPUs its NCCL communicators split by node are not "
+      "built yet; use --variable-update replicated (NCCL's rings and trees cross nodes themselves) or --backend cpu",
+      to_string(v));
+}
+void check_levels(const ProcessGroup& g, VariableUpdate v) {
+  if (!g.has_levels())
+    throw UsageError(
+        fmt::format("--variable-update {} needs every node to have the same number of processes: {}; "
+                    "launch as many on each node, or use replicated",
+                    to_string(v), g.levels_why()));
+}
 }  // namespace
 
 void check_sync_options(const TowerOptions& o) {
-  if (o.variable_update == VariableUpdate::distributed_all_reduce && o.backend == BackendKind::cuda)
-    throw UnsupportedError(kTwoLevelsOnCpuOnly);
+  if (two_level(o.variable_update) && o.backend == BackendKind::cuda)
+    throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
+  if (o.ps_ranks != 1 && o.variable_update != VariableUpdate::distributed_replicated)
+    throw UsageError("--ps-ranks applies to --variable-update distributed_replicated only");
+  if (o.ps_ranks < 1) throw UsageError("--ps-ranks must be 1 or more");
+  if (!o.cross_replica_sync) {
+    if (o.variable_update != VariableUpdate::parameter_server)
+      throw UsageError(
+          fmt::format("--cross-replica-sync off applies to --variable-update parameter_server (its "
+                      "workers push and pull on their own); {} syncs every step",
+                      to_string(o.variable_update)));
+    if (o.backend == BackendKind::cuda)
+      throw UnsupportedError("--cross-replica-sync off runs on CPU towers so far; use --backend cpu");
+  }
   if (o.ps_on_host && o.variable_update != VariableUpdate::parameter_server)
     throw UsageError("--ps-device cpu applies to --variable-update parameter_server only");
   if (o.sync_timeout_s < 0) throw UsageError("--sync-timeout-s must be 0 (wait forever) or more");
@@ -112,14 +136,30 @@ std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const Sy
   switch (o.variable_update) {
     case VariableUpdate::replicated: return make_replicated_sync(t, make_collective(o, t));
     case VariableUpdate::distributed_all_reduce:
-      if (o.backend != BackendKind::cpu) throw UnsupportedError(kTwoLevelsOnCpuOnly);
-      if (!t.group.has_levels())
-        throw UsageError(
-            fmt::format("--variable-update distributed_all_reduce needs every node to have the same "
-                        "number of processes: {}; launch as many on each node, or use replicated",
-                        t.group.levels_why()));
+      if (o.backend != BackendKind::cpu) throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
+      check_levels(t.group, o.variable_update);
       return make_replicated_sync(t, make_host_collective(*t.towers[0]->be, o.towers, t.group, true));
+    case VariableUpdate::distributed_replicated:
+      if (o.backend != BackendKind::cpu) throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
+      check_levels(t.group, o.variable_update);
+      if (o.ps_ranks > t.group.across_nodes().size())
+        throw UsageError(fmt::format("--ps-ranks {}: at most one parameter server per node, and there {} {}",
+                                     o.ps_ranks, t.group.across_nodes().size() == 1 ? "is" : "are",
+                                     t.group.across_nodes().size()));
+      return make_distributed_replicated_sync(t, o.optimizer, o.ps_ranks);
     case VariableUpdate::parameter_server:
+      if (!o.cross_replica_sync) {
+        if (t.group.size() < 2)
+          throw UsageError(
+              "--cross-replica-sync off needs several processes as its workers (stepbench launch --nproc "
+              "N); the towers of one process step together");
+        if (t.group.uses_mpi())
+          throw UsageError(
+              "--cross-replica-sync off needs the processes to meet through Gloo (stepbench launch, torchrun, srun, "
+              "or mpirun with --rendezvous): its server answers on a thread of its own, which MPI's serialised "
+              "threads do not allow");
+        return make_async_server_sync(t, o.optimizer);
+      }
       return o.ps_on_host ? make_host_server_sync(t, o.optimizer) : make_device_server_sync(t, make_collective(o, t));
     case VariableUpdate::independent: return make_independent_sync(t);
   }

@@ -6,7 +6,9 @@
 //                     tower 0 of process 0, which alone updates and broadcasts the variables; with
 //                     ps_on_host the server is host memory, updated by the cpu backend;
 //   independent       (sync_independent.cpp) nothing moves, every tower updates its own;
-//   distributed_all_reduce  replicated's sync over a two-level host collective (make_host_collective).
+//   distributed_all_reduce  replicated's sync over a two-level host collective (make_host_collective);
+//   distributed_replicated  (sync_distributed_replicated.cpp) node sums pushed to sharded servers;
+//   parameter_server with cross_replica_sync off (sync_async.cpp): workers push and pull on their own.
 // Towers decides when buckets go (as backward produces them, or after it; on a communication
 // thread when the sync runs on the host); the GradientSync decides what a bucket's sync and the
 // update do. Internal to src/train.
@@ -71,6 +73,9 @@ class GradientSync {
   virtual void check_capturable() const {}
   // The collective's levels where it runs in several (Collective::levels).
   virtual std::vector<SyncLevel> levels() const { return {}; }
+  // true: the processes do not step together (the asynchronous parameter server), and its counts.
+  virtual bool asynchronous() const { return false; }
+  virtual AsyncStats async_stats() const { return {}; }
 };
 
 // The modes that average through a Collective (replicated; parameter_server on tower 0): host
@@ -107,5 +112,8 @@ std::unique_ptr<GradientSync> make_replicated_sync(const SyncTowers& t, std::uni
 std::unique_ptr<GradientSync> make_device_server_sync(const SyncTowers& t, std::unique_ptr<Collective> coll);
 std::unique_ptr<GradientSync> make_host_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer);
 std::unique_ptr<GradientSync> make_independent_sync(const SyncTowers& t);
+std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer);
+std::unique_ptr<GradientSync> make_distributed_replicated_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
+                                                               int ps_ranks);
 
 }  // namespace stepbench

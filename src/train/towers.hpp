@@ -8,7 +8,10 @@
 //                     them back to every tower;
 //   independent       no synchronisation: each tower trains on its own;
 //   distributed_all_reduce  replicated's all-reduce in two levels across processes: within each
-//                     node, across the nodes, back within each node (CPU towers so far).
+//                     node, across the nodes, back within each node (CPU towers so far);
+//   distributed_replicated  a sum within each node, the node sums pushed to parameter servers (the
+//                     first process of ps_ranks nodes, the variables sharded over them) that update
+//                     the master copy, every tower pulling the new values (CPU towers so far).
 // Each mode is a GradientSync (train/sync.hpp), chosen once by the constructor.
 // Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
 // execution order, so the first bucket is the first one backward finishes).
@@ -33,13 +36,25 @@ class CommThread;    // comm/comm_thread.hpp
 class GradientSync;  // train/sync.hpp
 struct Replica;      // train/tower_parts.hpp
 
-enum class VariableUpdate { replicated, parameter_server, independent, distributed_all_reduce };
+enum class VariableUpdate { replicated, parameter_server, independent, distributed_all_reduce, distributed_replicated };
 constexpr auto enum_names(VariableUpdate) {
-  return std::array<EnumName<VariableUpdate>, 4>{{{VariableUpdate::replicated, "replicated"},
+  return std::array<EnumName<VariableUpdate>, 5>{{{VariableUpdate::replicated, "replicated"},
                                                   {VariableUpdate::parameter_server, "parameter_server"},
                                                   {VariableUpdate::independent, "independent"},
-                                                  {VariableUpdate::distributed_all_reduce, "distributed_all_reduce"}}};
+                                                  {VariableUpdate::distributed_all_reduce, "distributed_all_reduce"},
+                                                  {VariableUpdate::distributed_replicated, "distributed_replicated"}}};
 }
+
+// The asynchronous parameter server's counts (--cross-replica-sync off), as this process saw them:
+// its worker's pushes and the sum of every element it pushed; on process 0 also what the server
+// applied (each push once), per worker, and each push's staleness (how many updates behind the
+// server the pushing worker's variables were).
+struct AsyncStats {
+  long pushes = 0, applied = 0;
+  double pushed_sum = 0, applied_sum = 0;
+  std::vector<double> staleness;
+  std::vector<long> applied_per_worker;
+};
 
 struct TowerOptions {
   BackendKind backend = BackendKind::cpu;  // cpu or cuda (automatic is resolved here too)
@@ -65,6 +80,12 @@ struct TowerOptions {
   // tf_cnn_benchmarks' --local_parameter_device=cpu); gradients are copied there and summed on the
   // CPU, and the new variables are copied back to every tower.
   bool ps_on_host = false;
+  // distributed_replicated: the parameter servers the variables are sharded over (--ps-ranks), at
+  // most one per node.
+  int ps_ranks = 1;
+  // parameter_server across processes: false (--cross-replica-sync off) makes it asynchronous: each
+  // process a worker that pushes and pulls without waiting for the others (CPU towers, Gloo).
+  bool cross_replica_sync = true;
   // A gradient sync (or NCCL's initialisation) that has not completed after this many seconds ends
   // the run with SyncError (--sync-timeout-s); 0 waits forever.
   double sync_timeout_s = 600.0;
@@ -203,6 +224,9 @@ class Towers {
   // The levels of a sync done in several (distributed_all_reduce), timed on the host since the towers
   // were made (Collective::levels); empty otherwise.
   std::vector<SyncLevel> sync_levels() const;
+  // --cross-replica-sync off: the processes do not step together (the timing must not make them).
+  bool asynchronous() const;
+  AsyncStats async_stats() const;
   std::size_t bucket_count() const { return buckets_.size(); }
   const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }  // (offset, floats)
   // How many buckets the last grad_sync() found already started during backward.

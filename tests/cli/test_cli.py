@@ -1023,6 +1023,11 @@ class Mpi(unittest.TestCase):
         self.assertEqual(rc, 2, out)
         self.assertIn("--procs-per-node 3: the 2 processes do not split into nodes of 3", out)
 
+    def test_the_asynchronous_server_needs_gloo(self):
+        rc, out, _ = self.mpirun(*TINY, "--variable-update", "parameter_server", "--cross-replica-sync", "off")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--cross-replica-sync off needs the processes to meet through Gloo", out)
+
     def test_a_killed_process_ends_the_run_naming_it(self):
         # process 1 is killed (SIGKILL) mid-run: the other ends too, within the timeout, and the output
         # names the rank that died (mpirun notices the death and ends the job)
@@ -1258,6 +1263,24 @@ class Launch(unittest.TestCase):
         for level in ("reduce-scatter within each node", "all-reduce across the nodes", "all-gather within each node"):
             self.assertRegex(out, level + r": [0-9.]+ ms, algbw [0-9.]+ GB/s, busbw [0-9.]+ GB/s")
         self.assertRegex(out, r"slowest: tower [0-3] \(rank [0-3], node [01], ")
+        # distributed_replicated: node sums pushed to a server on each node, the values pulled back
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
+                            "step,grad_sync", "--variable-update", "distributed_replicated", "--ps-ranks", "2"],
+                           capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertRegex(out, r"over Gloo in two levels \(2 nodes x 2 processes\) to 2 parameter servers")
+        for level in ("sum within each node", "push to the parameter servers", "pull from the parameter servers"):
+            self.assertRegex(out, level + r": [0-9.]+ ms, algbw [0-9.]+ GB/s")
+        for args, said in ((["--ps-ranks", "3"], "--ps-ranks 3: at most one parameter server per node, and there "
+                                                  "are 2"),
+                           (["--variable-update", "replicated", "--ps-ranks", "2"],
+                            "--ps-ranks applies to --variable-update distributed_replicated only")):
+            mode = [] if "--variable-update" in args else ["--variable-update", "distributed_replicated"]
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, *mode, *args],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn(said, p.stderr)
         # rank 3 (node 1) killed mid-run: the launcher names it first, and a rank that shares a level with
         # it (rank 2 within node 1, rank 1 across the nodes) names it too (each names what it waited on:
         # the dead rank, or one that ended because of it); all within the timeout
@@ -1273,9 +1296,44 @@ class Launch(unittest.TestCase):
         said = [l for l in out.splitlines() if l.startswith("stepbench launch: rank")]
         self.assertTrue(said, out)
         self.assertRegex(said[0], rf"rank 3 \(pid {victim}\) was killed by signal 9", out)
-        self.assertRegex(out, rf"on process [12] of 4: rank 3 \(pid {victim} on [^)]+\) did not answer")
+        # (a well rank still busy in a level when the others exchange tokens is named too: the dead one
+        # must be among those named)
+        self.assertRegex(out, rf"on process [12] of 4: ranks? (?:[0-9]+ \(pid [0-9]+ on [^)]+\), )*3 \(pid {victim} "
+                              rf"on [^)]+\) did not answer")
         self.assertEqual(p.returncode, 128 + 9, out)
         self.assertLess(time.monotonic() - t0, 90, out)
+
+    def test_an_asynchronous_parameter_server(self):
+        # --cross-replica-sync off: 3 workers at their own pace (worker 1 made 3x slower), the server on
+        # process 0 applying each push once
+        with tempfile.TemporaryDirectory() as d:
+            js = os.path.join(d, "run.json")
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "3", "--", *TINY, "--phases", "step,grad_sync",
+                                "--variable-update", "parameter_server", "--cross-replica-sync", "off",
+                                "--slow-tower", "1:3", "--json", js],
+                               capture_output=True, text=True, timeout=300)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            self.assertIn("over host memory (asynchronous parameter server on process 0) + Gloo over 3", out)
+            self.assertRegex(out, r"asynchronous: images/s per worker \(process\): 0 [0-9.]+, 1 [0-9.]+, 2 [0-9.]+; "
+                                  r"[0-9.]+ in total")
+            self.assertRegex(out, r"the server applied ([0-9]+) of the \1 pushes, each once")
+            a = json.load(open(js))["asynchronous"]
+            self.assertEqual(len(a["workers"]), 3)
+            self.assertEqual(a["applied"], sum(w["pushes"] for w in a["workers"]))
+            for w in a["workers"]:
+                self.assertEqual(w["applied"], w["pushes"], a)
+            self.assertAlmostEqual(a["images_per_s"], sum(w["images_per_s"] for w in a["workers"]), places=3)
+        for args, said in ((["--variable-update", "replicated"],
+                            "--cross-replica-sync off applies to --variable-update parameter_server"),):
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--", *TINY, "--cross-replica-sync", "off",
+                                *args], capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn(said, p.stderr)
+        p = subprocess.run([STEPBENCH, *TINY, "--variable-update", "parameter_server", "--cross-replica-sync", "off"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--cross-replica-sync off needs several processes as its workers", p.stderr)
 
     def test_torchruns_variables_set_by_hand(self):
         port = str(free_port())

@@ -5,7 +5,10 @@
 //       bit where two towers in one process do, in every variable-update mode
 //   Dist.TwoLevelsEqualReplicated  cpu: distributed_all_reduce over any number of processes and nodes
 //       (dist.two_nodes, mpi.two_nodes: 4 processes posing as 2 nodes) ends where replicated and where as many towers
-//       in one process do, to the rounding of the order of summation, with every rank bit for bit alike
+//       in one process do, to the rounding of the order of summation, with every rank bit for bit alike;
+//       distributed_replicated with one parameter server and with one per node where parameter_server does
+//   Dist.AsynchronousServerAppliesEveryPushOnce  cpu, Gloo: --cross-replica-sync off, each process
+//       stepping at its own pace: the server applies every worker's gradient exactly once (count and sum)
 //   Dist.NcclRanksEqualTheOracle  cuda: one tower per process (several sharing a GPU when there are
 //       fewer GPUs than processes), NCCL between them, in every mode, overlap on and off, fp32 and
 //       bf16, launched and replayed from a CUDA Graph: every rank ends with the same parameters, within
@@ -33,7 +36,7 @@ ProcessGroup& test_group() {
   static const std::unique_ptr<ProcessGroup> g = [] {
     LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, "", built_with_mpi());
     if (const char* k = std::getenv("STEPBENCH_TEST_PROCS_PER_NODE")) split_nodes(env, std::atoi(k));
-    return ProcessGroup::create(env, 120);
+    return ProcessGroup::create(env, 120, /*point_to_point=*/true);
   }();
   return *g;
 }
@@ -128,9 +131,10 @@ TEST(Dist, TwoLevelsEqualReplicated) {
     ASSERT_EQ(pg.across_nodes().size(), pg.nodes());
     ASSERT_EQ(pg.within_node().size(), pg.size() / pg.nodes());
   }
-  const auto run = [&](VariableUpdate mode, int towers, ProcessGroup* group) {
+  const auto run = [&](VariableUpdate mode, int towers, ProcessGroup* group, int ps_ranks = 1) {
     auto o = tiny_dist(BackendKind::cpu, towers, mode, false);
     o.group = group;
+    o.ps_ranks = ps_ranks;
     Towers t(o);
     t.set_synthetic_batch(77);  // process r gets the batch of tower r
     std::vector<float> before = tower_params(t, 0);
@@ -151,6 +155,57 @@ TEST(Dist, TwoLevelsEqualReplicated) {
     ASSERT_LE(std::abs(double{two_level[i]} - flat[i]), 1e-3 * moved) << "parameter " << i;
     ASSERT_LE(std::abs(double{two_level[i]} - local[i]), 1e-3 * moved) << "parameter " << i;
   }
+  // distributed_replicated, with one server and with one per node, ends where parameter_server does
+  const auto server = run(VariableUpdate::parameter_server, 1, &pg).second;
+  for (int k : {1, pg.across_nodes().size()}) {
+    SCOPED_TRACE(fmt::format("distributed_replicated, --ps-ranks {}", k));
+    const auto dr = run(VariableUpdate::distributed_replicated, 1, &pg, k).second;
+    EXPECT_TRUE(every_rank_holds(pg, dr)) << "the ranks' parameters differ";
+    for (std::size_t i = 0; i < init.size(); ++i)
+      ASSERT_LE(std::abs(double{dr[i]} - server[i]), 1e-3 * moved) << "parameter " << i;
+  }
+}
+
+TEST(Dist, AsynchronousServerAppliesEveryPushOnce) {
+  auto& pg = test_group();
+  expect_the_launched_ranks(pg);
+  if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.launch)";
+  if (pg.uses_mpi()) GTEST_SKIP() << "the asynchronous server answers on a thread of its own: Gloo only";
+  auto o = tiny_dist(BackendKind::cpu, 1, VariableUpdate::parameter_server, false);
+  o.group = &pg;
+  o.cross_replica_sync = false;
+  const int steps = 3 + 2 * pg.rank();  // the workers do not keep in step
+  AsyncStats s;
+  {
+    Towers t(o);
+    ASSERT_TRUE(t.asynchronous());
+    t.set_synthetic_batch(77);
+    for (int k = 0; k < steps; ++k) t.step();
+    t.synchronize();
+    s = t.async_stats();
+    EXPECT_EQ(s.pushes, steps);
+    // every worker's count and sum, on rank 0 beside what its server applied; a push returns with the
+    // variables, so once every worker is in the all-gather the server has applied all of them
+    const auto all = pg.allgather(std::vector<double>{static_cast<double>(s.pushes), s.pushed_sum});
+    s = t.async_stats();
+    if (pg.rank() == 0) {
+      double pushes = 0, sum = 0;
+      ASSERT_EQ(s.applied_per_worker.size(), static_cast<std::size_t>(pg.size()));
+      for (int r = 0; r < pg.size(); ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        EXPECT_EQ(static_cast<double>(s.applied_per_worker[i]), all[2 * i]) << "worker " << r;
+        pushes += all[2 * i];
+        sum += all[2 * i + 1];
+      }
+      EXPECT_EQ(static_cast<double>(s.applied), pushes);
+      EXPECT_NEAR(s.applied_sum, sum, 1e-9 * (1 + std::abs(sum)));
+      ASSERT_EQ(s.staleness.size(), static_cast<std::size_t>(s.applied));
+      for (double x : s.staleness) {
+        EXPECT_GE(x, 0.0);
+        EXPECT_LT(x, pushes);
+      }
+    }
+  }  // the towers go: every worker says goodbye, and process 0's server ends
 }
 
 TEST(Dist, NcclRanksEqualTheOracle) {
