@@ -123,16 +123,18 @@ void build_towers(Run& run) {
   run.feeder = std::make_unique<Feeder>(c, *run.towers);
   run.data_step = run.feeder->active() && has(run.phases, Phase::step);
   // every tower's timeline in the step fixture: which one the step waits for, and its cost
-  run.stragglers.on = run.towers->global_size() >= 2 && has(run.phases, Phase::step);
+  // (not for asynchronous workers, whose steps wait for no one: their report is stage_async's)
+  const bool towers_to_compare = run.towers->global_size() >= 2 && has(run.phases, Phase::step);
+  run.stragglers.on = towers_to_compare && !run.towers->asynchronous();
   if (c.straggler_top_given && !run.stragglers.on)
     throw UsageError(
         fmt::format("--straggler-top lists the towers of the step: it needs two towers or more (--gpus "
                     "2, or several processes) and the step phase (there are {} tower{})",
                     run.towers->global_size(), run.towers->global_size() == 1 ? "" : "s"));
-  if (c.slow_tower >= run.towers->global_size() && run.stragglers.on)
+  if (c.slow_tower >= run.towers->global_size() && towers_to_compare)
     throw UsageError(fmt::format("--slow-tower {}: there are {} towers (0 to {}); name one of them", c.slow_tower,
                                  run.towers->global_size(), run.towers->global_size() - 1));
-  if (c.slow_tower >= 0 && !run.stragglers.on)
+  if (c.slow_tower >= 0 && !towers_to_compare)
     throw UsageError(
         fmt::format("--slow-tower slows one tower against the others: it needs two towers or more "
                     "(--gpus 2, or several processes) and the step phase (there are {} towers{})",

@@ -160,10 +160,15 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
                                                 c.run.overlap ? "the buckets sync during backward" : "--no-overlap"));
     if (const Row* gs = find_row(rows, "grad_sync")) {  // the collective on a line of its own: its name is long
       out << labelled("grad_sync:", fmt::format("over {}, {}", t.sync_name(), to_string(c.run.variable_update)));
-      out << labelled(
-          "", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
-                          static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(), t.bucket_count() == 1 ? "" : "s",
-                          med(*gs->reps, "algbw_GB/s"), med(*gs->reps, "busbw_GB/s")));
+      if (t.asynchronous())
+        out << labelled("",
+                        "asynchronous: grad_sync only sums this process's towers; each worker's push and pull "
+                        "are in its update (see asynchronous, below)");
+      else
+        out << labelled("", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
+                                        static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(),
+                                        t.bucket_count() == 1 ? "" : "s", med(*gs->reps, "algbw_GB/s"),
+                                        med(*gs->reps, "busbw_GB/s")));
       // each level's host time, the slowest process's: in the step, which runs every level (a parameter
       // server's pull is part of the update), else in grad_sync
       const Row* lr = step ? step : gs;

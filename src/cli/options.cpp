@@ -214,6 +214,10 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
                why.empty() ? "" : fmt::format(": {}", why));
   }
   const bool cuda = m.backend == BackendKind::cuda;
+  if (cuda && o.procs_per_node > 0)
+    throw UsageError(
+        "--procs-per-node poses nodes for CPU ranks; on GPUs the launcher's local ranks choose each process's GPU: "
+        "use --backend cpu, or launch real nodes");
   if (cuda) {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) throw UsageError(fmt::format("--backend cuda: {}; use --backend cpu or auto", why));

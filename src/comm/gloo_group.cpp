@@ -200,7 +200,6 @@ class GlooTransport final : public Transport {
       auto b = p2p_->createUnboundBuffer(data, bytes);
       {
         std::lock_guard<std::mutex> l(p2p_mu_);
-        if (cancelled_) return;
         b->recv(from, slot);
         pending_ = b.get();
       }
@@ -218,10 +217,11 @@ class GlooTransport final : public Transport {
     });
     return who;
   }
-  void cancel_recv() override {
+  bool cancel_recv() override {
     std::lock_guard<std::mutex> l(p2p_mu_);
-    cancelled_ = true;
-    if (pending_) pending_->abortWaitRecv();
+    if (!pending_) return false;
+    pending_->abortWaitRecv();
+    return true;
   }
 
  private:
@@ -289,6 +289,10 @@ class GlooTransport final : public Transport {
   void p2p_call(const ProcessGroup& pg, int peer, const char* what, F&& f) {
     try {
       f();
+    } catch (const gloo::EnforceNotMet& e) {  // Gloo's own checks are not gloo::Exception
+      throw SyncError(fmt::format("{} {} {} failed on process {} of {} ({}): it ended or stalled", what,
+                                  peer >= 0 ? "with" : "from", peer >= 0 ? pg.name_ranks({peer}) : "another process",
+                                  pg.world_rank(), pg.world_size(), e.what()));
     } catch (const gloo::Exception& e) {
       throw SyncError(fmt::format("{} {} {} failed on process {} of {} ({}): it ended or stalled", what,
                                   peer >= 0 ? "with" : "from", peer >= 0 ? pg.name_ranks({peer}) : "another process",
@@ -298,7 +302,6 @@ class GlooTransport final : public Transport {
   std::shared_ptr<gloo::rendezvous::Context> ctx_, live_, p2p_;
   std::mutex mu_, live_mu_, p2p_mu_;
   gloo::transport::UnboundBuffer* pending_ = nullptr;  // a recv waiting, for cancel_recv
-  bool cancelled_ = false;
 };
 
 std::string host_name() {

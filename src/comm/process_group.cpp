@@ -186,9 +186,7 @@ int ProcessGroup::recv(const std::vector<int>& from, void* data, std::size_t byt
   return t_->recv(*this, from, data, bytes, slot, forever);
 }
 
-void ProcessGroup::cancel_recv() const {
-  if (t_) t_->cancel_recv();
-}
+bool ProcessGroup::cancel_recv() const { return t_ && t_->cancel_recv(); }
 
 std::string ProcessGroup::name_ranks(const std::vector<int>& ranks) const {
   std::string s;

@@ -77,11 +77,11 @@ class ProcessGroup {
   // `bytes` went to rank `to`; recv waits for them from any rank of `from` (within the timeout, or
   // forever until cancel_recv) and returns which sent them. `slot` tells messages apart. UsageError
   // where the group was not made for it (MPI, whose threads are serialised, or no point_to_point);
-  // SyncError when a peer is gone or silent past the timeout. cancel_recv ends a forever recv on
-  // another thread (it then returns -1).
+  // SyncError when a peer is gone or silent past the timeout. cancel_recv ends a recv waiting on
+  // another thread (it then returns -1) and says whether one was; one not yet waiting is not ended.
   void send(int to, const void* data, std::size_t bytes, std::uint64_t slot) const;
   int recv(const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot, bool forever) const;
-  void cancel_recv() const;
+  bool cancel_recv() const;
   // "rank 1 (pid 4242 on node7)", "ranks 1 (pid ...), 3 (pid ...)"; "" for none.
   std::string name_ranks(const std::vector<int>& ranks) const;
   // The two levels of a group spread over nodes (--variable-update distributed_all_reduce): the

@@ -34,7 +34,7 @@ class Transport {
   virtual void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot);
   virtual int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes,
                    std::uint64_t slot, bool forever);
-  virtual void cancel_recv() {}
+  virtual bool cancel_recv() { return false; }  // true: a recv was waiting, and now returns -1
 };
 
 // Where this process stands, as its transport found it.

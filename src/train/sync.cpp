@@ -158,7 +158,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const Sy
               "--cross-replica-sync off needs the processes to meet through Gloo (stepbench launch, torchrun, srun, "
               "or mpirun with --rendezvous): its server answers on a thread of its own, which MPI's serialised "
               "threads do not allow");
-        return make_async_server_sync(t, o.optimizer);
+        return make_async_server_sync(t, o.optimizer, o.async_checks);
       }
       return o.ps_on_host ? make_host_server_sync(t, o.optimizer) : make_device_server_sync(t, make_collective(o, t));
     case VariableUpdate::independent: return make_independent_sync(t);

@@ -112,7 +112,8 @@ std::unique_ptr<GradientSync> make_replicated_sync(const SyncTowers& t, std::uni
 std::unique_ptr<GradientSync> make_device_server_sync(const SyncTowers& t, std::unique_ptr<Collective> coll);
 std::unique_ptr<GradientSync> make_host_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer);
 std::unique_ptr<GradientSync> make_independent_sync(const SyncTowers& t);
-std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer);
+std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
+                                                     bool checks);
 std::unique_ptr<GradientSync> make_distributed_replicated_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
                                                                int ps_ranks);
 

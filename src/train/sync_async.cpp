@@ -8,8 +8,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -36,9 +39,11 @@ double sum_of(const float* p, std::size_t n) {
 
 class AsyncServerSync final : public GradientSync {
  public:
-  AsyncServerSync(const SyncTowers& t, const OptimizerConfig& optimizer) : t_(t) {
+  AsyncServerSync(const SyncTowers& t, const OptimizerConfig& optimizer, bool checks) : t_(t), checks_(checks) {
+    if (checks_) pushed_total_.assign(t.floats, 0.0);
     if (t_.group.rank() == 0) {
       master_.assign(t.params[0], t.params[0] + t.floats);
+      if (checks_) sent_hashes_.push_back(hash_of(master_.data(), t.floats));  // version 0: as built
       incoming_.resize(t.floats);
       opt_ = std::make_unique<OptimizerState>(*cpu_, optimizer, t.floats);
       for (int r = 1; r < t.group.size(); ++r) workers_.push_back(r);
@@ -54,20 +59,26 @@ class AsyncServerSync final : public GradientSync {
       }
       return;
     }
+    if (!server_.joinable()) return;
+    // every worker says goodbye as its sync goes; one that failed never will: then the wait ends with
+    // the group's timeout (0: forever). Unwinding an error, the run is ending: no wait.
+    const double limit = std::uncaught_exceptions() > 0 ? 0.0
+                         : t_.group.sync_timeout() > 0  ? std::max(5.0, t_.group.sync_timeout())
+                                                        : 1e300;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!served_all() && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     {
       std::lock_guard<std::mutex> l(mu_);
       stopping_ = true;
     }
-    if (server_.joinable()) {
-      // every worker says goodbye as its sync goes; one that failed never will: then the wait ends
-      // with the group's timeout (the run is ending with an error anyway)
-      const auto t0 = std::chrono::steady_clock::now();
-      while (!served_all() && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
-                                  std::max(5.0, t_.group.sync_timeout()))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // a receive is ended only once it waits: until the thread has seen stopping_, end the one it may
+    // have begun since
+    while (!finished_) {
       t_.group.cancel_recv();
-      server_.join();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    server_.join();
   }
 
   std::string name() const override {
@@ -95,7 +106,13 @@ class AsyncServerSync final : public GradientSync {
     be.synchronize(be.default_stream());
     pushed_sum_ += sum_of(g, t_.floats);
     ++pushes_;
+    if (checks_)
+      for (std::size_t i = 0; i < t_.floats; ++i) pushed_total_[i] += g[i];
     if (t_.group.rank() == 0) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!error_.empty()) throw SyncError("the asynchronous parameter server stopped: " + error_);
+      }
       have_ = apply(0, have_, g, t_.params[0]);
     } else {
       const std::int64_t head[2] = {push, have_};
@@ -122,6 +139,13 @@ class AsyncServerSync final : public GradientSync {
     s.applied_sum = applied_sum_;
     s.staleness = staleness_;
     s.applied_per_worker = applied_per_worker_;
+    s.version = have_;
+    if (checks_) {
+      s.pushed_total = pushed_total_;
+      s.params_hash = hash_of(t_.params[0], t_.floats);
+      s.master = master_;
+      s.sent_hashes = sent_hashes_;
+    }
     return s;
   }
   void check_capturable() const override {
@@ -143,35 +167,53 @@ class AsyncServerSync final : public GradientSync {
     opt_->update(cs, master_.data(), g);
     cpu_->synchronize(cs);
     std::copy(master_.begin(), master_.end(), out);
-    return ++version_;
+    ++version_;
+    if (checks_) {  // the variables of each version, as sent
+      sent_hashes_.push_back(hash_of(master_.data(), t_.floats));
+    }
+    return version_;
   }
 
   // Process 0's server thread: a push from any worker, applied, answered with the variables.
   void serve() {
     std::vector<float> reply(t_.floats);
     try {
-      while (!served_all()) {
+      while (!served_all() && !stopping()) {
         std::int64_t head[2] = {0, 0};
         const int w = t_.group.recv(workers_, head, sizeof head, kPushHead, true);
-        if (w < 0) return;  // cancelled
+        if (w < 0) break;  // cancelled
         if (head[0] == bye) {
           std::lock_guard<std::mutex> l(mu_);
           ++byes_;
           continue;
         }
-        t_.group.recv({w}, incoming_.data(), t_.arena_bytes(), kPushGrads, false);
+        if (t_.group.recv({w}, incoming_.data(), t_.arena_bytes(), kPushGrads, false) < 0) break;
         const std::int64_t version = apply(w, head[1], incoming_.data(), reply.data());
         t_.group.send(w, &version, sizeof version, kPullHead);
         t_.group.send(w, reply.data(), t_.arena_bytes(), kPullParams);
       }
-    } catch (const std::exception& e) {  // a worker that is gone: its own process reports it
+    } catch (const std::exception& e) {  // a worker that is gone: process 0's next update says so
       std::lock_guard<std::mutex> l(mu_);
       error_ = e.what();
     }
+    finished_ = true;
   }
   bool served_all() const {
     std::lock_guard<std::mutex> l(mu_);
-    return byes_ == static_cast<int>(workers_.size()) || (stopping_ && !error_.empty());
+    return byes_ == static_cast<int>(workers_.size()) || !error_.empty();
+  }
+  bool stopping() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return stopping_;
+  }
+  static std::uint64_t hash_of(const float* p, std::size_t n) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t b;
+      std::memcpy(&b, p + i, 4);
+      h = (h ^ b) * 1099511628211ull;
+    }
+    return h;
   }
 
   SyncTowers t_;
@@ -189,13 +231,18 @@ class AsyncServerSync final : public GradientSync {
   std::vector<long> applied_per_worker_;
   int byes_ = 0;
   bool stopping_ = false;
+  std::atomic<bool> finished_{false};  // the server thread returned
   std::string error_;
+  bool checks_;                             // TowerOptions::async_checks
+  std::vector<double> pushed_total_;        // with checks: every pushed gradient, element by element
+  std::vector<std::uint64_t> sent_hashes_;  // with checks, process 0: the variables of each version
 };
 
 }  // namespace
 
-std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer) {
-  return std::make_unique<AsyncServerSync>(t, optimizer);
+std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
+                                                     bool checks) {
+  return std::make_unique<AsyncServerSync>(t, optimizer, checks);
 }
 
 }  // namespace stepbench

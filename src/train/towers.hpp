@@ -54,6 +54,14 @@ struct AsyncStats {
   double pushed_sum = 0, applied_sum = 0;
   std::vector<double> staleness;
   std::vector<long> applied_per_worker;
+  long version = 0;  // the version of this worker's variables (updates the server had applied then)
+  // With TowerOptions::async_checks (tests): every gradient this worker pushed, summed element by
+  // element; a hash of its variables; on process 0 the server's master copy and a hash of the
+  // variables of each version it sent (index: the version).
+  std::vector<double> pushed_total;
+  std::uint64_t params_hash = 0;
+  std::vector<float> master;
+  std::vector<std::uint64_t> sent_hashes;
 };
 
 struct TowerOptions {
@@ -86,6 +94,9 @@ struct TowerOptions {
   // parameter_server across processes: false (--cross-replica-sync off) makes it asynchronous: each
   // process a worker that pushes and pulls without waiting for the others (CPU towers, Gloo).
   bool cross_replica_sync = true;
+  // Tests: the asynchronous server keeps what AsyncStats' checks need (an arena of doubles per worker,
+  // a hash per version), which the benchmark does not pay for.
+  bool async_checks = false;
   // A gradient sync (or NCCL's initialisation) that has not completed after this many seconds ends
   // the run with SyncError (--sync-timeout-s); 0 waits forever.
   double sync_timeout_s = 600.0;

@@ -155,6 +155,11 @@ TEST(Dist, TwoLevelsEqualReplicated) {
     ASSERT_LE(std::abs(double{two_level[i]} - flat[i]), 1e-3 * moved) << "parameter " << i;
     ASSERT_LE(std::abs(double{two_level[i]} - local[i]), 1e-3 * moved) << "parameter " << i;
   }
+  // 2 towers per process: their sum within the process first, the average over every tower
+  const auto two_each = run(VariableUpdate::distributed_all_reduce, 2, &pg).second;
+  const auto local2 = run(VariableUpdate::replicated, 2 * pg.size(), nullptr);
+  for (std::size_t i = 0; i < init.size(); ++i)
+    ASSERT_LE(std::abs(double{two_each[i]} - local2.second[i]), 1e-3 * moved) << "parameter " << i;
   // distributed_replicated, with one server and with one per node, ends where parameter_server does
   const auto server = run(VariableUpdate::parameter_server, 1, &pg).second;
   for (int k : {1, pg.across_nodes().size()}) {
@@ -171,39 +176,65 @@ TEST(Dist, AsynchronousServerAppliesEveryPushOnce) {
   expect_the_launched_ranks(pg);
   if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.launch)";
   if (pg.uses_mpi()) GTEST_SKIP() << "the asynchronous server answers on a thread of its own: Gloo only";
-  auto o = tiny_dist(BackendKind::cpu, 1, VariableUpdate::parameter_server, false);
+  // 2 towers per process; plain SGD, so that the server's variables end at the initial ones minus lr
+  // times every pushed gradient, in whatever order they came
+  auto o = tiny_dist(BackendKind::cpu, 2, VariableUpdate::parameter_server, false);
   o.group = &pg;
   o.cross_replica_sync = false;
+  o.async_checks = true;
+  o.optimizer.kind = OptimizerKind::sgd;
+  o.optimizer.lr = 0.05f;
   const int steps = 3 + 2 * pg.rank();  // the workers do not keep in step
-  AsyncStats s;
   {
     Towers t(o);
     ASSERT_TRUE(t.asynchronous());
     t.set_synthetic_batch(77);
+    const std::vector<float> init = tower_params(t, 0);
     for (int k = 0; k < steps; ++k) t.step();
     t.synchronize();
-    s = t.async_stats();
+    AsyncStats s = t.async_stats();
     EXPECT_EQ(s.pushes, steps);
-    // every worker's count and sum, on rank 0 beside what its server applied; a push returns with the
-    // variables, so once every worker is in the all-gather the server has applied all of them
-    const auto all = pg.allgather(std::vector<double>{static_cast<double>(s.pushes), s.pushed_sum});
+    EXPECT_EQ(tower_params(t, 1), tower_params(t, 0)) << "a worker's towers hold what it pulled";
+    // every worker's count, sum, version and variables' hash on rank 0 beside what its server applied
+    // and sent; a push returns with the variables, so once every worker is in the all-gather the
+    // server has applied them all
+    const auto all = pg.allgather(std::vector<double>{
+        static_cast<double>(s.pushes), s.pushed_sum, static_cast<double>(s.version),
+        static_cast<double>(s.params_hash >> 32), static_cast<double>(s.params_hash & 0xffffffffu)});
+    std::vector<float> total(s.pushed_total.begin(), s.pushed_total.end());
+    pg.allreduce_sum(total.data(), total.size());
     s = t.async_stats();
     if (pg.rank() == 0) {
       double pushes = 0, sum = 0;
       ASSERT_EQ(s.applied_per_worker.size(), static_cast<std::size_t>(pg.size()));
       for (int r = 0; r < pg.size(); ++r) {
-        const auto i = static_cast<std::size_t>(r);
-        EXPECT_EQ(static_cast<double>(s.applied_per_worker[i]), all[2 * i]) << "worker " << r;
-        pushes += all[2 * i];
-        sum += all[2 * i + 1];
+        const auto i = static_cast<std::size_t>(5 * r);
+        EXPECT_EQ(static_cast<double>(s.applied_per_worker[static_cast<std::size_t>(r)]), all[i]) << "worker " << r;
+        pushes += all[i];
+        sum += all[i + 1];
+        // the worker holds the variables the server sent it at its version
+        const auto version = static_cast<std::size_t>(all[i + 2]);
+        ASSERT_LT(version, s.sent_hashes.size()) << "worker " << r;
+        const std::uint64_t h = s.sent_hashes[version];
+        EXPECT_EQ(static_cast<double>(h >> 32), all[i + 3]) << "worker " << r << " at version " << version;
+        EXPECT_EQ(static_cast<double>(h & 0xffffffffu), all[i + 4]) << "worker " << r << " at version " << version;
       }
       EXPECT_EQ(static_cast<double>(s.applied), pushes);
       EXPECT_NEAR(s.applied_sum, sum, 1e-9 * (1 + std::abs(sum)));
       ASSERT_EQ(s.staleness.size(), static_cast<std::size_t>(s.applied));
+      double stale = 0;
       for (double x : s.staleness) {
         EXPECT_GE(x, 0.0);
         EXPECT_LT(x, pushes);
+        stale = std::max(stale, x);
       }
+      // the master copy: the initial variables minus lr times every push, element by element
+      ASSERT_EQ(s.master.size(), init.size());
+      double moved = 0;
+      for (std::size_t i = 0; i < init.size(); ++i) moved = std::max(moved, std::abs(0.05 * total[i]));
+      ASSERT_GT(moved, 0.0);
+      for (std::size_t i = 0; i < init.size(); ++i)
+        ASSERT_NEAR(s.master[i], init[i] - 0.05 * total[i], 1e-4 * moved) << "variable " << i;
     }
   }  // the towers go: every worker says goodbye, and process 0's server ends
 }
