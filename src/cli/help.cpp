@@ -84,7 +84,7 @@ const FlagHelp kFlags[] = {
     {"--batch-size", "Towers and sync", "N", "images per step per GPU [32; 4 in the reduced CPU run]"},
     {"--global-batch-size", "Towers and sync", "N", "images per step over every GPU (a multiple of --gpus)"},
     {"--variable-update", "Towers and sync", "MODE",
-     "how gradients are shared: replicated|parameter_server|independent|distributed_all_reduce|"
+     "how gradients are shared: replicated, parameter_server, independent, distributed_all_reduce, "
      "distributed_replicated"},
     {"--cross-replica-sync", "Towers and sync", "on|off", "parameter_server: off, workers push and pull on their own"},
     {"--ps-ranks", "Towers and sync", "K", "distributed_replicated: parameter servers, one per node at most"},
