@@ -197,6 +197,10 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
       return s.staging.size() > static_cast<std::size_t>(i) && s.staging[static_cast<std::size_t>(i)];
     });
     if (staged) meta_ev("thread_name", 4, "copy stream: the input batch staged");
+    // the process's sync levels, a track each (tids 5..7), under its first tower
+    const std::vector<SyncLevel> levels = i == 0 ? t.sync_levels() : std::vector<SyncLevel>{};
+    for (std::size_t l = 0; l < levels.size(); ++l)
+      meta_ev("thread_name", static_cast<int>(5 + l), fmt::format("communication: {} (host)", levels[l].name));
     auto span = [&](int tid, const std::string& name, const char* cat, double b, double e, nlohmann::json args) {
       ev.push_back({{"ph", "X"},
                     {"name", name},
@@ -234,6 +238,10 @@ nlohmann::json trace_json(const std::vector<ProbedStep>& steps, const Towers& t,
       for (const auto& bs : steps[k].buckets.at(static_cast<std::size_t>(i)))
         span(3, fmt::format("bucket {}", bs.bucket), "sync", bs.begin_ms, bs.end_ms,
              {{"bytes", buckets.at(bs.bucket).second * sizeof(float)}, {"step", k}, {"sync", t.sync_name()}});
+      for (const LevelSpan& l : steps[k].levels)
+        if (l.level < levels.size())
+          span(static_cast<int>(5 + l.level), levels[l.level].name, "sync level", l.begin_ms, l.end_ms,
+               {{"step", k}, {"level", levels[l.level].key}});
       if (steps[k].staging.size() > static_cast<std::size_t>(i) && steps[k].staging[static_cast<std::size_t>(i)]) {
         const auto [b, e] = *steps[k].staging[static_cast<std::size_t>(i)];
         span(4, "stage batch", "input", b, e, {{"step", k}});

@@ -197,12 +197,14 @@ ProbedRun::ProbedRun(Towers& t, bool activity, Feeder* feeder)
   }
   for (int i = 0; i < t.size(); ++i) t.graph(i).set_probe(probes_[static_cast<std::size_t>(i)].get());
   t.set_sync_timing(true);
+  t.set_level_tracing(true);
   if (feeder_) feeder_->trace(true);
 }
 
 ProbedRun::~ProbedRun() {
   for (int i = 0; i < t_.size(); ++i) t_.graph(i).set_probe(nullptr);
   t_.set_sync_timing(false);
+  t_.set_level_tracing(false);
   if (feeder_) feeder_->trace(false);
   for (auto& p : probes_)
     if (p->activity) p->be.stop_activity();
@@ -233,6 +235,8 @@ ProbedStep ProbedRun::step() {
   }
   t_.synchronize();
   ProbedStep st;
+  st.levels = t_.take_level_spans();
+  for (auto& l : st.levels) l.begin_ms -= origin_, l.end_ms -= origin_;
   for (int i = 0; i < n; ++i) {
     Probe& p = *probes_[static_cast<std::size_t>(i)];
     st.towers.push_back(p.finish());

@@ -55,6 +55,9 @@ struct ProbedStep {
   // what the pipeline's threads did since the last step's end
   std::vector<std::optional<std::pair<double, double>>> staging;  // [tower]
   std::vector<InputSpan> input;
+  // the process's sync levels (distributed_all_reduce, distributed_replicated): each call, ms since
+  // the run's origin, on the host
+  std::vector<LevelSpan> levels;
 };
 
 class ProbedRun {

@@ -1,10 +1,13 @@
 // Moving gradient and parameter buckets between towers: the Collective interface, and the two
 // implementations (host memory plus MPI for the cpu backend's towers, NCCL for GPU towers).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -21,6 +24,49 @@ struct SyncLevel {
   double bytes = 0;       // summed: what nccl-tests' algbw divides by the time
   double bus_factor = 0;  // nccl-tests' for the level's collective over its processes
   long calls = 0;
+};
+
+// One call of a level, while traced (--trace): steady-clock ms (the clock bench/layer_times' trace
+// counts from).
+struct LevelSpan {
+  std::size_t level;
+  double begin_ms, end_ms;
+};
+
+// The levels of a sync done in several and their timing: each call's host time into its SyncLevel
+// and, while traced, its span (kept until taken; the thread that syncs records, another takes).
+class LevelTimer {
+ public:
+  std::vector<SyncLevel> levels;
+  template <class F>
+  void timed(std::size_t level, double bytes, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    SyncLevel& l = levels.at(level);
+    l.seconds += std::chrono::duration<double>(t1 - t0).count();
+    l.bytes += bytes;
+    ++l.calls;
+    const std::lock_guard lock(mu_);
+    if (trace_) spans_.push_back({level, ms(t0), ms(t1)});
+  }
+  void trace(bool on) {
+    const std::lock_guard lock(mu_);
+    trace_ = on;
+    if (!on) spans_.clear();
+  }
+  std::vector<LevelSpan> take_spans() {
+    const std::lock_guard lock(mu_);
+    return std::exchange(spans_, {});
+  }
+
+ private:
+  static double ms(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t.time_since_epoch()).count();
+  }
+  std::mutex mu_;
+  bool trace_ = false;
+  std::vector<LevelSpan> spans_;
 };
 
 class Collective {
@@ -42,6 +88,9 @@ class Collective {
   virtual void broadcast(const std::vector<float*>& bufs, std::size_t off, std::size_t count) = 0;
   // The levels of allreduce_average, in order, where it runs in several; empty otherwise.
   virtual std::vector<SyncLevel> levels() const { return {}; }
+  // While on, each level's calls are kept as spans, taken (and cleared) by take_level_spans().
+  virtual void trace_levels(bool /*on*/) {}
+  virtual std::vector<LevelSpan> take_level_spans() { return {}; }
 };
 
 // Runs `fn` on a thread of its own and waits at most `seconds` for it: true when it returned in time.

@@ -2,8 +2,6 @@
 // processes, flat or in two levels.
 #include <fmt/format.h>
 
-#include <chrono>
-
 #include "comm/collective.hpp"
 
 namespace stepbench {
@@ -21,9 +19,9 @@ class HostCollective final : public Collective {
       : be_(be), group_(group), local_(local), procs_(group.size()), two_level_(two_level) {
     if (!two_level_) return;
     const double in = group.within_node().size(), across = group.across_nodes().size();
-    levels_ = {{"node_reduce_scatter", "reduce-scatter within each node", 0, 0, (in - 1) / in, 0},
-               {"cross_node_all_reduce", "all-reduce across the nodes", 0, 0, 2 * (across - 1) / across, 0},
-               {"node_all_gather", "all-gather within each node", 0, 0, (in - 1) / in, 0}};
+    timer_.levels = {{"node_reduce_scatter", "reduce-scatter within each node", 0, 0, (in - 1) / in, 0},
+                     {"cross_node_all_reduce", "all-reduce across the nodes", 0, 0, 2 * (across - 1) / across, 0},
+                     {"node_all_gather", "all-gather within each node", 0, 0, (in - 1) / in, 0}};
   }
   std::string name() const override {
     if (procs_ > 1 && two_level_)
@@ -33,7 +31,9 @@ class HostCollective final : public Collective {
     return procs_ > 1 ? fmt::format("{} over {} processes + host memory", group_.transport_name(), procs_)
                       : "host memory";
   }
-  std::vector<SyncLevel> levels() const override { return procs_ > 1 ? levels_ : std::vector<SyncLevel>{}; }
+  std::vector<SyncLevel> levels() const override { return procs_ > 1 ? timer_.levels : std::vector<SyncLevel>{}; }
+  void trace_levels(bool on) override { timer_.trace(on); }
+  std::vector<LevelSpan> take_level_spans() override { return timer_.take_spans(); }
   void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
     local_sum(bufs, off, count);
     if (procs_ > 1 && two_level_)
@@ -69,21 +69,12 @@ class HostCollective final : public Collective {
     const auto b = n * static_cast<std::size_t>(s) / static_cast<std::size_t>(parts);
     return {b, n * static_cast<std::size_t>(s + 1) / static_cast<std::size_t>(parts) - b};
   }
-  template <class F>
-  void timed(std::size_t level, double bytes, F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    SyncLevel& l = levels_[level];
-    l.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    l.bytes += bytes;
-    ++l.calls;
-  }
   void two_level_sum(float* p, std::size_t n) {
     const ProcessGroup& in = group_.within_node();
     const ProcessGroup& across = group_.across_nodes();
     const int parts = in.size();
     const double all = static_cast<double>(n * sizeof(float));
-    timed(0, all, [&] {
+    timer_.timed(0, all, [&] {
       for (int s = 0; s < parts; ++s) {
         const auto [b, k] = shard(n, s, parts);
         in.reduce_sum_to(p + b, k, s);
@@ -91,8 +82,8 @@ class HostCollective final : public Collective {
     });
     const auto mine = shard(n, in.rank(), parts);  // not a structured binding: the lambda captures it
     const std::size_t mb = mine.first, mk = mine.second;
-    timed(1, static_cast<double>(mk * sizeof(float)), [&] { across.allreduce_sum(p + mb, mk); });
-    timed(2, all, [&] {
+    timer_.timed(1, static_cast<double>(mk * sizeof(float)), [&] { across.allreduce_sum(p + mb, mk); });
+    timer_.timed(2, all, [&] {
       for (int s = 0; s < parts; ++s) {
         const auto [b, k] = shard(n, s, parts);
         in.broadcast_from(p + b, k, s);
@@ -103,7 +94,7 @@ class HostCollective final : public Collective {
   const ProcessGroup& group_;
   int local_, procs_;
   bool two_level_;
-  std::vector<SyncLevel> levels_;
+  LevelTimer timer_;
 };
 
 }  // namespace

@@ -73,6 +73,8 @@ class GradientSync {
   virtual void check_capturable() const {}
   // The collective's levels where it runs in several (Collective::levels).
   virtual std::vector<SyncLevel> levels() const { return {}; }
+  virtual void trace_levels(bool /*on*/) {}
+  virtual std::vector<LevelSpan> take_level_spans() { return {}; }
   // true: the processes do not step together (the asynchronous parameter server), and its counts.
   virtual bool asynchronous() const { return false; }
   virtual AsyncStats async_stats() const { return {}; }
@@ -92,6 +94,12 @@ class CollectiveSync : public GradientSync {
   void synchronize() const override;
   void wait_for(Backend& be, Stream& s) const override;
   std::vector<SyncLevel> levels() const override { return coll_ ? coll_->levels() : std::vector<SyncLevel>{}; }
+  void trace_levels(bool on) override {
+    if (coll_) coll_->trace_levels(on);
+  }
+  std::vector<LevelSpan> take_level_spans() override {
+    return coll_ ? coll_->take_level_spans() : std::vector<LevelSpan>{};
+  }
 
  protected:
   // The mode's collective on one bucket: `count` floats at `off` of every tower's gradients.

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "tensor/error.hpp"
 #include "train/sync.hpp"
@@ -30,9 +29,9 @@ class DistributedReplicatedSync final : public GradientSync {
       master_.assign(t.params[0] + b, t.params[0] + b + n);
       opt_ = std::make_unique<OptimizerState>(*cpu_, optimizer, n);
     }
-    levels_ = {{"node_reduce", "sum within each node", 0, 0, in_.size() > 1 ? 1.0 : 0.0, 0},
-               {"push_to_servers", "push to the parameter servers", 0, 0, 1.0, 0},
-               {"pull_from_servers", "pull from the parameter servers", 0, 0, 1.0, 0}};
+    timer_.levels = {{"node_reduce", "sum within each node", 0, 0, in_.size() > 1 ? 1.0 : 0.0, 0},
+                     {"push_to_servers", "push to the parameter servers", 0, 0, 1.0, 0},
+                     {"pull_from_servers", "pull from the parameter servers", 0, 0, 1.0, 0}};
   }
 
   std::string name() const override {
@@ -43,7 +42,11 @@ class DistributedReplicatedSync final : public GradientSync {
   }
   std::size_t bytes() const override { return t_.arena_bytes(); }
   double bus_factor() const override { return 1.0; }  // a reduce, as parameter_server's
-  std::vector<SyncLevel> levels() const override { return t_.group.size() > 1 ? levels_ : std::vector<SyncLevel>{}; }
+  std::vector<SyncLevel> levels() const override {
+    return t_.group.size() > 1 ? timer_.levels : std::vector<SyncLevel>{};
+  }
+  void trace_levels(bool on) override { timer_.trace(on); }
+  std::vector<LevelSpan> take_level_spans() override { return timer_.take_spans(); }
 
   // The towers' sum in host memory, the node's onto its first process, then each server's part of
   // the bucket from every node's first process onto that server.
@@ -54,9 +57,9 @@ class DistributedReplicatedSync final : public GradientSync {
     for (std::size_t i = 1; i < t_.towers.size(); ++i)
       be.add(be.default_stream(), Tensor{t_.grads[i] + off, flat_of(n)}, Tensor{sum, flat_of(n)}, 1.0f);
     be.synchronize(be.default_stream());
-    timed(0, static_cast<double>(n * sizeof(float)), [&] { in_.reduce_sum_to(sum, n, 0); });
+    timer_.timed(0, static_cast<double>(n * sizeof(float)), [&] { in_.reduce_sum_to(sum, n, 0); });
     if (leader_)
-      timed(1, static_cast<double>(n * sizeof(float)), [&] {
+      timer_.timed(1, static_cast<double>(n * sizeof(float)), [&] {
         for (int s = 0; s < servers_; ++s) {
           const auto [b, len] = overlap(off, n, s);
           if (len > 0) across_.reduce_sum_to(t_.grads[0] + b, len, server_node(s));
@@ -80,7 +83,7 @@ class DistributedReplicatedSync final : public GradientSync {
       cpu_->synchronize(cs);
       std::copy(master_.begin(), master_.end(), p + b);
     }
-    timed(2, static_cast<double>(t_.arena_bytes()), [&] {
+    timer_.timed(2, static_cast<double>(t_.arena_bytes()), [&] {
       if (leader_)
         for (int s = 0; s < servers_; ++s) {
           const auto [b, n] = shard(s);
@@ -116,15 +119,6 @@ class DistributedReplicatedSync final : public GradientSync {
       if (server_node(s) == across_.rank()) return s;
     return -1;
   }
-  template <class F>
-  void timed(std::size_t level, double bytes, F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    SyncLevel& l = levels_[level];
-    l.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    l.bytes += bytes;
-    ++l.calls;
-  }
 
   SyncTowers t_;
   const ProcessGroup& in_;
@@ -134,7 +128,7 @@ class DistributedReplicatedSync final : public GradientSync {
   std::unique_ptr<Backend> cpu_ = make_backend(BackendKind::cpu);
   std::vector<float> master_;
   std::unique_ptr<OptimizerState> opt_;
-  std::vector<SyncLevel> levels_;
+  LevelTimer timer_;
 };
 
 }  // namespace

@@ -290,6 +290,8 @@ std::string Towers::sync_name() const { return sync_->name(); }
 std::size_t Towers::sync_bytes() const { return sync_->bytes(); }
 double Towers::bus_factor() const { return sync_->bus_factor(); }
 std::vector<SyncLevel> Towers::sync_levels() const { return sync_->levels(); }
+void Towers::set_level_tracing(bool on) { sync_->trace_levels(on); }
+std::vector<LevelSpan> Towers::take_level_spans() { return sync_->take_level_spans(); }
 bool Towers::asynchronous() const { return sync_->asynchronous(); }
 AsyncStats Towers::async_stats() const { return sync_->async_stats(); }
 

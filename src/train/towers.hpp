@@ -235,6 +235,10 @@ class Towers {
   // The levels of a sync done in several (distributed_all_reduce), timed on the host since the towers
   // were made (Collective::levels); empty otherwise.
   std::vector<SyncLevel> sync_levels() const;
+  // --trace: while on, each level's calls are kept as spans (steady-clock ms), taken and cleared by
+  // take_level_spans() after a step.
+  void set_level_tracing(bool on);
+  std::vector<LevelSpan> take_level_spans();
   // --cross-replica-sync off: the processes do not step together (the timing must not make them).
   bool asynchronous() const;
   AsyncStats async_stats() const;
