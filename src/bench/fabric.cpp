@@ -37,7 +37,8 @@ double normal_quantile(double p) {
 Fabric fabric_of(const BenchConfig& c) {
   return {{c.fabric.empty() ? "given" : c.fabric, c.link_gbps, c.link_latency_us},
           {c.node_fabric.empty() ? "given" : c.node_fabric, c.node_link_gbps, c.node_link_latency_us},
-          c.gpus_per_node};
+          c.gpus_per_node,
+          ""};
 }
 
 std::string describe(const Fabric& f) {
@@ -60,18 +61,46 @@ double allreduce_ms(const Fabric& f, double bytes, int gpus, std::string* algori
   const int nodes = (gpus + g - 1) / g;
   // one node: everything over its link; a flat fabric: over the one link
   const AlphaBeta flat = of(two_levels && nodes == 1 ? f.node : f.between);
-  double best = ring(flat, bytes, n);
-  std::string name = "ring";
-  if (const double t = tree(flat, bytes, n); t < best) best = t, name = "tree";
-  if (two_levels && nodes > 1) {
+  // the hierarchical one: a reduce-scatter and an all-gather within each node, each GPU's share
+  // all-reduced between the nodes (nothing between one node's GPUs)
+  const auto hierarchical = [&] {
     const AlphaBeta in = of(f.node), out = of(f.between);
     const double share = bytes / g;
-    const double within = g > 1 ? 2 * (g - 1) * (in.alpha + share / in.beta) : 0;  // reduce-scatter + all-gather
-    const double between = std::min(ring(out, share, nodes), tree(out, share, nodes));
-    if (within + between < best) best = within + between, name = "2-level";
+    const double within = g > 1 ? 2 * (g - 1) * (in.alpha + share / in.beta) : 0;
+    return within + (nodes > 1 ? std::min(ring(out, share, nodes), tree(out, share, nodes)) : 0);
+  };
+  double best = 0;
+  std::string name;
+  if (f.algorithm == "ring") {
+    best = ring(flat, bytes, n), name = "ring";
+  } else if (f.algorithm == "2-level" && two_levels) {
+    best = hierarchical(), name = "2-level";
+  } else {
+    best = ring(flat, bytes, n), name = "ring";
+    if (const double t = tree(flat, bytes, n); t < best) best = t, name = "tree";
+    if (two_levels && nodes > 1)
+      if (const double t = hierarchical(); t < best) best = t, name = "2-level";
   }
   if (algorithm) *algorithm = name;
   return best;
+}
+
+Fabric fabric_from_run(const RunLinks& r) {
+  const auto link = [](double gb_per_s) { return LinkModel{"this run's grad_sync", gb_per_s * 8, 0}; };
+  Fabric f;
+  if (r.per_node <= 0) {
+    f.between = link(r.flat_GBps);
+    f.algorithm = "ring";
+    return f;
+  }
+  f.gpus_per_node = r.per_node;
+  f.algorithm = "2-level";
+  f.between = link(r.across_GBps);
+  // the model's 2 (G-1) s / (G beta) within a node is the reduce-scatter's time plus the all-gather's,
+  // each (G-1) s / (G busbw): beta is their busbws' harmonic mean. One process per node: no such link
+  const bool inside = r.per_node > 1 && r.node_reduce_scatter_GBps > 0 && r.node_all_gather_GBps > 0;
+  f.node = link(inside ? 2 / (1 / r.node_reduce_scatter_GBps + 1 / r.node_all_gather_GBps) : r.across_GBps);
+  return f;
 }
 
 FittedLink fit_nccl_tests(const std::string& path) {

@@ -38,6 +38,21 @@ struct FittedLink {
 // UsageError naming the file and what is wrong when it is not such a file.
 FittedLink fit_nccl_tests(const std::string& path);
 
+// --fabric-from run: the links fitted to a multi-process run's own grad_sync fixture (the sync alone,
+// no compute beside it), each the busbw its level reached, with no latency (one total per level
+// cannot split the two; the buckets are megabytes). Flat (per_node 0): Gloo's ring over the
+// processes, the grad_sync's busbw. Two levels (distributed_all_reduce, per_node processes per
+// node): within a node from the reduce-scatter's and the all-gather's busbw, between nodes the
+// cross-node all-reduce's. The algorithm is pinned to the one the run used, so that the run's buckets
+// projected alone take the time the fixture measured; what the step's projection then gets wrong
+// is what the model leaves out (overlap with compute, the machine's cores shared, stragglers).
+struct RunLinks {
+  double flat_GBps = 0;                                                            // per_node 0
+  double node_reduce_scatter_GBps = 0, across_GBps = 0, node_all_gather_GBps = 0;  // two levels
+  int per_node = 0;
+};
+Fabric fabric_from_run(const RunLinks& r);
+
 // The expected slowest of `gpus` step times drawn like `samples` (one GPU's timed steps), minus
 // their median: the expected maximum of that many normal draws (Blom's approximation of its
 // quantile) at the samples' spread, from the robust one (1.4826 MAD, blind to rare hiccups) less its

@@ -39,9 +39,10 @@ std::vector<std::string> fabric_names() {
   return v;
 }
 
-ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap) {
+ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap, int processes) {
   ProjectionInput in;
-  in.sequential = t.backend(0).name() == "cpu";
+  in.processes = processes;
+  in.sequential = processes == 1 && t.backend(0).name() == "cpu";  // processes run side by side
   const auto layers = t.graph(0).layers();
   std::map<std::string, std::vector<double>> phase;
   std::vector<std::vector<double>> end_of(layers.size());  // per layer: its backward's end after backward's start
@@ -66,7 +67,10 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   in.update_ms = med("update");
   if (phase.count("step")) {  // the band's spread and one GPU's step (a run's timed steps replace both)
     in.step_samples = phase["step"];
-    in.step_ms = median(phase["step"]);
+    // several processes: each step less its wait for the sync, which the model puts back
+    if (processes > 1 && phase["grad_sync"].size() == in.step_samples.size())
+      for (std::size_t k = 0; k < in.step_samples.size(); ++k) in.step_samples[k] -= phase["grad_sync"][k];
+    in.step_ms = median(in.step_samples);
   }
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
   for (const auto& [off, count] : t.buckets()) {
@@ -135,12 +139,20 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
                       const std::vector<std::pair<int, double>>& measured, std::int64_t batch) {
   double bytes = 0;
   for (const auto& b : in.buckets) bytes += b.bytes;
+  const std::string from =
+      in.processes > 1
+          ? fmt::format(
+                "projection checked against this run of {} processes, one tower each, as {} GPUs: from "
+                "process 0's compute, {:.3f} ms a step (its probed steps less their wait for the sync",
+                in.processes, in.processes, in.base_ms())
+          : fmt::format("projection from one GPU's measured step, {:.3f} ms (in the probed steps", in.base_ms());
   std::cout << "\n"
-            << wrap(fmt::format("projection from one GPU's measured step, {:.3f} ms (in the probed steps forward "
-                                "{:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} buckets, {:.1f} MB of gradients) "
-                                "over {}, batch {} per GPU:",
-                                in.base_ms(), in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(),
-                                bytes / 1e6, describe(fabric), batch),
+            << wrap(fmt::format("{}; forward {:.3f} ms, backward {:.3f} ms, update {:.3f} ms; {} buckets, {:.1f} MB "
+                                "of gradients) over {}{}, batch {} per GPU:",
+                                from, in.forward_ms, in.backward_ms, in.update_ms, in.buckets.size(), bytes / 1e6,
+                                describe(fabric),
+                                fabric.algorithm.empty() ? "" : fmt::format(", {} as the run did", fabric.algorithm),
+                                batch),
                     2);
   const bool band = std::any_of(pts.begin(), pts.end(), [](const ProjectedPoint& p) { return p.tax_hi_ms > 0; });
   std::cout << fmt::format("{:>6} {:>10}{} {:>9} {:>10} {:>8} {:>17} {:>11} {:>8}\n", "gpus", "step ms",
@@ -169,12 +181,17 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
             "from when it is ready"
           : fmt::format("assumptions: weak scaling (batch per GPU fixed), the per-GPU compute measured here; "
                         "buckets one after another on one channel from when backward produced them, overlapping the "
-                        "rest of backward; per bucket the fastest of NCCL's ring, 2(N-1)(alpha + s/(N beta)), and "
-                        "tree, 2 ceil(log2 N) alpha + 2 s/beta{}; no congestion.{}",
-                        fabric.gpus_per_node > 0
-                            ? ", and the two-level one (reduce-scatter and all-gather within each node, the "
-                              "all-reduce of each GPU's share between the nodes)"
-                            : ", over one flat fabric",
+                        "rest of backward; per bucket {}; no congestion.{}",
+                        fabric.algorithm == "ring" ? "the ring, 2(N-1)(alpha + s/(N beta))"
+                        : fabric.algorithm == "2-level"
+                            ? "two levels: reduce-scatter and all-gather within each node, 2(G-1)(alpha + s/(G "
+                              "beta)), and the ring of each GPU's share between the nodes"
+                            : fmt::format("the fastest of NCCL's ring, 2(N-1)(alpha + s/(N beta)), and tree, 2 "
+                                          "ceil(log2 N) alpha + 2 s/beta{}",
+                                          fabric.gpus_per_node > 0
+                                              ? ", and the two-level one (reduce-scatter and all-gather within each "
+                                                "node, the all-reduce of each GPU's share between the nodes)"
+                                              : ", over one flat fabric"),
                         band
                             ? fmt::format(" +stragglers: the expected slowest of N GPUs' steps spread like this "
                                           "run's {} steps (normal tails, from the robust spread to the full one), over "
@@ -184,10 +201,10 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
       2);
 }
 
-nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric,
-                               const std::vector<ProjectedPoint>& pts) {
+nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts,
+                               const std::vector<std::pair<int, double>>& measured) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& p : pts)
+  for (const auto& p : pts) {
     rows.push_back({{"gpus", p.gpus},
                     {"step_ms", p.step_ms},
                     {"sync_ms", p.sync_ms},
@@ -195,6 +212,12 @@ nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric,
                     {"scaling_efficiency", p.efficiency},
                     {"algorithm", p.algorithm},
                     {"straggler_band_ms", {p.tax_lo_ms, p.tax_hi_ms}}});
+    for (const auto& [g, ms] : measured)
+      if (g == p.gpus && ms > 0) {
+        rows.back()["measured_step_ms"] = ms;
+        rows.back()["error"] = p.step_ms / ms - 1;
+      }
+  }
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : in.buckets) buckets.push_back({{"ready_ms", b.ready_ms}, {"bytes", b.bytes}});
   const auto link = [](const LinkModel& l) {
@@ -206,9 +229,11 @@ nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric,
                    {"update_ms", in.update_ms},
                    {"one_gpu_step_ms", in.base_ms()},
                    {"towers_one_after_another", in.sequential},
+                   {"processes", in.processes},
                    {"buckets", buckets},
                    {"step_samples", in.step_samples.size()},
                    {"points", rows}};
+  if (!fabric.algorithm.empty()) j["algorithm"] = fabric.algorithm;
   if (fabric.gpus_per_node > 0) {
     j["gpus_per_node"] = fabric.gpus_per_node;
     j["node_link"] = link(fabric.node);

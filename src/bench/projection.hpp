@@ -9,6 +9,8 @@
 // produced it (overlapped with the rest of backward, as the towers do); per bucket the faster of
 // NCCL's ring, 2(N-1) (alpha + s / (N beta)), and tree, 2 ceil(log2 N) alpha + 2 s / beta, over one
 // flat fabric, or with --gpus-per-node also the two-level one (bench/fabric.hpp); no congestion.
+// Run with several processes (one tower each), it projects from one process's compute and prints the
+// step the run measured beside it, with the error: the model checked on a point it was not fitted to.
 // The straggler band beside the step: the expected slowest of N GPUs' steps drawn like this run's. On the cpu backend
 // the towers of one process run one after another and sum in host memory: N (forward + backward + update), the sync
 // overlapping the last tower's backward, alpha + 2 (N-1) s / beta per bucket.
@@ -33,6 +35,9 @@ struct Fabric {
   LinkModel between;      // between nodes (or the one flat link)
   LinkModel node;         // within a node
   int gpus_per_node = 0;  // 0: one flat fabric (`between`)
+  // "": per bucket the fastest model; "ring" or "2-level": the one a measured run used (--fabric-from
+  // run), so that the projection of that run models what it did
+  std::string algorithm;
 };
 // The --fabric presets (nominal figures); nullopt-like: name empty when unknown.
 LinkModel fabric_preset(const std::string& name);
@@ -51,13 +56,18 @@ struct ProjectionInput {
   };
   std::vector<Bucket> buckets;  // in sync order
   bool sequential = false;      // cpu towers: one after another, host-memory sums
+  // > 1: a run of that many processes, one tower each, projected to check the model against it: each
+  // process is a GPU, and one GPU's step is its compute alone (the probed steps less their wait for
+  // the sync), which the model adds the sync to
+  int processes = 1;
   // one GPU's steps (ms), the probed ones (projection_input) or the timed ones: their spread makes
   // the straggler band
   std::vector<double> step_samples;
 };
-// Tower 0's medians over the probed steps of a one-tower run. overlap false (--no-overlap): every
-// bucket waits for the end of backward.
-ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap);
+// Tower 0's medians over the probed steps of a one-tower run, or of one process of `processes` (one
+// tower each). overlap false (--no-overlap): every bucket waits for the end of backward.
+ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Towers& t, bool overlap,
+                                 int processes = 1);
 // One GPU's step as the run timed it (its median, ms, without probes): the step every tower repeats
 void set_measured_step(ProjectionInput& in, double step_ms);
 
@@ -75,6 +85,9 @@ std::vector<ProjectedPoint> project(const ProjectionInput& in, const Fabric& fab
 // the measured step and the error.
 void print_projection(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts,
                       const std::vector<std::pair<int, double>>& measured, std::int64_t batch);
-nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts);
+// `measured` as print_projection's: the points it has gain measured_step_ms and error (projected over
+// measured, less 1).
+nlohmann::json projection_json(const ProjectionInput& in, const Fabric& fabric, const std::vector<ProjectedPoint>& pts,
+                               const std::vector<std::pair<int, double>>& measured = {});
 
 }  // namespace stepbench

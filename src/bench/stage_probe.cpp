@@ -38,6 +38,34 @@ void write_trace(const Run& run, const std::vector<ProbedStep>& steps, bool acti
   write_json_file(run.trace, j);
 }
 
+// --fabric-from run: the links from the grad_sync fixture's busbw, each level's median over the
+// repetitions (fabric.hpp). UsageError when the fixture did not run or moved nothing.
+Fabric fabric_of_this_run(const Run& run, const Timings& t) {
+  const auto it = t.reporter->reps.find(run.prefix + "/grad_sync");
+  const auto med = [&](const std::string& counter) {
+    std::vector<double> v;
+    if (it != t.reporter->reps.end())
+      for (const auto& r : it->second)
+        if (const auto c = r.counters.find(counter); c != r.counters.end() && c->second > 0) v.push_back(c->second);
+    return v.empty() ? 0.0 : median(v);
+  };
+  RunLinks r;
+  const ProcessGroup& g = run.group;
+  if (run.c.run.variable_update == VariableUpdate::distributed_all_reduce) {
+    r.per_node = g.within_node().size();
+    r.node_reduce_scatter_GBps = med("node_reduce_scatter_busbw_GB/s");
+    r.across_GBps = med("cross_node_all_reduce_busbw_GB/s");
+    r.node_all_gather_GBps = med("node_all_gather_busbw_GB/s");
+  } else {
+    r.flat_GBps = med("busbw_GB/s");
+  }
+  if (const double fitted = r.per_node > 0 ? r.across_GBps : r.flat_GBps; !(fitted > 0))
+    throw UsageError(
+        "--fabric-from run fits the links to the grad_sync fixture, which timed nothing here; keep grad_sync in "
+        "--phases");
+  return fabric_from_run(r);
+}
+
 void probe_steps(Run& run, const Timings& t, Probes& p) {
   const BenchConfig& c = run.c;
   Towers& towers = *run.towers;
@@ -48,16 +76,22 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
   if (activity && run.root && note != "CUPTI activity records")
     std::cerr << "stepbench: no kernel names in the probed steps: " << note << "\n";
   if (!c.project_gpus.empty()) {
-    p.projection = projection_input(steps, towers, c.run.overlap);
+    const int procs = run.group.size();
+    p.projection = projection_input(steps, towers, c.run.overlap, procs);
+    if (c.fabric_from == "run") p.fabric = fabric_of_this_run(run, t);
+    if (procs > 1)  // the check models what the run did, not the fastest of the models
+      p.fabric.algorithm = c.run.variable_update == VariableUpdate::distributed_all_reduce ? "2-level" : "ring";
     const auto& calls = run.step_samples;  // the repetitions' steps, when the step fixture ran
     const std::size_t keep = std::min(calls.size(), static_cast<std::size_t>(std::max(1, c.repetitions)));
-    if (keep > 0) {
+    if (keep > 0 && procs == 1) {  // several processes: their timed steps hold the sync the model adds
       p.projection->step_samples.clear();
       for (std::size_t k = calls.size() - keep; k < calls.size(); ++k)
         p.projection->step_samples.insert(p.projection->step_samples.end(), calls[k].begin(), calls[k].end());
       set_measured_step(*p.projection, median(p.projection->step_samples));
     }
-    auto j = projection_json(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus));
+    std::vector<std::pair<int, double>> measured;  // the point this run measured
+    if (const double ms = timed_step_ms(run, t); ms > 0) measured.emplace_back(run.gpus, ms);
+    auto j = projection_json(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus), measured);
     if (!c.fabric_note.empty()) j["fabric_from"] = c.fabric_note;
     add_json_section(run, t, "projection", j);
   }

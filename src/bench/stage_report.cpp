@@ -17,9 +17,7 @@
 #include "bench/stages.hpp"
 
 namespace stepbench {
-namespace {
 
-// The step's median device time from the timed repetitions (NaN: none), for the probes' cost.
 double timed_step_ms(const Run& run, const Timings& t) {
   const auto it = t.reporter->reps.find(run.prefix + "/step");
   std::vector<double> v;
@@ -27,6 +25,8 @@ double timed_step_ms(const Run& run, const Timings& t) {
     for (const auto& x : it->second) v.push_back(x.device_ms);
   return v.empty() ? NAN : median(v);
 }
+
+namespace {
 
 void print_peer_line(const Run& run, const PeerResult& peer) {
   std::cout
@@ -117,10 +117,16 @@ int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) 
     if (!peer.layers.empty()) print_peer_layers(match_peer_layers(*p.layer_times, peer), peer, 12);
   }
   if (p.projection) {
-    // the point this run measured: one GPU's step (its median)
+    // the point this run measured: one GPU's step (its median), or the processes' (the slowest's)
     std::vector<std::pair<int, double>> measured;
     if (const double ms = timed_step_ms(run, t); ms > 0) measured.emplace_back(run.gpus, ms);
     if (!c.fabric_note.empty()) std::cout << "\n" << wrap("--fabric-from: " + c.fabric_note, 2);
+    if (c.fabric_from == "run")
+      std::cout << "\n"
+                << wrap(
+                       "--fabric-from run: the links are the busbw each level of the gradient sync reached in the "
+                       "grad_sync fixture (the sync alone), with no latency",
+                       2);
     print_projection(*p.projection, p.fabric, project(*p.projection, p.fabric, c.project_gpus), measured,
                      c.run.batch_per_tower);
   }

@@ -40,13 +40,36 @@ Exit check_output_files(const Run& run) {
   return std::nullopt;
 }
 
+// --project-gpus over several processes checks the model against the run: one tower per process, and
+// a fabric of the run's shape. "" when it may go on.
+std::string projection_refusal(const BenchConfig& c, const ProcessGroup& g) {
+  if (c.project_gpus.empty()) return c.fabric_from == "run" ? "--fabric-from run needs --project-gpus" : "";
+  if (g.size() == 1)
+    return c.fabric_from == "run"
+               ? "--fabric-from run fits the links to this run's gradient sync across processes, and this run "
+                 "has one: run it with several processes, or give the link (--fabric, --link-*, --fabric-from FILE)"
+               : "";
+  if (c.run.towers != 1)
+    return fmt::format(
+        "--project-gpus over {} processes checks the projection against this run, a GPU per process: use --gpus 1 "
+        "(this run has {} towers per process)",
+        g.size(), c.run.towers);
+  if (c.run.variable_update != VariableUpdate::distributed_all_reduce || c.fabric_from == "run") return "";
+  const int per = g.has_levels() ? g.within_node().size() : 0;  // 0: the mode refuses the run itself
+  if (per > 0 && c.gpus_per_node != per)
+    return fmt::format(
+        "--project-gpus checks distributed_all_reduce's two levels against this run of {} processes per node: give "
+        "--gpus-per-node {} with the link within a node, or --fabric-from run",
+        per, per);
+  return "";
+}
+
 // What runs in one process only, and the peer's Python: a missing torch is found before the
 // benchmarks, not after.
 Exit check_single_process_flags(Run& run) {
   const BenchConfig& c = run.c;
-  if (!c.project_gpus.empty() && run.group.size() > 1) {
-    if (run.root)
-      std::cerr << "stepbench: --project-gpus starts from one GPU's step in one process; drop it for several\n";
+  if (const std::string why = projection_refusal(c, run.group); !why.empty()) {
+    if (run.root) std::cerr << "stepbench: " << why << "\n";
     return 2;
   }
   if (c.peer != PeerKind::none && run.group.size() > 1) {

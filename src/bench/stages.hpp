@@ -123,6 +123,9 @@ struct Probes {
 void add_json_section(const Run& run, const Timings& t, const std::string& key, const nlohmann::json& v);
 // The exit status of a process other than the root, which reports nothing.
 int other_process_exit(const Run& run, const Timings& t, const Probes& p);
+// The step fixture's median device time over the timed repetitions (NaN: none): the slowest
+// process's with several
+double timed_step_ms(const Run& run, const Timings& t);
 
 // Google Benchmark's flags, the files the run will write, the peer's Python, then the towers and
 // the feeder. Ends the run with 2 on a usage error, with 0 after --list.

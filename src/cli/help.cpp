@@ -63,7 +63,7 @@ const FlagHelp kFlags[] = {
     {"--node-fabric", "What to run", "NAME", "--gpus-per-node: the link within a node, a named one"},
     {"--node-link-gbps", "What to run", "X", "--gpus-per-node: the link within a node, Gbit/s"},
     {"--node-link-latency-us", "What to run", "X", "--gpus-per-node: its latency per hop, microseconds"},
-    {"--fabric-from", "What to run", "FILE", "--project-gpus: the link fitted to an nccl-tests -J run"},
+    {"--fabric-from", "What to run", "FILE", "--project-gpus: the link fitted to an nccl-tests -J run, or run"},
     {"--peer", "What to run", "pytorch|pytorch-compile", "also time the same in PyTorch: ratios in the summary"},
     {"--peer-python", "What to run", "PATH", "the Python whose torch runs --peer [the first that imports it]"},
     {"--list", "What to run", "", "print the benchmark names and run nothing"},

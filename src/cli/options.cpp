@@ -356,10 +356,12 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
     if (!one)
       throw UsageError(b.sweep() ? "--project-gpus starts from one GPU's step: add 1 to --sweep-gpus"
                                  : "--project-gpus starts from one GPU's step: use --gpus 1");
-    if (b.run.variable_update != VariableUpdate::replicated)
+    if (b.run.variable_update != VariableUpdate::replicated &&
+        b.run.variable_update != VariableUpdate::distributed_all_reduce)
       throw UsageError(
-          fmt::format("--project-gpus models replicated all-reduce; --variable-update {} moves "
-                      "gradients otherwise: use replicated or drop --project-gpus",
+          fmt::format("--project-gpus models all-reduce (replicated, or distributed_all_reduce over several "
+                      "processes); --variable-update {} moves gradients otherwise: use one of them or drop "
+                      "--project-gpus",
                       to_string(b.run.variable_update)));
     if (b.list) throw UsageError("--list prints names and runs nothing to project from: drop --project-gpus");
   }

@@ -3,6 +3,8 @@
 // resolved into BenchConfig (bench/fabric.hpp models it).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <CLI/CLI.hpp>
 
 #include "bench/fabric.hpp"
@@ -25,7 +27,8 @@ void add_fabric_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(0.0, 1e6));
   app.add_option("--fabric-from", b.fabric_from,
                  "--project-gpus: fit the link to an nccl-tests all_reduce_perf -J FILE run (one host: the link "
-                 "within a node with --gpus-per-node; else between nodes)");
+                 "within a node with --gpus-per-node; else between nodes), or to this run's grad_sync (run: "
+                 "several processes)");
 }
 
 // Before the flat link's checks (options.cpp): returns whether --fabric-from gave the link between
@@ -53,6 +56,17 @@ bool resolve_fabric(Options& o) {
     b.node_link_latency_us = l.latency_us;
   }
   bool between = false;
+  if (b.fabric_from == "run") {  // fitted once the run's grad_sync fixture has run (bench/stage_probe.cpp)
+    if (o.given("--fabric") || o.given("--link-gbps") || o.given("--link-latency-us") || node_given ||
+        o.given("--gpus-per-node"))
+      throw UsageError(
+          "--fabric-from run takes the links and the nodes from this run; drop --fabric, --link-*, --gpus-per-node "
+          "and --node-*");
+    if (!b.phases.empty() && std::find(b.phases.begin(), b.phases.end(), Phase::grad_sync) == b.phases.end())
+      throw UsageError("--fabric-from run fits the links to the grad_sync fixture: add grad_sync to --phases");
+    b.fabric = "this run's grad_sync";
+    return true;
+  }
   if (!b.fabric_from.empty()) {
     const FittedLink f = fit_nccl_tests(b.fabric_from);
     b.fabric_note = f.note;

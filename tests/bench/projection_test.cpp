@@ -19,7 +19,7 @@ ProjectionInput gpu_input() {
   in.buckets = {{5, 1e6}, {20, 1e6}};
   return in;
 }
-const Fabric kLink{{"given", 8, 10}, {}, 0};
+const Fabric kLink{{"given", 8, 10}, {}, 0, ""};
 
 TEST(Projection, OneGpuSyncsNothing) {
   const auto p = project(gpu_input(), kLink, {1});
@@ -94,7 +94,7 @@ TEST(Projection, TheTimedStepIsWhatEveryTowerRepeats) {
 // across nodes the node's fast link makes it no slower than the flat network alone
 TEST(Projection, TwoLevelsAsTheFlatModelInOneNodeAndFasterAcross) {
   const LinkModel nv{"nvlink4", 3600, 3}, ib{"ib-ndr", 400, 5};
-  const Fabric two{ib, nv, 8}, flat_nv{nv, {}, 0}, flat_ib{ib, {}, 0};
+  const Fabric two{ib, nv, 8, ""}, flat_nv{nv, {}, 0, ""}, flat_ib{ib, {}, 0, ""};
   for (int g : {2, 4, 8})
     EXPECT_DOUBLE_EQ(project(gpu_input(), two, {g})[0].step_ms, project(gpu_input(), flat_nv, {g})[0].step_ms) << g;
   ProjectionInput in = gpu_input();
@@ -119,6 +119,40 @@ TEST(Projection, StragglerBandFromTheStepSpread) {
   EXPECT_DOUBLE_EQ(p[2].tax_lo_ms, direct.lo_ms);
   in.sequential = true;
   EXPECT_EQ(project(in, kLink, {8})[0].tax_hi_ms, 0);
+}
+
+// --fabric-from run: links fitted to a run's grad_sync levels give back, for the run's own buckets,
+// the time each level took, whatever the level's share (here the within-node levels differ, so a
+// plain mean of their busbws would miss); and the run's algorithm is kept where another is faster
+TEST(Projection, LinksFittedToARunsSyncGiveItsTimesBack) {
+  ProjectionInput in = gpu_input();
+  in.buckets = {{0, 3e6}, {0, 5e6}, {0, 2e6}};
+  const double bytes = 1e7;
+  // 8 processes as 2 nodes of 4, levels timed as the host collective counts them (set_level_counters:
+  // busbw = bytes per process and call x bus factor / time)
+  const double g = 4, m = 2, rs_ms = 30, x_ms = 12, ag_ms = 10;
+  RunLinks r;
+  r.per_node = 4;
+  r.node_reduce_scatter_GBps = bytes * (g - 1) / g / (rs_ms / 1e3) / 1e9;
+  r.across_GBps = bytes / g * 2 * (m - 1) / m / (x_ms / 1e3) / 1e9;
+  r.node_all_gather_GBps = bytes * (g - 1) / g / (ag_ms / 1e3) / 1e9;
+  const Fabric two = fabric_from_run(r);
+  EXPECT_EQ(two.algorithm, "2-level");
+  const auto p = project(in, two, {8})[0];
+  EXPECT_NEAR(p.sync_ms, rs_ms + x_ms + ag_ms, 1e-9);
+  EXPECT_EQ(p.algorithm, "2-level");
+  // flat: Gloo's ring over the 8 processes, the grad_sync's busbw (2 (n-1) / n bytes over its time)
+  RunLinks flat;
+  flat.flat_GBps = bytes * 2 * 7 / 8 / (40 / 1e3) / 1e9;
+  const Fabric ring = fabric_from_run(flat);
+  EXPECT_NEAR(project(in, ring, {8})[0].sync_ms, 40, 1e-9);
+  // pinned: a latency that makes the tree faster for a small bucket still projects the ring
+  Fabric slow = ring;
+  slow.between.latency_us = 1e4;
+  in.buckets = {{0, 1e3}};
+  EXPECT_EQ(project(in, slow, {64})[0].algorithm, "ring");
+  slow.algorithm.clear();
+  EXPECT_EQ(project(in, slow, {64})[0].algorithm, "tree");
 }
 
 TEST(Projection, FabricPresets) {

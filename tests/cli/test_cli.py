@@ -1303,6 +1303,101 @@ class Launch(unittest.TestCase):
         self.assertEqual(p.returncode, 128 + 9, out)
         self.assertLess(time.monotonic() - t0, 90, out)
 
+    def test_the_projection_beside_a_measured_run_of_two_nodes(self):
+        # --project-gpus over 4 processes as 2 nodes: from process 0's compute and the links each level
+        # reached in grad_sync, the two-level step at 4 GPUs beside the step measured, with the error
+        with tempfile.TemporaryDirectory() as d:
+            js = os.path.join(d, "run.json")
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
+                                "step,grad_sync", "--variable-update", "distributed_all_reduce", "--project-gpus",
+                                "2,4,16", "--fabric-from", "run", "--json", js, "--trace", f"{d}/t.json"],
+                               capture_output=True, text=True, timeout=300)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            flat = " ".join(out.split())
+            self.assertIn("projection checked against this run of 4 processes, one tower each, as 4 GPUs", flat)
+            self.assertIn("2 GPUs per node over this run's grad_sync", flat)
+            self.assertIn("2-level as the run did", flat)
+            row = re.search(r"\n +4 +([0-9.]+) .* 2-level +([0-9.]+) +([+-][0-9.]+)%\n", out)
+            self.assertIsNotNone(row, out)
+            self.assertAlmostEqual(float(row[3]), 100 * (float(row[1]) / float(row[2]) - 1), delta=0.11)
+            self.assertRegex(out, r"\n +16 +[0-9.]+ .* 2-level +- +-\n")  # projected, not measured
+            with open(js) as f:
+                j = json.load(f)
+            pj = j["projection"]
+            self.assertEqual((pj["processes"], pj["algorithm"], pj["gpus_per_node"]), (4, "2-level", 2))
+            self.assertFalse(pj["towers_one_after_another"])
+            at4 = next(r for r in pj["points"] if r["gpus"] == 4)
+            step = next(b for b in j["benchmarks"] if "/step/" in b["name"] + "/")
+            self.assertAlmostEqual(at4["measured_step_ms"], step["real_time"], delta=1e-6 * step["real_time"])
+            self.assertAlmostEqual(at4["error"], at4["step_ms"] / at4["measured_step_ms"] - 1, places=9)
+            self.assertNotIn("measured_step_ms", next(r for r in pj["points"] if r["gpus"] == 16))
+            # the links are the levels' busbw in grad_sync (GB/s to Gb/s), with no latency
+            gs = next(b for b in j["benchmarks"] if "/grad_sync/" in b["name"] + "/")
+            self.assertAlmostEqual(pj["link"]["gbps"], 8 * gs["cross_node_all_reduce_busbw_GB/s"], places=6)
+            rs, ag = gs["node_reduce_scatter_busbw_GB/s"], gs["node_all_gather_busbw_GB/s"]
+            self.assertAlmostEqual(pj["node_link"]["gbps"], 8 * 2 / (1 / rs + 1 / ag), places=6)
+            self.assertEqual((pj["link"]["latency_us"], pj["node_link"]["latency_us"]), (0, 0))
+            # the trace: a track per level in every process, each call inside its bucket's sync
+            with open(f"{d}/t.json") as f:
+                ev = json.load(f)["traceEvents"]
+            for pid in range(4):
+                lv = [e for e in ev if e.get("pid") == pid and e.get("cat") == "sync level"]
+                bk = [e for e in ev if e.get("pid") == pid and e.get("cat") == "sync"]
+                self.assertEqual({e["name"] for e in lv}, {"reduce-scatter within each node",
+                                                          "all-reduce across the nodes", "all-gather within each node"})
+                self.assertEqual(len(lv), 3 * len(bk), pid)
+                for e in lv:
+                    self.assertTrue(any(b["args"]["step"] == e["args"]["step"] and b["ts"] - 100 <= e["ts"] and
+                                        e["ts"] + e["dur"] <= b["ts"] + b["dur"] + 100 for b in bk), (pid, e))
+        # replicated over 2 processes as 2 nodes: Gloo's ring, one link
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--nodes", "2", "--", *TINY, "--phases",
+                            "step,grad_sync", "--project-gpus", "2", "--fabric-from", "run"],
+                           capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertRegex(out, r"\n +2 +[0-9.]+ .* ring +[0-9.]+ +[+-][0-9.]+%\n")
+        # what the check cannot be: one process, several towers per process, another shape of node
+        for args, said in (
+                (["launch", "--nproc", "2", "--", *TINY, "--gpus", "2", "--project-gpus", "4", "--fabric-from",
+                  "run"], "use --gpus 1"),
+                (["launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--variable-update",
+                  "distributed_all_reduce", "--project-gpus", "4", "--fabric", "ib-ndr"],
+                 "give --gpus-per-node 2 with the link within a node, or --fabric-from run"),
+                ([*TINY, "--project-gpus", "4", "--fabric-from", "run"],
+                 "--fabric-from run fits the links to this run's gradient sync across processes"),
+                ([*TINY, "--project-gpus", "4", "--fabric-from", "run", "--phases", "step"],
+                 "add grad_sync to --phases"),
+                ([*TINY, "--project-gpus", "4", "--fabric-from", "run", "--fabric", "ib-ndr"],
+                 "--fabric-from run takes the links and the nodes from this run")):
+            p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 2, f"{args}\n{p.stdout}{p.stderr}")
+            self.assertIn(said, " ".join(p.stderr.split()), args)
+
+    def test_a_killed_rank_in_the_parameter_server_modes(self):
+        # distributed_replicated (rank 3: a worker of node 1, whose first process serves) and the
+        # asynchronous server (rank 2: a worker): the launcher names the dead rank first, a process that
+        # waited on it names it too, and the run ends within the timeout
+        for n, nodes, mode in ((4, 2, ["--variable-update", "distributed_replicated", "--ps-ranks", "2"]),
+                               (3, 1, ["--variable-update", "parameter_server", "--cross-replica-sync", "off"])):
+            t0 = time.monotonic()
+            p = subprocess.Popen([STEPBENCH, "launch", "--nproc", str(n), "--nodes", str(nodes), "--grace-s", "20",
+                                  "--", *LONG, *mode, "--sync-timeout-s", "30"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            victim = find_rank(n - 1, p.pid)
+            self.assertIsNotNone(victim, f"{mode}: rank {n - 1} never started")
+            time.sleep(4)  # into the benchmarks
+            os.kill(victim, signal.SIGKILL)
+            out, _ = p.communicate(timeout=120)
+            said = [l for l in out.splitlines() if l.startswith("stepbench launch: rank")]
+            self.assertTrue(said, out)
+            self.assertRegex(said[0], rf"rank {n - 1} \(pid {victim}\) was killed by signal 9", out)
+            named = [l for l in out.splitlines() if not l.startswith("stepbench launch:") and
+                     re.search(rf"\b{n - 1} \(pid {victim} on [^)]+\)", l)]
+            self.assertTrue(named, f"{mode}: no process named rank {n - 1}:\n{out}")
+            self.assertEqual(p.returncode, 128 + 9, out)
+            self.assertLess(time.monotonic() - t0, 90, out)
+
     def test_an_asynchronous_parameter_server(self):
         # --cross-replica-sync off: 3 workers at their own pace (worker 1 made 3x slower), the server on
         # process 0 applying each push once
