@@ -17,7 +17,8 @@
 #                             on the CPU, each with --suggest, its record file, synthetic-host
 #   gpu-check.sh ranks OUT    several NCCL ranks (on one GPU: NCCL_HOSTID per process before NCCL 2.30):
 #                             Dist.* under stepbench launch (2, 4) and a file rendezvous by hand, the
-#                             binary on 2 ranks in every mode with and without overlap
+#                             binary on 2 ranks in every mode with and without overlap; 4 ranks as 2
+#                             nodes (distributed_all_reduce over NCCL communicators split by node)
 #   gpu-check.sh ranks-faults OUT  a stopped, a killed, a late (NCCL's initialisation), a stalled (its
 #                             first sync) and a missing rank; Inception-v3 on 2 ranks, bf16, --cuda-graph, fp32
 #   gpu-check.sh all OUT      tests, bench, peer in turn
@@ -563,6 +564,22 @@ stage_ranks() {
     done
   done
   dist_ranks 4
+  if fits 60 "4 ranks as 2 nodes"; then
+    # distributed_all_reduce over NCCL communicators split by node: the oracle (4 processes posing as 2
+    # nodes of 2, all on this host: the sockets on loopback), then the binary
+    echo "== Dist.NcclRanksEqualTheOracle on 4 ranks as 2 nodes (stepbench launch --nodes 2)"
+    NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} timeout -k 10 150 "$BIN/stepbench" launch --nproc 4 --nodes 2 -- \
+      "$BIN/stepbench_tests" --gtest_filter='Dist.NcclRanksEqualTheOracle' --gtest_brief=1 > "$tmp/dist-4x2.txt" 2>&1 ||
+      rc=1
+    grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-4x2.txt" | head -20
+    if NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} timeout -k 10 60 "$BIN/stepbench" launch --nproc 4 --nodes 2 -- \
+        --backend cuda --model tiny --image-size 32 --batch-size 16 --phases step,grad_sync --warmup 2 --repetitions 3 \
+        --benchmark_min_time=0.05 --variable-update distributed_all_reduce > "$tmp/two-levels.txt" 2>&1; then
+      echo "   the binary: $(grep -m1 -A1 '^grad_sync:' "$tmp/two-levels.txt" | tr -s ' \n' ' ' | cut -c1-200)"
+    else
+      echo "   the binary, distributed_all_reduce on 2 nodes: FAILED"; tail -5 "$tmp/two-levels.txt"; rc=1
+    fi
+  fi
   if fits 20 "--slow-tower on 2 ranks"; then
     # ranks that share a GPU take turns on it, so each one's compute includes the other's kernels (seen on
     # an H200: 1.5x the compute, 2.2 ms, left rank 1 the faster): a delay several times the step is one

@@ -54,7 +54,12 @@ std::string projection_refusal(const BenchConfig& c, const ProcessGroup& g) {
         "--project-gpus over {} processes checks the projection against this run, a GPU per process: use --gpus 1 "
         "(this run has {} towers per process)",
         g.size(), c.run.towers);
-  if (c.run.variable_update != VariableUpdate::distributed_all_reduce || c.fabric_from == "run") return "";
+  if (c.run.variable_update != VariableUpdate::distributed_all_reduce) return "";
+  if (c.fabric_from == "run")
+    return c.run.backend == BackendKind::cuda
+               ? "--fabric-from run fits each level's busbw, and GPU towers do not time their levels yet: give the "
+                 "links (--fabric or --link-*, --gpus-per-node with --node-fabric or --node-link-*)"
+               : "";
   const int per = g.has_levels() ? g.within_node().size() : 0;  // 0: the mode refuses the run itself
   if (per > 0 && c.gpus_per_node != per)
     return fmt::format(

@@ -117,6 +117,10 @@ struct NcclOptions {
   double init_timeout_s = 600;  // --sync-timeout-s
   std::string sharing;          // how ranks share a GPU, for name(): "" when each has its own
   double fault_stall_s = 0;     // test only: sleep this long between the id's broadcast and the initialisation
+  // allreduce_average in two levels over communicators split by node (ncclCommSplit), as
+  // tf_cnn_benchmarks' distributed_all_reduce: a reduce-scatter within each node, an all-reduce of each
+  // GPU's share across the nodes, an all-gather within the node (the group's levels give the nodes)
+  bool two_level = false;
 };
 std::unique_ptr<Collective> make_nccl_collective(const std::vector<Backend*>& towers,
                                                  const std::vector<Stream*>& streams, const ProcessGroup& group,

@@ -5,7 +5,8 @@
 // never reaches the initialisation ends the run instead of hanging it. The communicators the step
 // uses are then split off as blocking ones: a non-blocking communicator hands every group to a
 // thread of NCCL's, a cost inside each timed collective. Any failure aborts the communicators
-// (ncclCommDestroy would wait for peers that may be gone).
+// (ncclCommDestroy would wait for peers that may be gone). In two levels (NcclOptions::two_level)
+// two more are split off: the GPUs of each node, and the GPUs that hold the same share in every node.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -63,7 +64,8 @@ class NcclCollective final : public Collective {
         processes_(group.size()),
         rank_(group.rank()),
         timeout_s_(opt.init_timeout_s),
-        sharing_(opt.sharing) {
+        sharing_(opt.sharing),
+        two_level_(opt.two_level) {
     SB_CHECK(!towers.empty() && towers.size() == streams.size(), "one stream per tower");
     for (std::size_t i = 0; i < towers.size(); ++i) {
       devices_.push_back(towers[i]->device());
@@ -82,7 +84,8 @@ class NcclCollective final : public Collective {
     // thread, which writes the child into these slots on its way out.
     Comms blocking;  // what the step uses
     blocking.c.assign(devices_.size(), nullptr);
-    Comms init;  // non-blocking: the initialisation is polled under the timeout
+    Comms node, cross;  // two levels: the GPUs of this node; those of the same share in every node
+    Comms init;         // non-blocking: the initialisation is polled under the timeout
     init.c.assign(devices_.size(), nullptr);
     {
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -95,43 +98,75 @@ class NcclCollective final : public Collective {
       g.end();
     }
     wait_ready(init.c, "NCCL's initialisation (ncclCommInitRankConfig)");
-    {
-      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-      cfg.blocking = 1;
-      NcclGroup g;
-      for (int i = 0; i < local; ++i) {
-        SB_CUDA(cudaSetDevice(devices_[static_cast<std::size_t>(i)]));
-        init_call(ncclCommSplit(init.c[static_cast<std::size_t>(i)], 0, rank_ * local + i,
-                                &blocking.c[static_cast<std::size_t>(i)], &cfg));
+    // tower i's communicator in `out`, split off with color(i) and key(i), blocking
+    const auto split = [&](Comms& out, const auto& color, const auto& key, const char* what) {
+      out.c.assign(devices_.size(), nullptr);
+      {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 1;
+        NcclGroup g;
+        for (int i = 0; i < local; ++i) {
+          SB_CUDA(cudaSetDevice(devices_[static_cast<std::size_t>(i)]));
+          init_call(ncclCommSplit(init.c[static_cast<std::size_t>(i)], color(i), key(i),
+                                  &out.c[static_cast<std::size_t>(i)], &cfg));
+        }
+        g.end();
       }
-      g.end();
+      wait_ready(init.c, what);
+      wait_ready(out.c, what);
+    };
+    split(
+        blocking, [](int) { return 0; }, [&](int i) { return rank_ * local + i; },
+        "the split into blocking communicators (ncclCommSplit)");
+    if (two_level_) {
+      // within a node: its processes' towers in order; across: the towers at the same place in
+      // every node, in node order
+      const ProcessGroup& in = group.within_node();
+      const ProcessGroup& across = group.across_nodes();
+      node_gpus_ = in.size() * local;
+      nodes_ = across.size();
+      const auto place = [&](int i) { return in.rank() * local + i; };
+      split(
+          node, [&](int) { return across.rank(); }, place, "the split by node (ncclCommSplit)");
+      split(
+          cross, place, [&](int) { return across.rank(); }, "the split across the nodes (ncclCommSplit)");
+      for (int i = 0; i < local; ++i) node_rank_.push_back(place(i));
     }
-    wait_ready(init.c, "the split into blocking communicators (ncclCommSplit)");
-    wait_ready(blocking.c, "the split into blocking communicators (ncclCommSplit)");
     for (auto c : init.c) ncclCommFinalize(c);
     wait_ready(init.c, "the release of the initial communicators (ncclCommFinalize)");
     for (auto& c : init.c) ncclCommDestroy(std::exchange(c, nullptr));
     comms_ = blocking.release();
+    node_ = node.release();
+    cross_ = cross.release();
     SB_CUDA(cudaSetDevice(previous));
   }
   ~NcclCollective() override {
-    for (auto c : comms_) {
-      if (!c) continue;
-      if (failed_)
-        ncclCommAbort(c);  // peers may be gone: destroy would wait for them
-      else
-        ncclCommDestroy(c);
-    }
+    for (auto* v : {&comms_, &node_, &cross_})
+      for (auto c : *v) {
+        if (!c) continue;
+        if (failed_)
+          ncclCommAbort(c);  // peers may be gone: destroy would wait for them
+        else
+          ncclCommDestroy(c);
+      }
   }
 
   std::string name() const override {
-    return fmt::format(
-        "NCCL {}, {} ranks{}{}", nccl_version_string(), comms_.size() * static_cast<std::size_t>(processes_),
-        processes_ > 1 ? fmt::format(" over {} processes", processes_) : "", sharing_.empty() ? "" : "; " + sharing_);
+    return fmt::format("NCCL {}, {} ranks{}{}{}", nccl_version_string(),
+                       comms_.size() * static_cast<std::size_t>(processes_),
+                       processes_ > 1 ? fmt::format(" over {} processes", processes_) : "",
+                       two_level_ ? fmt::format(" in two levels ({} node{} x {} GPU{})", nodes_, nodes_ == 1 ? "" : "s",
+                                                node_gpus_, node_gpus_ == 1 ? "" : "s")
+                                  : "",
+                       sharing_.empty() ? "" : "; " + sharing_);
   }
   bool asynchronous() const override { return true; }
 
   void allreduce_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) override {
+    if (two_level_) {
+      two_level_average(bufs, off, count);
+      return;
+    }
     group([&](std::size_t i) {
       SB_NCCL(ncclAllReduce(bufs[i] + off, bufs[i] + off, count, ncclFloat, ncclAvg, comms_[i], streams_[i]));
     });
@@ -148,7 +183,10 @@ class NcclCollective final : public Collective {
   }
 
   void check() override {
-    for (auto c : comms_) {
+    std::vector<ncclComm_t> all = comms_;
+    all.insert(all.end(), node_.begin(), node_.end());
+    all.insert(all.end(), cross_.begin(), cross_.end());
+    for (auto c : all) {
       if (!c) continue;
       ncclResult_t st = ncclSuccess;
       SB_NCCL(ncclCommGetAsyncError(c, &st));
@@ -165,8 +203,9 @@ class NcclCollective final : public Collective {
   void abort() override {
     failed_ = true;
     std::vector<ncclComm_t> comms;
-    for (auto& c : comms_)
-      if (c) comms.push_back(std::exchange(c, nullptr));
+    for (auto* v : {&comms_, &node_, &cross_})
+      for (auto& c : *v)
+        if (c) comms.push_back(std::exchange(c, nullptr));
     if (comms.empty()) return;
     const int device = devices_.front();
     run_within(
@@ -220,6 +259,32 @@ class NcclCollective final : public Collective {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
+  // Per bucket, each step a group over this process's towers, in stream order: the average of the
+  // node's GPUs reduce-scattered in place (GPU r of the node keeps share r of count / G), each share
+  // averaged across the nodes, the node's shares all-gathered in place; the count % G floats left over
+  // averaged over every GPU at once. ncclAvg at both reductions divides by G, then by the nodes.
+  void two_level_average(const std::vector<float*>& bufs, std::size_t off, std::size_t count) {
+    const auto g = static_cast<std::size_t>(node_gpus_);
+    const std::size_t share = count / g, rest = count - share * g;
+    const auto mine = [&](std::size_t i) { return bufs[i] + off + static_cast<std::size_t>(node_rank_[i]) * share; };
+    if (share > 0) {
+      group([&](std::size_t i) {
+        SB_NCCL(ncclReduceScatter(bufs[i] + off, mine(i), share, ncclFloat, ncclAvg, node_[i], streams_[i]));
+      });
+      if (nodes_ > 1)
+        group([&](std::size_t i) {
+          SB_NCCL(ncclAllReduce(mine(i), mine(i), share, ncclFloat, ncclAvg, cross_[i], streams_[i]));
+        });
+      group([&](std::size_t i) {
+        SB_NCCL(ncclAllGather(mine(i), bufs[i] + off, share, ncclFloat, node_[i], streams_[i]));
+      });
+    }
+    if (rest > 0)
+      group([&](std::size_t i) {
+        float* tail = bufs[i] + off + share * g;
+        SB_NCCL(ncclAllReduce(tail, tail, rest, ncclFloat, ncclAvg, comms_[i], streams_[i]));
+      });
+  }
   template <class F>
   void group(F&& per_rank) {
     SB_CHECK(!failed_ && comms_.front() != nullptr, "the NCCL communicator was aborted after an earlier failure");
@@ -236,10 +301,14 @@ class NcclCollective final : public Collective {
   int processes_, rank_;
   double timeout_s_;
   std::string sharing_;
+  bool two_level_;
+  int node_gpus_ = 0, nodes_ = 0;  // two levels: the GPUs of a node, the nodes
   bool failed_ = false;
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
   std::vector<ncclComm_t> comms_;
+  std::vector<ncclComm_t> node_, cross_;  // two levels: per tower, its node's and its share's across the nodes
+  std::vector<int> node_rank_;            // two levels: per tower, its rank in its node's communicator
 };
 
 }  // namespace

@@ -70,14 +70,10 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
 }
 
 namespace {
-bool two_level(VariableUpdate v) {
-  return v == VariableUpdate::distributed_all_reduce || v == VariableUpdate::distributed_replicated;
-}
-std::string two_levels_on_cpu_only(VariableUpdate v) {
-  return fmt::format(
-      "--variable-update {} runs on CPU towers so far: on GPUs its NCCL communicators split by node are not "
-      "built yet; use --variable-update replicated (NCCL's rings and trees cross nodes themselves) or --backend cpu",
-      to_string(v));
+std::string servers_on_cpu_only() {
+  return "--variable-update distributed_replicated runs on CPU towers so far (its parameter servers hold the "
+         "master copy in host memory); on GPUs use distributed_all_reduce, replicated or parameter_server, or "
+         "--backend cpu";
 }
 void check_levels(const ProcessGroup& g, VariableUpdate v) {
   if (!g.has_levels())
@@ -89,8 +85,8 @@ void check_levels(const ProcessGroup& g, VariableUpdate v) {
 }  // namespace
 
 void check_sync_options(const TowerOptions& o) {
-  if (two_level(o.variable_update) && o.backend == BackendKind::cuda)
-    throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
+  if (o.variable_update == VariableUpdate::distributed_replicated && o.backend == BackendKind::cuda)
+    throw UnsupportedError(servers_on_cpu_only());
   if (o.ps_ranks != 1 && o.variable_update != VariableUpdate::distributed_replicated)
     throw UsageError("--ps-ranks applies to --variable-update distributed_replicated only");
   if (o.ps_ranks < 1) throw UsageError("--ps-ranks must be 1 or more");
@@ -117,8 +113,8 @@ namespace {
 
 // What moves the collective modes' buckets: host memory (plus MPI across processes) between the cpu
 // backend's towers; NCCL between GPU towers, when there are at least two in all.
-std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTowers& t) {
-  if (o.backend == BackendKind::cpu) return make_host_collective(*t.towers[0]->be, o.towers, t.group);
+std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTowers& t, bool two_level = false) {
+  if (o.backend == BackendKind::cpu) return make_host_collective(*t.towers[0]->be, o.towers, t.group, two_level);
   if (t.global_size() < 2) return nullptr;
   std::vector<Backend*> bes;
   std::vector<Stream*> comm_streams;
@@ -127,7 +123,7 @@ std::unique_ptr<Collective> make_collective(const TowerOptions& o, const SyncTow
     comm_streams.push_back(r->comm.get());
   }
   return make_nccl_collective(bes, comm_streams, t.group,
-                              NcclOptions{o.sync_timeout_s, o.gpu_sharing, o.fault_init_stall_s});
+                              NcclOptions{o.sync_timeout_s, o.gpu_sharing, o.fault_init_stall_s, two_level});
 }
 
 }  // namespace
@@ -136,11 +132,10 @@ std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const Sy
   switch (o.variable_update) {
     case VariableUpdate::replicated: return make_replicated_sync(t, make_collective(o, t));
     case VariableUpdate::distributed_all_reduce:
-      if (o.backend != BackendKind::cpu) throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
       check_levels(t.group, o.variable_update);
-      return make_replicated_sync(t, make_host_collective(*t.towers[0]->be, o.towers, t.group, true));
+      return make_replicated_sync(t, make_collective(o, t, true));
     case VariableUpdate::distributed_replicated:
-      if (o.backend != BackendKind::cpu) throw UnsupportedError(two_levels_on_cpu_only(o.variable_update));
+      if (o.backend != BackendKind::cpu) throw UnsupportedError(servers_on_cpu_only());
       check_levels(t.group, o.variable_update);
       if (o.ps_ranks > t.group.across_nodes().size())
         throw UsageError(fmt::format("--ps-ranks {}: at most one parameter server per node, and there {} {}",

@@ -12,7 +12,8 @@
 //   Dist.NcclRanksEqualTheOracle  cuda: one tower per process (several sharing a GPU when there are
 //       fewer GPUs than processes), NCCL between them, in every mode, overlap on and off, fp32 and
 //       bf16, launched and replayed from a CUDA Graph: every rank ends with the same parameters, within
-//       the error model of the steps in double on the whole batch
+//       the error model of the steps in double on the whole batch; distributed_all_reduce too, over
+//       communicators split by node (gpu-check.sh ranks: 4 ranks as 2 nodes, and as one)
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -265,6 +266,12 @@ TEST(Dist, NcclRanksEqualTheOracle) {
   cases.push_back({kModes[1], true, Precision::bf16, false});
   cases.push_back({kModes[0], true, Precision::fp32, true});
   cases.push_back({kModes[0], true, Precision::bf16, true});
+  if (pg.has_levels()) {  // distributed_all_reduce: NCCL communicators split by node (one node: all in one)
+    const DistMode two{VariableUpdate::distributed_all_reduce, false};
+    for (bool overlap : {true, false}) cases.push_back({two, overlap, Precision::fp32, false});
+    cases.push_back({two, true, Precision::bf16, false});
+    cases.push_back({two, true, Precision::fp32, true});
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{}, overlap {}, {}{}", c.mode.name(), c.overlap ? "on" : "off", to_string(c.precision),
                              c.graph ? ", CUDA Graph" : ""));
