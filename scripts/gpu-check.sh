@@ -580,6 +580,13 @@ stage_ranks() {
       echo "   the binary, distributed_all_reduce on 2 nodes: FAILED"; tail -5 "$tmp/two-levels.txt"; rc=1
     fi
   fi
+  if fits 40 "3 ranks in one node"; then
+    # a node of 3 GPUs: the floats of a bucket that do not divide by 3 take the flat all-reduce
+    echo "== Dist.NcclRanksEqualTheOracle on 3 ranks (one node of 3)"
+    timeout -k 10 120 "$BIN/stepbench" launch --nproc 3 -- "$BIN/stepbench_tests" \
+      --gtest_filter='Dist.NcclRanksEqualTheOracle' --gtest_brief=1 > "$tmp/dist-3.txt" 2>&1 || rc=1
+    grep -E "^NCCL|PASSED|FAILED|Failure|rror" "$tmp/dist-3.txt" | head -20
+  fi
   if fits 20 "--slow-tower on 2 ranks"; then
     # ranks that share a GPU take turns on it, so each one's compute includes the other's kernels (seen on
     # an H200: 1.5x the compute, 2.2 ms, left rank 1 the faster): a delay several times the step is one

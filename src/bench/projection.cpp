@@ -11,6 +11,7 @@
 #include "bench/fabric.hpp"
 #include "bench/stats.hpp"
 #include "bench/text.hpp"
+#include "tensor/error.hpp"
 
 namespace stepbench {
 namespace {
@@ -68,8 +69,10 @@ ProjectionInput projection_input(const std::vector<ProbedStep>& steps, const Tow
   if (phase.count("step")) {  // the band's spread and one GPU's step (a run's timed steps replace both)
     in.step_samples = phase["step"];
     // several processes: each step less its wait for the sync, which the model puts back
-    if (processes > 1 && phase["grad_sync"].size() == in.step_samples.size())
+    if (processes > 1) {  // (a run's timed steps less their sync replace these, bench/stage_probe.cpp)
+      SB_CHECK(phase["grad_sync"].size() == in.step_samples.size(), "a probed step without its grad_sync");
       for (std::size_t k = 0; k < in.step_samples.size(); ++k) in.step_samples[k] -= phase["grad_sync"][k];
+    }
     in.step_ms = median(in.step_samples);
   }
   // bucket k is ready once the first layer in backward order whose prefix covers it has run
@@ -143,7 +146,7 @@ void print_projection(const ProjectionInput& in, const Fabric& fabric, const std
       in.processes > 1
           ? fmt::format(
                 "projection checked against this run of {} processes, one tower each, as {} GPUs: from "
-                "process 0's compute, {:.3f} ms a step (its probed steps less their wait for the sync",
+                "process 0's compute, {:.3f} ms a step (its steps less their wait for the sync; in the probed steps",
                 in.processes, in.processes, in.base_ms())
           : fmt::format("projection from one GPU's measured step, {:.3f} ms (in the probed steps", in.base_ms());
   std::cout << "\n"

@@ -57,8 +57,8 @@ struct ProjectionInput {
   std::vector<Bucket> buckets;  // in sync order
   bool sequential = false;      // cpu towers: one after another, host-memory sums
   // > 1: a run of that many processes, one tower each, projected to check the model against it: each
-  // process is a GPU, and one GPU's step is its compute alone (the probed steps less their wait for
-  // the sync), which the model adds the sync to
+  // process is a GPU, and one GPU's step is its compute alone (its steps less their wait for the
+  // sync), which the model adds the sync to
   int processes = 1;
   // one GPU's steps (ms), the probed ones (projection_input) or the timed ones: their spread makes
   // the straggler band

@@ -79,11 +79,17 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
     const int procs = run.group.size();
     p.projection = projection_input(steps, towers, c.run.overlap, procs);
     if (c.fabric_from == "run") p.fabric = fabric_of_this_run(run, t);
-    if (procs > 1)  // the check models what the run did, not the fastest of the models
-      p.fabric.algorithm = c.run.variable_update == VariableUpdate::distributed_all_reduce ? "2-level" : "ring";
-    const auto& calls = run.step_samples;  // the repetitions' steps, when the step fixture ran
+    // the check models what the run did, not the fastest of the models: two levels, or Gloo's (MPI's)
+    // ring on CPU ranks; NCCL picks its own algorithm per bucket
+    if (procs > 1 && c.run.variable_update == VariableUpdate::distributed_all_reduce)
+      p.fabric.algorithm = "2-level";
+    else if (procs > 1 && c.run.backend == BackendKind::cpu)
+      p.fabric.algorithm = "ring";
+    // the repetitions' steps, when the step fixture ran; with several processes less their wait for
+    // the sync, which the model puts back
+    const auto& calls = procs > 1 ? run.step_compute_samples : run.step_samples;
     const std::size_t keep = std::min(calls.size(), static_cast<std::size_t>(std::max(1, c.repetitions)));
-    if (keep > 0 && procs == 1) {  // several processes: their timed steps hold the sync the model adds
+    if (keep > 0) {
       p.projection->step_samples.clear();
       for (std::size_t k = calls.size() - keep; k < calls.size(); ++k)
         p.projection->step_samples.insert(p.projection->step_samples.end(), calls[k].begin(), calls[k].end());

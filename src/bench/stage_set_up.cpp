@@ -44,23 +44,35 @@ Exit check_output_files(const Run& run) {
 // a fabric of the run's shape. "" when it may go on.
 std::string projection_refusal(const BenchConfig& c, const ProcessGroup& g) {
   if (c.project_gpus.empty()) return c.fabric_from == "run" ? "--fabric-from run needs --project-gpus" : "";
-  if (g.size() == 1)
-    return c.fabric_from == "run"
-               ? "--fabric-from run fits the links to this run's gradient sync across processes, and this run "
-                 "has one: run it with several processes, or give the link (--fabric, --link-*, --fabric-from FILE)"
-               : "";
+  if (g.size() == 1) {
+    if (c.fabric_from == "run")
+      return "--fabric-from run fits the links to this run's gradient sync across processes, and this run has one: "
+             "run it with several processes, or give the link (--fabric, --link-*, --fabric-from FILE)";
+    if (c.run.variable_update == VariableUpdate::distributed_all_reduce)
+      return "--project-gpus checks distributed_all_reduce's two levels against a run of several processes (stepbench "
+             "launch --nproc N --nodes M); from one process project --variable-update replicated";
+    return "";
+  }
   if (c.run.towers != 1)
     return fmt::format(
         "--project-gpus over {} processes checks the projection against this run, a GPU per process: use --gpus 1 "
         "(this run has {} towers per process)",
         g.size(), c.run.towers);
-  if (c.run.variable_update != VariableUpdate::distributed_all_reduce) return "";
-  if (c.fabric_from == "run")
-    return c.run.backend == BackendKind::cuda
-               ? "--fabric-from run fits each level's busbw, and GPU towers do not time their levels yet: give the "
-                 "links (--fabric or --link-*, --gpus-per-node with --node-fabric or --node-link-*)"
-               : "";
-  const int per = g.has_levels() ? g.within_node().size() : 0;  // 0: the mode refuses the run itself
+  const bool two = c.run.variable_update == VariableUpdate::distributed_all_reduce;
+  const int per = g.has_levels() ? g.within_node().size() : 0;  // 0: distributed_all_reduce refuses the run
+  if (c.fabric_from == "run") {
+    if (two && c.run.backend == BackendKind::cuda)
+      return "--fabric-from run fits each level's busbw, and GPU towers do not time their levels yet: give the "
+             "links (--fabric or --link-*, --gpus-per-node with --node-fabric or --node-link-*)";
+    if (two && per > 0 && g.across_nodes().size() < 2)
+      return "--fabric-from run fits the link between nodes, and this run has one node: run it on several "
+             "(stepbench launch --nodes M), or use replicated";
+    return "";
+  }
+  if (!two && c.gpus_per_node > 0 && per > 0 && c.gpus_per_node != per)
+    return fmt::format("--project-gpus checks this run of {} processes per node: give --gpus-per-node {}, or drop it",
+                       per, per);
+  if (!two) return "";
   if (per > 0 && c.gpus_per_node != per)
     return fmt::format(
         "--project-gpus checks distributed_all_reduce's two levels against this run of {} processes per node: give "

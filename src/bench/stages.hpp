@@ -90,6 +90,9 @@ struct Run {
   // every timed step of the step fixture, this process's own ms, per call of the fixture (the last
   // --repetitions calls are the repetitions; the earlier ones Google Benchmark's trials)
   std::vector<std::vector<double>> step_samples;
+  // the same steps less their wait for the sync (the step's region from the end of backward to the
+  // update): what --project-gpus over several processes adds its modelled sync to
+  std::vector<std::vector<double>> step_compute_samples;
 };
 
 // What time_phases measured.

@@ -359,8 +359,8 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
     if (b.run.variable_update != VariableUpdate::replicated &&
         b.run.variable_update != VariableUpdate::distributed_all_reduce)
       throw UsageError(
-          fmt::format("--project-gpus models all-reduce (replicated, or distributed_all_reduce over several "
-                      "processes); --variable-update {} moves gradients otherwise: use one of them or drop "
+          fmt::format("--project-gpus models replicated all-reduce (and distributed_all_reduce's, in a run of "
+                      "several processes); --variable-update {} moves gradients otherwise: use replicated or drop "
                       "--project-gpus",
                       to_string(b.run.variable_update)));
     if (b.list) throw UsageError("--list prints names and runs nothing to project from: drop --project-gpus");

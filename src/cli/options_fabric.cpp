@@ -62,6 +62,8 @@ bool resolve_fabric(Options& o) {
       throw UsageError(
           "--fabric-from run takes the links and the nodes from this run; drop --fabric, --link-*, --gpus-per-node "
           "and --node-*");
+    if (b.sweep())
+      throw UsageError("--fabric-from run fits the links to one run of several processes, not a sweep: drop --sweep-*");
     if (!b.phases.empty() && std::find(b.phases.begin(), b.phases.end(), Phase::grad_sync) == b.phases.end())
       throw UsageError("--fabric-from run fits the links to the grad_sync fixture: add grad_sync to --phases");
     b.fabric = "this run's grad_sync";

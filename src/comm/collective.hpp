@@ -35,6 +35,7 @@ struct LevelSpan {
 
 // The levels of a sync done in several and their timing: each call's host time into its SyncLevel
 // and, while traced, its span (kept until taken; the thread that syncs records, another takes).
+// `levels` is read by others only after the sync's wait (CommThread::wait), which orders the writes.
 class LevelTimer {
  public:
   std::vector<SyncLevel> levels;

@@ -130,7 +130,12 @@ class NcclCollective final : public Collective {
           node, [&](int) { return across.rank(); }, place, "the split by node (ncclCommSplit)");
       split(
           cross, place, [&](int) { return across.rank(); }, "the split across the nodes (ncclCommSplit)");
-      for (int i = 0; i < local; ++i) node_rank_.push_back(place(i));
+      for (int i = 0; i < local; ++i) {
+        int r = -1;
+        SB_NCCL(ncclCommUserRank(node.c[static_cast<std::size_t>(i)], &r));
+        SB_CHECK(r == place(i), "a tower's rank in its node's communicator is its place in the node");
+        node_rank_.push_back(r);
+      }
     }
     for (auto c : init.c) ncclCommFinalize(c);
     wait_ready(init.c, "the release of the initial communicators (ncclCommFinalize)");
@@ -267,17 +272,19 @@ class NcclCollective final : public Collective {
     const auto g = static_cast<std::size_t>(node_gpus_);
     const std::size_t share = count / g, rest = count - share * g;
     const auto mine = [&](std::size_t i) { return bufs[i] + off + static_cast<std::size_t>(node_rank_[i]) * share; };
-    if (share > 0) {
-      group([&](std::size_t i) {
-        SB_NCCL(ncclReduceScatter(bufs[i] + off, mine(i), share, ncclFloat, ncclAvg, node_[i], streams_[i]));
-      });
+    if (share > 0) {  // (one GPU per node: nothing to scatter or gather)
+      if (g > 1)
+        group([&](std::size_t i) {
+          SB_NCCL(ncclReduceScatter(bufs[i] + off, mine(i), share, ncclFloat, ncclAvg, node_[i], streams_[i]));
+        });
       if (nodes_ > 1)
         group([&](std::size_t i) {
           SB_NCCL(ncclAllReduce(mine(i), mine(i), share, ncclFloat, ncclAvg, cross_[i], streams_[i]));
         });
-      group([&](std::size_t i) {
-        SB_NCCL(ncclAllGather(mine(i), bufs[i] + off, share, ncclFloat, node_[i], streams_[i]));
-      });
+      if (g > 1)
+        group([&](std::size_t i) {
+          SB_NCCL(ncclAllGather(mine(i), bufs[i] + off, share, ncclFloat, node_[i], streams_[i]));
+        });
     }
     if (rest > 0)
       group([&](std::size_t i) {

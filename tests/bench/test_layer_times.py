@@ -384,6 +384,8 @@ class Projection(unittest.TestCase):
                             "add 1 to --sweep-gpus"),
                            (["--project-gpus", "8", "--fabric", "ib-ndr", "--variable-update", "independent"],
                             "--project-gpus models replicated all-reduce"),
+                           (["--project-gpus", "8", "--fabric", "ib-ndr", "--variable-update", "distributed_all_reduce"],
+                            "two levels against a run of several processes"),
                            (["--project-gpus", "8", "--fabric", "ib-ndr", "--list"], "--list prints names")):
             sweep = "--sweep-gpus" in extra
             rc, out, err = run(*TINY, *([] if sweep else ["--phases", "step", *FAST]), *extra)

@@ -1331,6 +1331,20 @@ class Launch(unittest.TestCase):
             step = next(b for b in j["benchmarks"] if "/step/" in b["name"] + "/")
             self.assertAlmostEqual(at4["measured_step_ms"], step["real_time"], delta=1e-6 * step["real_time"])
             self.assertAlmostEqual(at4["error"], at4["step_ms"] / at4["measured_step_ms"] - 1, places=9)
+            # one GPU's step is process 0's steps less their wait for the sync: below the measured step by
+            # about that wait (the step row's sync_ms, process 0's mean)
+            self.assertLess(pj["one_gpu_step_ms"], at4["measured_step_ms"] - 0.5 * step["sync_ms"], pj)
+            # the projected step by hand from the JSON: per bucket, with no latency, the reduce-scatter and
+            # all-gather of 2 GPUs, 2 (G-1) (s/G) / beta, and the ring of each share over the 2 nodes,
+            # 2 (m-1) (s/G) / (m beta), one bucket after another from when backward produced it
+            per_ms = lambda gbps: gbps * 1e9 / 8 / 1e3  # noqa: E731 (bytes per ms)
+            end = 0
+            for b in pj["buckets"]:
+                share = b["bytes"] / 2
+                t = 2 * share / per_ms(pj["node_link"]["gbps"]) + share / per_ms(pj["link"]["gbps"])
+                end = max(end, b["ready_ms"]) + t
+            by_hand = pj["one_gpu_step_ms"] + max(0, end - pj["backward_ms"])
+            self.assertAlmostEqual(at4["step_ms"], by_hand, delta=1e-9 * by_hand)
             self.assertNotIn("measured_step_ms", next(r for r in pj["points"] if r["gpus"] == 16))
             # the links are the levels' busbw in grad_sync (GB/s to Gb/s), with no latency
             gs = next(b for b in j["benchmarks"] if "/grad_sync/" in b["name"] + "/")
@@ -1369,7 +1383,13 @@ class Launch(unittest.TestCase):
                 ([*TINY, "--project-gpus", "4", "--fabric-from", "run", "--phases", "step"],
                  "add grad_sync to --phases"),
                 ([*TINY, "--project-gpus", "4", "--fabric-from", "run", "--fabric", "ib-ndr"],
-                 "--fabric-from run takes the links and the nodes from this run")):
+                 "--fabric-from run takes the links and the nodes from this run"),
+                ([*TINY, "--project-gpus", "4", "--fabric-from", "run", "--sweep-gpus", "1,2"],
+                 "not a sweep: drop --sweep-*"),
+                (["launch", "--nproc", "2", "--", *TINY, "--variable-update", "distributed_all_reduce",
+                  "--project-gpus", "2", "--fabric-from", "run"], "this run has one node"),
+                (["launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--project-gpus", "4", "--fabric", "ib-ndr",
+                  "--gpus-per-node", "4", "--node-fabric", "nvlink4"], "give --gpus-per-node 2, or drop it")):
             p = subprocess.run([STEPBENCH, *args], capture_output=True, text=True, timeout=120)
             self.assertEqual(p.returncode, 2, f"{args}\n{p.stdout}{p.stderr}")
             self.assertIn(said, " ".join(p.stderr.split()), args)
