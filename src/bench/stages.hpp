@@ -103,12 +103,27 @@ struct Timings {
   Exit exit;                                  // the run ends here (no benchmark ran, --json not written)
 };
 
-// --cross-replica-sync off: every worker's pace and pushes, and what the server applied (process 0's).
+// --cross-replica-sync off: every worker's pace and pushes, and what each server applied.
+struct AsyncWorker {
+  int rank = 0;           // the process that pushes for it
+  int worker = 0;         // its rank, or its node
+  double step_ms = 0;     // the median of that process's own timed steps
+  double images = 0;      // per step: its towers' batches (a node's: every process's)
+  double pushes = 0;      // the steps it pushed since the towers were made (each to every server)
+  double pushed_sum = 0;  // the sum of every element it pushed
+  double applied = 0;     // the servers' count of its pushed shards
+};
+struct AsyncServer {
+  int rank = 0;  // the process it runs on
+  int shard = 0;
+  double floats = 0;  // of its shard
+  double applied = 0, applied_sum = 0;
+  std::vector<double> staleness;  // per applied shard
+};
 struct AsyncReport {
-  std::vector<double> step_ms;     // per worker (process): the median of its own timed steps
-  std::vector<double> pushes;      // per worker: the gradients it pushed since the towers were made
-  std::vector<double> pushed_sum;  // per worker: the sum of every element it pushed
-  AsyncStats server;               // process 0's server
+  bool node_workers = false;         // distributed_replicated: each node one worker
+  std::vector<AsyncWorker> workers;  // by worker
+  std::vector<AsyncServer> servers;  // by shard
 };
 
 // What probe found in the probed steps after the timed repetitions.

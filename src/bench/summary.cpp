@@ -161,9 +161,10 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
     if (const Row* gs = find_row(rows, "grad_sync")) {  // the collective on a line of its own: its name is long
       out << labelled("grad_sync:", fmt::format("over {}, {}", t.sync_name(), to_string(c.run.variable_update)));
       if (t.asynchronous())
-        out << labelled("",
-                        "asynchronous: grad_sync only sums this process's towers; each worker's push and pull "
-                        "are in its update (see asynchronous, below)");
+        out << labelled("", fmt::format("asynchronous: grad_sync only sums {}; each worker's push and pull are in "
+                                        "its update (see asynchronous, below)",
+                                        t.sync_levels().empty() ? "this process's towers"
+                                                                : "each node's towers onto its first process"));
       else
         out << labelled("", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
                                         static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(),

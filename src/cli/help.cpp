@@ -86,7 +86,8 @@ const FlagHelp kFlags[] = {
     {"--variable-update", "Towers and sync", "MODE",
      "how gradients are shared: replicated, parameter_server, independent, distributed_all_reduce, "
      "distributed_replicated"},
-    {"--cross-replica-sync", "Towers and sync", "on|off", "parameter_server: off, workers push and pull on their own"},
+    {"--cross-replica-sync", "Towers and sync", "on|off",
+     "the parameter-server modes: off, workers push and pull on their own"},
     {"--ps-ranks", "Towers and sync", "K", "distributed_replicated: parameter servers, one per node at most"},
     {"--ps-device", "Towers and sync", "device|cpu", "parameter_server: where the variables live"},
     {"--bucket-mb", "Towers and sync", "X", "gradient sync bucket size, MiB"},

@@ -30,8 +30,9 @@ void add_sync_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option_function<std::string>(
          "--cross-replica-sync", [&o](const std::string& s) { o.cross_replica_sync = s == "on"; },
-         "parameter_server across processes: off makes it asynchronous (tf_cnn_benchmarks' flag): each process "
-         "pushes its gradients to the server and pulls whatever it holds, without waiting for the others")
+         "parameter_server and distributed_replicated across processes: off makes them asynchronous "
+         "(tf_cnn_benchmarks' flag): each worker (a process; a node in distributed_replicated) pushes its gradients "
+         "to the servers and pulls whatever they hold, without waiting for the others")
       ->default_str("on")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--sync-timeout-s", o.sync_timeout_s,

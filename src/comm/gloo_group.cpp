@@ -23,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/rendezvous.hpp"
 #include "comm/store.hpp"
@@ -181,8 +182,8 @@ class GlooTransport final : public Transport {
   }
   std::vector<int> silent_peers(const ProcessGroup&, double window_s) override { return silent(window_s); }
 
-  // Point to point on p2p_, a mesh of its own (its users are one thread per process: the server's, or
-  // a worker's), never the collectives' context.
+  // Point to point on p2p_, a mesh of its own (its users: a server's threads, which receive forever,
+  // and a worker's), never the collectives' context.
   void set_p2p(std::shared_ptr<gloo::rendezvous::Context> p2p) { p2p_ = std::move(p2p); }
   void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot) override {
     if (!p2p_) Transport::send(pg, to, data, bytes, slot);
@@ -201,27 +202,26 @@ class GlooTransport final : public Transport {
       {
         std::lock_guard<std::mutex> l(p2p_mu_);
         b->recv(from, slot);
-        pending_ = b.get();
+        if (forever) pending_.push_back(b.get());  // only receives that wait forever are cancelled
       }
       bool got = false;
       try {
         got = b->waitRecv(&who, forever ? as_timeout(0) : as_timeout(pg.sync_timeout()));
       } catch (...) {
         std::lock_guard<std::mutex> l(p2p_mu_);
-        pending_ = nullptr;
+        std::erase(pending_, b.get());
         throw;
       }
       std::lock_guard<std::mutex> l(p2p_mu_);
-      pending_ = nullptr;
+      std::erase(pending_, b.get());
       if (!got) who = -1;  // cancelled
     });
     return who;
   }
   bool cancel_recv() override {
     std::lock_guard<std::mutex> l(p2p_mu_);
-    if (!pending_) return false;
-    pending_->abortWaitRecv();
-    return true;
+    for (auto* b : pending_) b->abortWaitRecv();
+    return !pending_.empty();
   }
 
  private:
@@ -301,7 +301,7 @@ class GlooTransport final : public Transport {
   }
   std::shared_ptr<gloo::rendezvous::Context> ctx_, live_, p2p_;
   std::mutex mu_, live_mu_, p2p_mu_;
-  gloo::transport::UnboundBuffer* pending_ = nullptr;  // a recv waiting, for cancel_recv
+  std::vector<gloo::transport::UnboundBuffer*> pending_;  // receives waiting forever, for cancel_recv
 };
 
 std::string host_name() {

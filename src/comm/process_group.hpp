@@ -77,8 +77,10 @@ class ProcessGroup {
   // `bytes` went to rank `to`; recv waits for them from any rank of `from` (within the timeout, or
   // forever until cancel_recv) and returns which sent them. `slot` tells messages apart. UsageError
   // where the group was not made for it (MPI, whose threads are serialised, or no point_to_point);
-  // SyncError when a peer is gone or silent past the timeout. cancel_recv ends a recv waiting on
-  // another thread (it then returns -1) and says whether one was; one not yet waiting is not ended.
+  // SyncError when a peer is gone or silent past the timeout (a receive from one rank also when that
+  // rank's connection closes; one from several is not woken by one of them closing). cancel_recv ends
+  // every recv waiting forever on other threads (each then returns -1) and says whether one was; one
+  // not yet waiting is not ended.
   void send(int to, const void* data, std::size_t bytes, std::uint64_t slot) const;
   int recv(const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot, bool forever) const;
   bool cancel_recv() const;

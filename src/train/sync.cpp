@@ -82,6 +82,21 @@ void check_levels(const ProcessGroup& g, VariableUpdate v) {
                     "launch as many on each node, or use replicated",
                     to_string(v), g.levels_why()));
 }
+// --cross-replica-sync off: workers of their own (processes, or nodes) and a thread that answers them.
+void check_async(const ProcessGroup& g, bool node_workers) {
+  if (node_workers ? g.across_nodes().size() < 2 : g.size() < 2)
+    throw UsageError(
+        node_workers
+            ? "--cross-replica-sync off with distributed_replicated needs several nodes as its workers (stepbench "
+              "launch --nproc N --nodes M); the processes of one node step together"
+            : "--cross-replica-sync off needs several processes as its workers (stepbench launch --nproc N); the "
+              "towers of one process step together");
+  if (g.uses_mpi())
+    throw UsageError(
+        "--cross-replica-sync off needs the processes to meet through Gloo (stepbench launch, torchrun, srun, or "
+        "mpirun with --rendezvous): its servers answer on a thread of their own, which MPI's serialised threads "
+        "do not allow");
+}
 }  // namespace
 
 void check_sync_options(const TowerOptions& o) {
@@ -91,10 +106,11 @@ void check_sync_options(const TowerOptions& o) {
     throw UsageError("--ps-ranks applies to --variable-update distributed_replicated only");
   if (o.ps_ranks < 1) throw UsageError("--ps-ranks must be 1 or more");
   if (!o.cross_replica_sync) {
-    if (o.variable_update != VariableUpdate::parameter_server)
+    if (o.variable_update != VariableUpdate::parameter_server &&
+        o.variable_update != VariableUpdate::distributed_replicated)
       throw UsageError(
-          fmt::format("--cross-replica-sync off applies to --variable-update parameter_server (its "
-                      "workers push and pull on their own); {} syncs every step",
+          fmt::format("--cross-replica-sync off applies to --variable-update parameter_server and "
+                      "distributed_replicated (their workers push and pull on their own); {} syncs every step",
                       to_string(o.variable_update)));
     if (o.backend == BackendKind::cuda)
       throw UnsupportedError("--cross-replica-sync off runs on CPU towers so far; use --backend cpu");
@@ -141,19 +157,15 @@ std::unique_ptr<GradientSync> make_gradient_sync(const TowerOptions& o, const Sy
         throw UsageError(fmt::format("--ps-ranks {}: at most one parameter server per node, and there {} {}",
                                      o.ps_ranks, t.group.across_nodes().size() == 1 ? "is" : "are",
                                      t.group.across_nodes().size()));
+      if (!o.cross_replica_sync) {
+        check_async(t.group, true);
+        return make_async_server_sync(t, o.optimizer, o.async_checks, o.ps_ranks, true);
+      }
       return make_distributed_replicated_sync(t, o.optimizer, o.ps_ranks);
     case VariableUpdate::parameter_server:
       if (!o.cross_replica_sync) {
-        if (t.group.size() < 2)
-          throw UsageError(
-              "--cross-replica-sync off needs several processes as its workers (stepbench launch --nproc "
-              "N); the towers of one process step together");
-        if (t.group.uses_mpi())
-          throw UsageError(
-              "--cross-replica-sync off needs the processes to meet through Gloo (stepbench launch, torchrun, srun, "
-              "or mpirun with --rendezvous): its server answers on a thread of its own, which MPI's serialised "
-              "threads do not allow");
-        return make_async_server_sync(t, o.optimizer, o.async_checks);
+        check_async(t.group, false);
+        return make_async_server_sync(t, o.optimizer, o.async_checks, 1, false);
       }
       return o.ps_on_host ? make_host_server_sync(t, o.optimizer) : make_device_server_sync(t, make_collective(o, t));
     case VariableUpdate::independent: return make_independent_sync(t);

@@ -8,7 +8,8 @@
 //   independent       (sync_independent.cpp) nothing moves, every tower updates its own;
 //   distributed_all_reduce  replicated's sync over a two-level host collective (make_host_collective);
 //   distributed_replicated  (sync_distributed_replicated.cpp) node sums pushed to sharded servers;
-//   parameter_server with cross_replica_sync off (sync_async.cpp): workers push and pull on their own.
+//   parameter_server, distributed_replicated with cross_replica_sync off (sync_async.cpp): workers
+//                     (processes; nodes) push to the servers and pull on their own.
 // Towers decides when buckets go (as backward produces them, or after it; on a communication
 // thread when the sync runs on the host); the GradientSync decides what a bucket's sync and the
 // update do. Internal to src/train.
@@ -120,8 +121,10 @@ std::unique_ptr<GradientSync> make_replicated_sync(const SyncTowers& t, std::uni
 std::unique_ptr<GradientSync> make_device_server_sync(const SyncTowers& t, std::unique_ptr<Collective> coll);
 std::unique_ptr<GradientSync> make_host_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer);
 std::unique_ptr<GradientSync> make_independent_sync(const SyncTowers& t);
-std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
-                                                     bool checks);
+// servers: shards of the variables, each on the first process of a node; node_workers: each node's
+// processes push as one worker (distributed_replicated), else each process (parameter_server).
+std::unique_ptr<GradientSync> make_async_server_sync(const SyncTowers& t, const OptimizerConfig& optimizer, bool checks,
+                                                     int servers, bool node_workers);
 std::unique_ptr<GradientSync> make_distributed_replicated_sync(const SyncTowers& t, const OptimizerConfig& optimizer,
                                                                int ps_ranks);
 

@@ -12,10 +12,12 @@
 //   distributed_replicated  a sum within each node, the node sums pushed to parameter servers (the
 //                     first process of ps_ranks nodes, the variables sharded over them) that update
 //                     the master copy, every tower pulling the new values (CPU towers so far).
+// parameter_server and distributed_replicated also run asynchronously (cross_replica_sync false).
 // Each mode is a GradientSync (train/sync.hpp), chosen once by the constructor.
 // Gradients move in buckets (contiguous ranges of the gradient arena, which is laid out in reverse
 // execution order, so the first bucket is the first one backward finishes).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,21 +47,30 @@ constexpr auto enum_names(VariableUpdate) {
                                                   {VariableUpdate::distributed_replicated, "distributed_replicated"}}};
 }
 
-// The asynchronous parameter server's counts (--cross-replica-sync off), as this process saw them:
-// its worker's pushes and the sum of every element it pushed; on process 0 also what the server
-// applied (each push once), per worker, and each push's staleness (how many updates behind the
-// server the pushing worker's variables were).
+// The asynchronous parameter servers' counts (--cross-replica-sync off), as this process saw them.
+// A worker is a process (parameter_server) or a node (distributed_replicated, whose first process
+// pushes the node's sum); a server holds one contiguous shard of the variables (parameter_server:
+// one, on process 0; distributed_replicated: --ps-ranks of them).
 struct AsyncStats {
-  long pushes = 0, applied = 0;
-  double pushed_sum = 0, applied_sum = 0;
+  int worker = -1;            // the worker this process pushes for (its rank, or its node), or -1
+  bool node_workers = false;  // workers are nodes
+  int servers = 1;
+  int serves = -1;               // the shard this process serves, or -1
+  std::size_t shard_floats = 0;  // of that shard
+  long pushes = 0;               // steps this process pushed (each to every server)
+  double pushed_sum = 0;         // the sum of every element it pushed
+  std::vector<long> versions;    // per server: the version of this worker's shard (updates applied then)
+  // As the server: the shards it applied (each once), their sum, per pushing process (by rank), and
+  // each one's staleness (how many of its updates behind it the pushing worker's shard was).
+  long applied = 0;
+  double applied_sum = 0;
   std::vector<double> staleness;
   std::vector<long> applied_per_worker;
-  long version = 0;  // the version of this worker's variables (updates the server had applied then)
   // With TowerOptions::async_checks (tests): every gradient this worker pushed, summed element by
-  // element; a hash of its variables; on process 0 the server's master copy and a hash of the
-  // variables of each version it sent (index: the version).
+  // element; a hash of its variables in each server's shard; as a server, its master copy and a hash
+  // of the shard of each version it sent (index: the version).
   std::vector<double> pushed_total;
-  std::uint64_t params_hash = 0;
+  std::vector<std::uint64_t> shard_hashes;
   std::vector<float> master;
   std::vector<std::uint64_t> sent_hashes;
 };
@@ -91,8 +102,9 @@ struct TowerOptions {
   // distributed_replicated: the parameter servers the variables are sharded over (--ps-ranks), at
   // most one per node.
   int ps_ranks = 1;
-  // parameter_server across processes: false (--cross-replica-sync off) makes it asynchronous: each
-  // process a worker that pushes and pulls without waiting for the others (CPU towers, Gloo).
+  // parameter_server and distributed_replicated across processes: false (--cross-replica-sync off)
+  // makes them asynchronous: each worker (a process; a node in distributed_replicated) pushes and
+  // pulls without waiting for the others (CPU towers, Gloo).
   bool cross_replica_sync = true;
   // Tests: the asynchronous server keeps what AsyncStats' checks need (an arena of doubles per worker,
   // a hash per version), which the benchmark does not pay for.

@@ -1395,27 +1395,31 @@ class Launch(unittest.TestCase):
             self.assertEqual(p.returncode, 2, f"{args}\n{p.stdout}{p.stderr}")
             self.assertIn(said, " ".join(p.stderr.split()), args)
 
-    def test_a_killed_rank_in_distributed_replicated(self):
-        # rank 3, a worker of node 1, whose first process serves: the launcher names the dead rank first, a
-        # process that waited on it names it too, and the run ends within the timeout. (A worker of the
-        # asynchronous server killed is not here: under ctest's load the others were seen to wait past
-        # the launcher's grace without naming it; see docs/multi-process.md)
-        for n, nodes, mode in ((4, 2, ["--variable-update", "distributed_replicated", "--ps-ranks", "2"]),):
+    def test_a_killed_rank_in_the_parameter_server_modes(self):
+        # the launcher names the dead rank first, a process that waited on it names it too, and the run ends
+        # within the timeout: distributed_replicated (rank 3, a worker of node 1, whose first process
+        # serves); the asynchronous server (rank 2, a worker: the server's thread for it sees its
+        # connection close); asynchronous distributed_replicated (rank 2, node 1's pusher, one server)
+        async_off = ["--cross-replica-sync", "off"]
+        for n, nodes, victim_rank, mode in (
+                (4, 2, 3, ["--variable-update", "distributed_replicated", "--ps-ranks", "2"]),
+                (3, 1, 2, ["--variable-update", "parameter_server", *async_off]),
+                (4, 2, 2, ["--variable-update", "distributed_replicated", *async_off])):
             t0 = time.monotonic()
             p = subprocess.Popen([STEPBENCH, "launch", "--nproc", str(n), "--nodes", str(nodes), "--grace-s", "20",
                                   "--", *LONG, *mode, "--sync-timeout-s", "30"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            victim = find_rank(n - 1, p.pid)
-            self.assertIsNotNone(victim, f"{mode}: rank {n - 1} never started")
+            victim = find_rank(victim_rank, p.pid)
+            self.assertIsNotNone(victim, f"{mode}: rank {victim_rank} never started")
             time.sleep(4)  # into the benchmarks
             os.kill(victim, signal.SIGKILL)
             out, _ = p.communicate(timeout=120)
             said = [l for l in out.splitlines() if l.startswith("stepbench launch: rank")]
             self.assertTrue(said, out)
-            self.assertRegex(said[0], rf"rank {n - 1} \(pid {victim}\) was killed by signal 9", out)
+            self.assertRegex(said[0], rf"rank {victim_rank} \(pid {victim}\) was killed by signal 9", out)
             named = [l for l in out.splitlines() if not l.startswith("stepbench launch:") and
-                     re.search(rf"\b{n - 1} \(pid {victim} on [^)]+\)", l)]
-            self.assertTrue(named, f"{mode}: no process named rank {n - 1}:\n{out}")
+                     re.search(rf"\b{victim_rank} \(pid {victim} on [^)]+\)", l)]
+            self.assertTrue(named, f"{mode}: no process named rank {victim_rank}:\n{out}")
             self.assertEqual(p.returncode, 128 + 9, out)
             self.assertLess(time.monotonic() - t0, 90, out)
 
@@ -1440,6 +1444,41 @@ class Launch(unittest.TestCase):
             for w in a["workers"]:
                 self.assertEqual(w["applied"], w["pushes"], a)
             self.assertAlmostEqual(a["images_per_s"], sum(w["images_per_s"] for w in a["workers"]), places=3)
+        # asynchronous distributed_replicated: each node a worker, a server on each node
+        with tempfile.TemporaryDirectory() as d:
+            js = os.path.join(d, "run.json")
+            p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
+                                "step,grad_sync", "--variable-update", "distributed_replicated", "--ps-ranks", "2",
+                                "--cross-replica-sync", "off", "--json", js],
+                               capture_output=True, text=True, timeout=300)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            self.assertIn("host memory within each node, then asynchronous pushes to 2 parameter servers + Gloo "
+                          "(2 nodes x 2 processes)", " ".join(out.split()))
+            self.assertRegex(out, r"asynchronous: images/s per worker \(node\): 0 [0-9.]+, 1 [0-9.]+; [0-9.]+ in total")
+            self.assertRegex(" ".join(out.split()), r"the 2 servers applied ([0-9]+) of the \1 pushed shards "
+                                                    r"\([0-9]+ pushes to each\), each once")
+            for level in ("sum within each node", "push to and pull from the parameter servers",
+                          "from each node's first process to the rest"):
+                self.assertRegex(out, level + r": [0-9.]+ ms, algbw [0-9.]+ GB/s")
+            with open(js) as f:
+                whole = json.load(f)
+            a = whole["asynchronous"]
+            self.assertEqual(a["workers_are"], "nodes")
+            self.assertEqual([w["rank"] for w in a["workers"]], [0, 2])  # each node's first process pushes
+            self.assertEqual([s["rank"] for s in a["servers"]], [0, 2])
+            self.assertTrue(a["each_once"], a)
+            for w in a["workers"]:
+                self.assertEqual(w["applied"], 2 * w["pushes"], a)
+                self.assertEqual(w["images_per_step"], 2 * 4, a)  # the node's 2 processes' batches
+            # the two shards make up the variables
+            self.assertEqual(4 * sum(s["floats"] for s in a["servers"]), int(whole["context"]["gradient_bytes"]), a)
+        p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--", *TINY, "--variable-update",
+                            "distributed_replicated", "--cross-replica-sync", "off"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--cross-replica-sync off with distributed_replicated needs several nodes as its workers",
+                      p.stderr)
         for args, said in ((["--variable-update", "replicated"],
                             "--cross-replica-sync off applies to --variable-update parameter_server"),):
             p = subprocess.run([STEPBENCH, "launch", "--nproc", "2", "--", *TINY, "--cross-replica-sync", "off",

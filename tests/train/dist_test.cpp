@@ -9,6 +9,9 @@
 //       distributed_replicated with one parameter server and with one per node where parameter_server does
 //   Dist.AsynchronousServerAppliesEveryPushOnce  cpu, Gloo: --cross-replica-sync off, each process
 //       stepping at its own pace: the server applies every worker's gradient exactly once (count and sum)
+//   Dist.AsynchronousShardedServersApplyEveryPushOnce  cpu, Gloo, 2 nodes or more: distributed_replicated
+//       asynchronous, each node a worker at its own pace, one server and one per node: every server
+//       applies each node's shard once, and every process holds the shards it was sent
 //   Dist.NcclRanksEqualTheOracle  cuda: one tower per process (several sharing a GPU when there are
 //       fewer GPUs than processes), NCCL between them, in every mode, overlap on and off, fp32 and
 //       bf16, launched and replayed from a CUDA Graph: every rank ends with the same parameters, within
@@ -172,72 +175,122 @@ TEST(Dist, TwoLevelsEqualReplicated) {
   }
 }
 
+// --cross-replica-sync off with `servers` shards: every worker (a process, or with node_workers a node)
+// takes its own number of steps; then every server must have applied each of its pushes once (count
+// and sum), every process must hold the shards the servers sent at the versions it last pulled, and
+// each server's master copy must be the initial variables less lr times every push (plain SGD, so
+// that the order they came in does not matter).
+void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int servers, bool node_workers) {
+  // 2 towers per process
+  auto o = tiny_dist(BackendKind::cpu, 2, mode, false);
+  o.group = &pg;
+  o.cross_replica_sync = false;
+  o.async_checks = true;
+  o.ps_ranks = mode == VariableUpdate::distributed_replicated ? servers : 1;
+  o.optimizer.kind = OptimizerKind::sgd;
+  o.optimizer.lr = 0.05f;
+  const int worker = node_workers ? pg.across_nodes().rank() : pg.rank();
+  const int steps = 3 + 2 * worker;  // the workers do not keep in step
+  Towers t(o);
+  ASSERT_TRUE(t.asynchronous());
+  t.set_synthetic_batch(77 + pg.rank());
+  const std::vector<float> init = tower_params(t, 0);
+  for (int k = 0; k < steps; ++k) t.step();
+  t.synchronize();
+  AsyncStats s = t.async_stats();
+  const bool pusher = s.worker >= 0;
+  EXPECT_EQ(pusher, !node_workers || pg.within_node().rank() == 0);
+  EXPECT_EQ(s.pushes, pusher ? steps : 0);
+  EXPECT_EQ(tower_params(t, 1), tower_params(t, 0)) << "a worker's towers hold what it pulled";
+  ASSERT_EQ(s.servers, servers);
+  ASSERT_EQ(s.versions.size(), static_cast<std::size_t>(servers));
+  ASSERT_EQ(s.shard_hashes.size(), static_cast<std::size_t>(servers));
+  // per process: its worker, whether it pushes, its pushes and their sum; per server the version of its
+  // shard and that shard's hash. A push returns with the shard, so once every process is in the
+  // all-gather every server has applied every push.
+  std::vector<double> mine{static_cast<double>(worker), pusher ? 1.0 : 0.0, static_cast<double>(s.pushes),
+                           s.pushed_sum};
+  for (int k = 0; k < servers; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    mine.insert(mine.end(), {static_cast<double>(s.versions[i]), static_cast<double>(s.shard_hashes[i] >> 32),
+                             static_cast<double>(s.shard_hashes[i] & 0xffffffffu)});
+  }
+  const std::size_t stride = mine.size();
+  const auto all = pg.allgather(mine);
+  std::vector<float> total(init.size(), 0.0f);
+  if (pusher) std::copy(s.pushed_total.begin(), s.pushed_total.end(), total.begin());
+  pg.allreduce_sum(total.data(), total.size());
+  s = t.async_stats();
+  const auto served = pg.allgather(std::vector<double>{static_cast<double>(s.applied), s.applied_sum});
+  double pushes = 0, sum = 0, applied = 0, applied_sum = 0;
+  for (int r = 0; r < pg.size(); ++r) {
+    pushes += all[static_cast<std::size_t>(r) * stride + 2];
+    sum += all[static_cast<std::size_t>(r) * stride + 3];
+    applied += served[static_cast<std::size_t>(2 * r)];
+    applied_sum += served[static_cast<std::size_t>(2 * r + 1)];
+  }
+  EXPECT_EQ(applied, servers * pushes) << "every push reaches every server once";
+  EXPECT_NEAR(applied_sum, sum, 1e-9 * (1 + std::abs(sum))) << "the shards applied add up to the pushes";
+  if (s.serves < 0) return;
+  // this process serves shard k = [F k / K, F (k + 1) / K)
+  const int k = s.serves;
+  const std::size_t b = init.size() * static_cast<std::size_t>(k) / static_cast<std::size_t>(servers);
+  const std::size_t n = init.size() * static_cast<std::size_t>(k + 1) / static_cast<std::size_t>(servers) - b;
+  ASSERT_EQ(s.shard_floats, n);
+  ASSERT_EQ(s.applied_per_worker.size(), static_cast<std::size_t>(pg.size()));
+  double mine_pushes = 0;
+  for (int r = 0; r < pg.size(); ++r) {
+    const double* p = &all[static_cast<std::size_t>(r) * stride];
+    SCOPED_TRACE(fmt::format("shard {}, rank {} (worker {})", k, r, p[0]));
+    EXPECT_EQ(static_cast<double>(s.applied_per_worker[static_cast<std::size_t>(r)]), p[2]);
+    mine_pushes += p[2];
+    // the process holds the shard this server sent at the version its worker last pulled (the rest of
+    // a node got it from the node's first process, which pushed for it)
+    const double* pushed = p;
+    for (int q = 0; q < pg.size(); ++q) {
+      const double* o = &all[static_cast<std::size_t>(q) * stride];
+      if (o[0] == p[0] && o[1] == 1.0) pushed = o;
+    }
+    ASSERT_EQ(pushed[1], 1.0) << "no process pushed for worker " << p[0];
+    const auto version = static_cast<std::size_t>(pushed[4 + 3 * k]);
+    ASSERT_LT(version, s.sent_hashes.size());
+    const std::uint64_t h = s.sent_hashes[version];
+    EXPECT_EQ(static_cast<double>(h >> 32), p[5 + 3 * k]) << "at version " << version;
+    EXPECT_EQ(static_cast<double>(h & 0xffffffffu), p[6 + 3 * k]) << "at version " << version;
+  }
+  EXPECT_EQ(static_cast<double>(s.applied), mine_pushes);
+  ASSERT_EQ(s.staleness.size(), static_cast<std::size_t>(s.applied));
+  for (double x : s.staleness) {
+    EXPECT_GE(x, 0.0);
+    EXPECT_LT(x, mine_pushes);
+  }
+  // the master copy: the initial shard minus lr times every push, element by element
+  ASSERT_EQ(s.master.size(), n);
+  double moved = 0;
+  for (std::size_t i = b; i < b + n; ++i) moved = std::max(moved, std::abs(0.05 * total[i]));
+  ASSERT_GT(moved, 0.0);
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_NEAR(s.master[i], init[b + i] - 0.05 * total[b + i], 1e-4 * moved) << "variable " << b + i;
+}  // the towers go: every worker says goodbye to every server, and each server's thread ends
+
 TEST(Dist, AsynchronousServerAppliesEveryPushOnce) {
   auto& pg = test_group();
   expect_the_launched_ranks(pg);
   if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.launch)";
   if (pg.uses_mpi()) GTEST_SKIP() << "the asynchronous server answers on a thread of its own: Gloo only";
-  // 2 towers per process; plain SGD, so that the server's variables end at the initial ones minus lr
-  // times every pushed gradient, in whatever order they came
-  auto o = tiny_dist(BackendKind::cpu, 2, VariableUpdate::parameter_server, false);
-  o.group = &pg;
-  o.cross_replica_sync = false;
-  o.async_checks = true;
-  o.optimizer.kind = OptimizerKind::sgd;
-  o.optimizer.lr = 0.05f;
-  const int steps = 3 + 2 * pg.rank();  // the workers do not keep in step
-  {
-    Towers t(o);
-    ASSERT_TRUE(t.asynchronous());
-    t.set_synthetic_batch(77);
-    const std::vector<float> init = tower_params(t, 0);
-    for (int k = 0; k < steps; ++k) t.step();
-    t.synchronize();
-    AsyncStats s = t.async_stats();
-    EXPECT_EQ(s.pushes, steps);
-    EXPECT_EQ(tower_params(t, 1), tower_params(t, 0)) << "a worker's towers hold what it pulled";
-    // every worker's count, sum, version and variables' hash on rank 0 beside what its server applied
-    // and sent; a push returns with the variables, so once every worker is in the all-gather the
-    // server has applied them all
-    const auto all = pg.allgather(std::vector<double>{
-        static_cast<double>(s.pushes), s.pushed_sum, static_cast<double>(s.version),
-        static_cast<double>(s.params_hash >> 32), static_cast<double>(s.params_hash & 0xffffffffu)});
-    std::vector<float> total(s.pushed_total.begin(), s.pushed_total.end());
-    pg.allreduce_sum(total.data(), total.size());
-    s = t.async_stats();
-    if (pg.rank() == 0) {
-      double pushes = 0, sum = 0;
-      ASSERT_EQ(s.applied_per_worker.size(), static_cast<std::size_t>(pg.size()));
-      for (int r = 0; r < pg.size(); ++r) {
-        const auto i = static_cast<std::size_t>(5 * r);
-        EXPECT_EQ(static_cast<double>(s.applied_per_worker[static_cast<std::size_t>(r)]), all[i]) << "worker " << r;
-        pushes += all[i];
-        sum += all[i + 1];
-        // the worker holds the variables the server sent it at its version
-        const auto version = static_cast<std::size_t>(all[i + 2]);
-        ASSERT_LT(version, s.sent_hashes.size()) << "worker " << r;
-        const std::uint64_t h = s.sent_hashes[version];
-        EXPECT_EQ(static_cast<double>(h >> 32), all[i + 3]) << "worker " << r << " at version " << version;
-        EXPECT_EQ(static_cast<double>(h & 0xffffffffu), all[i + 4]) << "worker " << r << " at version " << version;
-      }
-      EXPECT_EQ(static_cast<double>(s.applied), pushes);
-      EXPECT_NEAR(s.applied_sum, sum, 1e-9 * (1 + std::abs(sum)));
-      ASSERT_EQ(s.staleness.size(), static_cast<std::size_t>(s.applied));
-      double stale = 0;
-      for (double x : s.staleness) {
-        EXPECT_GE(x, 0.0);
-        EXPECT_LT(x, pushes);
-        stale = std::max(stale, x);
-      }
-      // the master copy: the initial variables minus lr times every push, element by element
-      ASSERT_EQ(s.master.size(), init.size());
-      double moved = 0;
-      for (std::size_t i = 0; i < init.size(); ++i) moved = std::max(moved, std::abs(0.05 * total[i]));
-      ASSERT_GT(moved, 0.0);
-      for (std::size_t i = 0; i < init.size(); ++i)
-        ASSERT_NEAR(s.master[i], init[i] - 0.05 * total[i], 1e-4 * moved) << "variable " << i;
-    }
-  }  // the towers go: every worker says goodbye, and process 0's server ends
+  expect_every_push_applied_once(pg, VariableUpdate::parameter_server, 1, false);
+}
+
+TEST(Dist, AsynchronousShardedServersApplyEveryPushOnce) {
+  auto& pg = test_group();
+  expect_the_launched_ranks(pg);
+  if (!pg.has_levels() || pg.across_nodes().size() < 2)
+    GTEST_SKIP() << "distributed_replicated's workers are nodes: run on 2 nodes or more (ctest: dist.two_nodes)";
+  if (pg.uses_mpi()) GTEST_SKIP() << "the asynchronous servers answer on a thread of their own: Gloo only";
+  for (int k : {1, pg.across_nodes().size()}) {
+    SCOPED_TRACE(fmt::format("distributed_replicated, --ps-ranks {}", k));
+    expect_every_push_applied_once(pg, VariableUpdate::distributed_replicated, k, true);
+  }
 }
 
 TEST(Dist, NcclRanksEqualTheOracle) {
