@@ -15,8 +15,10 @@
 namespace stepbench {
 
 namespace {
-constexpr std::size_t kFields = 9;  // per process in the first gather, then its applied_per_worker
-}
+constexpr std::size_t kWorker = 4;  // per process in the first gather: median step, worker, pushes, their sum
+constexpr std::size_t kServer = 5;  // in the second: shard, floats, applied, their sum, the largest staleness;
+                                    // then applied_per_worker
+}  // namespace
 
 std::optional<AsyncReport> gather_async(Run& run) {
   if (!run.towers->asynchronous()) return std::nullopt;
@@ -26,52 +28,57 @@ std::optional<AsyncReport> gather_async(Run& run) {
   const std::size_t reps = static_cast<std::size_t>(std::max(run.c.repetitions, 1));
   for (std::size_t c = calls.size() > reps ? calls.size() - reps : 0; c < calls.size(); ++c)
     mine.insert(mine.end(), calls[c].begin(), calls[c].end());
-  const AsyncStats s = run.towers->async_stats();
+  const AsyncStats w = run.towers->async_stats();
   const auto size = static_cast<std::size_t>(run.group.size());
-  std::vector<double> v{mine.empty() ? NAN : median(mine),      static_cast<double>(s.worker),
-                        static_cast<double>(s.pushes),          s.pushed_sum,
-                        static_cast<double>(s.serves),          static_cast<double>(s.shard_floats),
-                        static_cast<double>(s.applied),         s.applied_sum,
-                        static_cast<double>(s.staleness.size())};
+  const std::vector<double> workers = run.group.allgather(std::vector<double>{
+      mine.empty() ? NAN : median(mine), static_cast<double>(w.worker), static_cast<double>(w.pushes), w.pushed_sum});
+  // A push returns once its server applied it, so with every process past that gather the servers have
+  // applied every push: their counts are read now.
+  const AsyncStats s = run.towers->async_stats();
+  double most = 0;
+  for (double x : s.staleness) most = std::max(most, x);
+  std::vector<double> v{static_cast<double>(s.serves), static_cast<double>(s.shard_floats),
+                        static_cast<double>(s.applied), s.applied_sum, most};
   for (std::size_t r = 0; r < size; ++r)
     v.push_back(r < s.applied_per_worker.size() ? static_cast<double>(s.applied_per_worker[r]) : 0.0);
-  const std::vector<double> all = run.group.allgather(v);
-  const std::size_t stride = kFields + size;
-  // every server's staleness, padded to the longest
-  std::size_t longest = 0;
-  for (std::size_t r = 0; r < size; ++r) longest = std::max(longest, static_cast<std::size_t>(all[r * stride + 8]));
-  std::vector<double> st(s.staleness);
-  st.resize(std::max<std::size_t>(longest, 1), NAN);
-  const std::vector<double> stale = run.group.allgather(st);
+  const std::vector<double> servers = run.group.allgather(v);
+  const std::size_t stride = kServer + size;
+  // each server's staleness as counts per value (0 .. the largest anywhere): bounded by the updates
+  // a worker can fall behind, not by the run's length
+  std::size_t width = 1;
+  for (std::size_t r = 0; r < size; ++r) width = std::max(width, static_cast<std::size_t>(servers[r * stride + 4]) + 1);
+  std::vector<double> counts(width, 0.0);
+  for (double x : s.staleness) counts[static_cast<std::size_t>(x)] += 1;
+  const std::vector<double> stale = run.group.allgather(counts);
   if (!run.root) return std::nullopt;
 
   AsyncReport a;
-  a.node_workers = s.node_workers;
+  a.node_workers = w.node_workers;
   const double images = static_cast<double>(run.c.run.batch_per_tower * run.towers->size()) *
-                        (s.node_workers ? run.group.within_node().size() : 1);
-  const std::size_t width = std::max<std::size_t>(longest, 1);
+                        (w.node_workers ? run.group.within_node().size() : 1);
   for (std::size_t r = 0; r < size; ++r) {
-    const double* p = &all[r * stride];
+    const double* p = &workers[r * kWorker];
+    const double* q = &servers[r * stride];
     if (p[1] >= 0) {
-      AsyncWorker w;
-      w.rank = static_cast<int>(r);
-      w.worker = static_cast<int>(p[1]);
-      w.step_ms = p[0];
-      w.images = images;
-      w.pushes = p[2];
-      w.pushed_sum = p[3];
-      for (std::size_t q = 0; q < size; ++q) w.applied += all[q * stride + kFields + r];
-      a.workers.push_back(w);
+      AsyncWorker aw;
+      aw.rank = static_cast<int>(r);
+      aw.worker = static_cast<int>(p[1]);
+      aw.step_ms = p[0];
+      aw.images = images;
+      aw.pushes = p[2];
+      aw.pushed_sum = p[3];
+      for (std::size_t o = 0; o < size; ++o) aw.applied += servers[o * stride + kServer + r];
+      a.workers.push_back(aw);
     }
-    if (p[4] >= 0) {
+    if (q[0] >= 0) {
       AsyncServer sv;
       sv.rank = static_cast<int>(r);
-      sv.shard = static_cast<int>(p[4]);
-      sv.floats = p[5];
-      sv.applied = p[6];
-      sv.applied_sum = p[7];
-      sv.staleness.assign(stale.begin() + static_cast<std::ptrdiff_t>(r * width),
-                          stale.begin() + static_cast<std::ptrdiff_t>(r * width + static_cast<std::size_t>(p[8])));
+      sv.shard = static_cast<int>(q[0]);
+      sv.floats = q[1];
+      sv.applied = q[2];
+      sv.applied_sum = q[3];
+      sv.staleness_counts.assign(stale.begin() + static_cast<std::ptrdiff_t>(r * width),
+                                 stale.begin() + static_cast<std::ptrdiff_t>((r + 1) * width));
       a.servers.push_back(sv);
     }
   }
@@ -91,10 +98,35 @@ double total_images_per_s(const AsyncReport& a) {
   return total;
 }
 
+// The staleness of every shard applied, as counts per value: summed over the servers, and its count,
+// median and largest value.
 std::vector<double> all_staleness(const AsyncReport& a) {
-  std::vector<double> st;
-  for (const AsyncServer& s : a.servers) st.insert(st.end(), s.staleness.begin(), s.staleness.end());
-  return st;
+  std::vector<double> c;
+  for (const AsyncServer& s : a.servers) {
+    c.resize(std::max(c.size(), s.staleness_counts.size()), 0.0);
+    for (std::size_t i = 0; i < s.staleness_counts.size(); ++i) c[i] += s.staleness_counts[i];
+  }
+  return c;
+}
+double count_of(const std::vector<double>& c) { return std::accumulate(c.begin(), c.end(), 0.0); }
+// the value of rank k (0-based) in the sorted values the counts stand for
+double at_rank(const std::vector<double>& c, double k) {
+  double seen = 0;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    seen += c[i];
+    if (seen > k) return static_cast<double>(i);
+  }
+  return 0;
+}
+double median_of(const std::vector<double>& c) {
+  const double n = count_of(c);
+  if (n == 0) return 0;
+  return 0.5 * (at_rank(c, std::floor((n - 1) / 2)) + at_rank(c, std::ceil((n - 1) / 2)));
+}
+double max_of(const std::vector<double>& c) {
+  for (std::size_t i = c.size(); i-- > 0;)
+    if (c[i] > 0) return static_cast<double>(i);
+  return 0;
 }
 
 // Every worker's pushes reached every server once: the counts, and the sums of what was pushed and
@@ -138,9 +170,8 @@ void print_async(std::ostream& out, const Run&, const AsyncReport& a) {
                         applied, pushed * static_cast<double>(a.servers.size()), pushed, once);
   out << wrap(fmt::format("  staleness: the pushing worker's {} {} updates behind the server (median), at most {}, "
                           "over {} {}; {}",
-                          a.servers.size() == 1 ? "variables were" : "shard was", st.empty() ? 0.0 : median(st),
-                          st.empty() ? 0.0 : *std::max_element(st.begin(), st.end()), st.size(),
-                          a.servers.size() == 1 ? "pushes" : "pushed shards", applied_text),
+                          a.servers.size() == 1 ? "variables were" : "shard was", median_of(st), max_of(st),
+                          count_of(st), a.servers.size() == 1 ? "pushes" : "pushed shards", applied_text),
               4);
 }
 
@@ -162,25 +193,21 @@ nlohmann::json async_json(const Run&, const AsyncReport& a) {
   for (const AsyncServer& s : a.servers) {
     applied += s.applied;
     applied_sum += s.applied_sum;
-    const auto& st = s.staleness;
+    const auto& st = s.staleness_counts;
     servers.push_back({{"rank", s.rank},
                        {"shard", s.shard},
                        {"floats", s.floats},
                        {"applied", s.applied},
                        {"applied_sum", s.applied_sum},
-                       {"staleness_median", st.empty() ? 0.0 : median(st)},
-                       {"staleness_max", st.empty() ? 0.0 : *std::max_element(st.begin(), st.end())}});
+                       {"staleness_median", median_of(st)},
+                       {"staleness_max", max_of(st)}});
   }
   const std::vector<double> st = all_staleness(a);
-  return {{"workers", workers},
-          {"workers_are", a.node_workers ? "nodes" : "processes"},
-          {"servers", servers},
-          {"images_per_s", total_images_per_s(a)},
-          {"applied", applied},
-          {"applied_sum", applied_sum},
-          {"each_once", each_once(a)},
-          {"staleness_median", st.empty() ? 0.0 : median(st)},
-          {"staleness_max", st.empty() ? 0.0 : *std::max_element(st.begin(), st.end())}};
+  return {{"workers", workers},          {"workers_are", a.node_workers ? "nodes" : "processes"},
+          {"servers", servers},          {"images_per_s", total_images_per_s(a)},
+          {"applied", applied},          {"applied_sum", applied_sum},
+          {"each_once", each_once(a)},   {"staleness_median", median_of(st)},
+          {"staleness_max", max_of(st)}, {"staleness_counts", st}};
 }
 
 }  // namespace stepbench

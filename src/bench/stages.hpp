@@ -118,7 +118,7 @@ struct AsyncServer {
   int shard = 0;
   double floats = 0;  // of its shard
   double applied = 0, applied_sum = 0;
-  std::vector<double> staleness;  // per applied shard
+  std::vector<double> staleness_counts;  // [i]: the shards applied i of its updates behind it
 };
 struct AsyncReport {
   bool node_workers = false;         // distributed_replicated: each node one worker

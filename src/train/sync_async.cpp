@@ -80,6 +80,7 @@ class AsyncServerSync final : public GradientSync {
       if (server_rank_[static_cast<std::size_t>(s)] == g.rank()) mine_ = s;
     }
     have_.assign(static_cast<std::size_t>(servers_), 0);
+    broken_.assign(static_cast<std::size_t>(servers_), false);
     if (checks_ && pusher_) pushed_total_.assign(t.floats, 0.0);
     if (in_)
       timer_.levels = {
@@ -92,13 +93,19 @@ class AsyncServerSync final : public GradientSync {
       if (checks_) sent_hashes_.push_back(hash_of(master_.data(), n));  // version 0: as built
       opt_ = std::make_unique<OptimizerState>(*cpu_, optimizer, n);
       applied_per_worker_.assign(static_cast<std::size_t>(g.size()), 0);
-      for (int w : others_) server_.emplace_back([this, w] { serve(w); });
+      try {
+        for (int w : others_) server_.emplace_back([this, w] { serve(w); });
+      } catch (...) {  // a thread that could not start: end those that did
+        stop_serving();
+        throw;
+      }
     }
   }
   ~AsyncServerSync() override {
     if (pusher_)
       for (int s = 0; s < servers_; ++s) {
-        if (s == mine_) continue;
+        // a server whose round trip broke part-way may still be answering: no goodbye to wait on it
+        if (s == mine_ || broken_[static_cast<std::size_t>(s)]) continue;
         try {
           const std::int64_t head[2] = {bye, 0};
           t_.group.send(server_rank_[static_cast<std::size_t>(s)], head, sizeof head, kPushHead);
@@ -114,17 +121,7 @@ class AsyncServerSync final : public GradientSync {
     const auto t0 = std::chrono::steady_clock::now();
     while (!served_all() && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stopping_ = true;
-    }
-    // a receive is ended only once it waits: until every thread has seen stopping_, end those they may
-    // have begun since
-    while (finished_ < server_.size()) {
-      t_.group.cancel_recv();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    for (std::thread& th : server_) th.join();
+    stop_serving();
   }
 
   std::string name() const override {
@@ -183,11 +180,13 @@ class AsyncServerSync final : public GradientSync {
           }
           const int to = server_rank_[static_cast<std::size_t>(s)];
           const std::int64_t head[2] = {push, have};
+          broken_[static_cast<std::size_t>(s)] = true;  // until the round trip is whole
           t_.group.send(to, head, sizeof head, kPushHead);
           t_.group.send(to, g + b, n * sizeof(float), kPushGrads);
           std::int64_t version = 0;
           t_.group.recv({to}, &version, sizeof version, kPullHead, false);
           t_.group.recv({to}, p + b, n * sizeof(float), kPullParams, false);
+          broken_[static_cast<std::size_t>(s)] = false;
           have = version;
         }
       };
@@ -284,6 +283,19 @@ class AsyncServerSync final : public GradientSync {
     }
     ++finished_;
   }
+  // Ends the server threads: each sees stopping_, and the receive each may be waiting in is cancelled
+  // (a receive is ended only once it waits, so until every thread has returned).
+  void stop_serving() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    while (finished_ < server_.size()) {
+      t_.group.cancel_recv();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (std::thread& th : server_) th.join();
+  }
   bool served_all() const {
     std::lock_guard<std::mutex> l(mu_);
     return byes_ == static_cast<int>(others_.size()) || !error_.empty();
@@ -308,6 +320,7 @@ class AsyncServerSync final : public GradientSync {
   mutable std::mutex mu_;
   std::int64_t version_ = 0;        // updates the server applied
   std::vector<std::int64_t> have_;  // per server: the version of this worker's shard
+  std::vector<bool> broken_;        // per server: a round trip that failed part-way
   long pushes_ = 0, applied_ = 0;
   double pushed_sum_ = 0, applied_sum_ = 0;
   std::vector<double> staleness_;

@@ -1399,12 +1399,14 @@ class Launch(unittest.TestCase):
         # the launcher names the dead rank first, a process that waited on it names it too, and the run ends
         # within the timeout: distributed_replicated (rank 3, a worker of node 1, whose first process
         # serves); the asynchronous server (rank 2, a worker: the server's thread for it sees its
-        # connection close); asynchronous distributed_replicated (rank 2, node 1's pusher, one server)
+        # connection close); asynchronous distributed_replicated (rank 2, node 1's pusher, with one server;
+        # and with two, when it also serves: the others fail inside their round trips to it)
         async_off = ["--cross-replica-sync", "off"]
         for n, nodes, victim_rank, mode in (
                 (4, 2, 3, ["--variable-update", "distributed_replicated", "--ps-ranks", "2"]),
                 (3, 1, 2, ["--variable-update", "parameter_server", *async_off]),
-                (4, 2, 2, ["--variable-update", "distributed_replicated", *async_off])):
+                (4, 2, 2, ["--variable-update", "distributed_replicated", *async_off]),
+                (4, 2, 2, ["--variable-update", "distributed_replicated", "--ps-ranks", "2", *async_off])):
             t0 = time.monotonic()
             p = subprocess.Popen([STEPBENCH, "launch", "--nproc", str(n), "--nodes", str(nodes), "--grace-s", "20",
                                   "--", *LONG, *mode, "--sync-timeout-s", "30"],
@@ -1468,6 +1470,7 @@ class Launch(unittest.TestCase):
             self.assertEqual([w["rank"] for w in a["workers"]], [0, 2])  # each node's first process pushes
             self.assertEqual([s["rank"] for s in a["servers"]], [0, 2])
             self.assertTrue(a["each_once"], a)
+            self.assertEqual(sum(a["staleness_counts"]), a["applied"], a)
             for w in a["workers"]:
                 self.assertEqual(w["applied"], 2 * w["pushes"], a)
                 self.assertEqual(w["images_per_step"], 2 * 4, a)  # the node's 2 processes' batches

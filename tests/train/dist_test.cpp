@@ -192,7 +192,7 @@ void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int s
   const int worker = node_workers ? pg.across_nodes().rank() : pg.rank();
   const int steps = 3 + 2 * worker;  // the workers do not keep in step
   Towers t(o);
-  ASSERT_TRUE(t.asynchronous());
+  EXPECT_TRUE(t.asynchronous());  // EXPECT up to the all-gather: a rank that returned would leave the rest waiting
   t.set_synthetic_batch(77 + pg.rank());
   const std::vector<float> init = tower_params(t, 0);
   for (int k = 0; k < steps; ++k) t.step();
@@ -202,9 +202,11 @@ void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int s
   EXPECT_EQ(pusher, !node_workers || pg.within_node().rank() == 0);
   EXPECT_EQ(s.pushes, pusher ? steps : 0);
   EXPECT_EQ(tower_params(t, 1), tower_params(t, 0)) << "a worker's towers hold what it pulled";
-  ASSERT_EQ(s.servers, servers);
-  ASSERT_EQ(s.versions.size(), static_cast<std::size_t>(servers));
-  ASSERT_EQ(s.shard_hashes.size(), static_cast<std::size_t>(servers));
+  EXPECT_EQ(s.servers, servers);
+  EXPECT_EQ(s.versions.size(), static_cast<std::size_t>(servers));
+  EXPECT_EQ(s.shard_hashes.size(), static_cast<std::size_t>(servers));
+  s.versions.resize(static_cast<std::size_t>(servers));
+  s.shard_hashes.resize(static_cast<std::size_t>(servers));
   // per process: its worker, whether it pushes, its pushes and their sum; per server the version of its
   // shard and that shard's hash. A push returns with the shard, so once every process is in the
   // all-gather every server has applied every push.
@@ -259,11 +261,18 @@ void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int s
     EXPECT_EQ(static_cast<double>(h & 0xffffffffu), p[6 + 3 * k]) << "at version " << version;
   }
   EXPECT_EQ(static_cast<double>(s.applied), mine_pushes);
+  // the staleness, exactly: a pusher whose i-th push found the shard at version v_i had pulled v_(i-1) + 1,
+  // so its pushes' staleness adds up to v_last - (pushes - 1), that is its version now less its pushes
   ASSERT_EQ(s.staleness.size(), static_cast<std::size_t>(s.applied));
-  for (double x : s.staleness) {
-    EXPECT_GE(x, 0.0);
-    EXPECT_LT(x, mine_pushes);
+  ASSERT_FALSE(s.staleness.empty());
+  EXPECT_EQ(s.staleness[0], 0.0) << "the first push applied found the shard as built";
+  double stale = 0, expected = 0;
+  for (double x : s.staleness) stale += x;
+  for (int r = 0; r < pg.size(); ++r) {
+    const double* p = &all[static_cast<std::size_t>(r) * stride];
+    if (p[1] == 1.0) expected += p[4 + 3 * k] - p[2];
   }
+  EXPECT_EQ(stale, expected) << "the staleness of the shards applied";
   // the master copy: the initial shard minus lr times every push, element by element
   ASSERT_EQ(s.master.size(), n);
   double moved = 0;
