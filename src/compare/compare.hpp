@@ -85,7 +85,7 @@ struct Options {
 };
 
 // The stated run-to-run noise for two lone runs of a backend (relative sd of a run's median),
-// conservative: the largest measured between runs on a 2-core VM (cpu, 20%); 5% on cuda.
+// conservative: the largest measured between runs on a 2-core VM (cpu, 35%); 5% on cuda.
 double default_run_noise(const std::string& backend);
 
 enum class Status { regression, suspicious, no_change, improvement, insufficient, unstable, unknown };

@@ -172,19 +172,45 @@ CRun synthetic(std::mt19937_64& rng, int reps, double noise, double step_factor,
 // factor, each phase by a little more on its own, and each repetition by the within-run spread.
 // `typical`: the measurements on a 2-core EPYC (consecutive runs 4-8% apart, within-run cv
 // 1-5%): run sd 4%, 1% more per phase, 2% within. `bimodal`: this machine on 2026-11-28 (tiny, 5
-// repetitions): runs at 16.3 or 24.3 ms (3 of 8 slow), 1.5% within.
+// repetitions): runs at 16.3 or 24.3 ms (3 of 8 slow), 1.5% within. `measured`: each run's level
+// drawn from the forward and step medians (ms) of 70 lone runs in a row of tiny (batch 4, 32x32, 5
+// and 8 repetitions) on a 2-core EPYC VM on 2026-11-29, whose host moved it between speeds: 0.9
+// to 3.9 ms steps, a 4.7x between two runs of one binary.
 struct NoiseModel {
   double run = 0.04, phase = 0.01, within = 0.02;
   double slow_mode = 1.0, slow_share = 0;  // bimodal: a run is slow_mode times slower with this chance
+  bool measured = false;                   // the levels of kMeasuredRuns instead
 };
 const NoiseModel kTypical{};
 const NoiseModel kBimodal{0.01, 0.005, 0.015, 1.49, 3.0 / 8};
+const NoiseModel kMeasured{0, 0, 0.02, 1.0, 0, true};
+const std::vector<std::pair<double, double>> kMeasuredRuns = {
+    {0.464, 1.393}, {0.589, 2.274}, {0.420, 1.245}, {0.425, 1.280}, {0.598, 2.087}, {0.531, 1.816}, {0.432, 1.285},
+    {0.418, 1.281}, {0.457, 0.866}, {0.349, 1.042}, {0.362, 0.901}, {0.415, 1.214}, {0.443, 1.312}, {0.434, 1.264},
+    {0.422, 1.186}, {0.542, 1.534}, {0.457, 1.232}, {0.432, 1.279}, {0.514, 1.730}, {0.462, 1.350}, {0.618, 2.225},
+    {0.628, 2.264}, {0.583, 2.049}, {0.592, 2.065}, {0.651, 2.044}, {0.426, 1.263}, {0.449, 1.330}, {0.431, 1.262},
+    {0.396, 1.363}, {0.550, 1.992}, {0.550, 2.145}, {0.398, 1.186}, {0.406, 1.008}, {0.444, 1.275}, {0.455, 1.284},
+    {0.410, 0.908}, {0.433, 1.286}, {0.432, 1.275}, {0.384, 0.841}, {0.460, 1.320}, {0.469, 1.293}, {0.499, 1.302},
+    {0.457, 1.392}, {0.451, 1.325}, {0.446, 1.324}, {0.446, 1.251}, {0.453, 1.344}, {0.459, 1.361}, {0.458, 1.337},
+    {0.447, 1.332}, {0.445, 1.372}, {0.614, 2.179}, {0.610, 2.243}, {0.524, 1.763}, {0.593, 2.041}, {0.441, 1.370},
+    {0.419, 1.268}, {0.575, 2.075}, {0.509, 2.714}, {1.210, 3.918}, {1.025, 3.345}, {0.974, 3.587}, {0.649, 2.573},
+    {0.618, 1.800}, {0.544, 1.868}, {0.604, 1.878}, {0.560, 1.836}, {0.629, 2.120}, {0.489, 1.484}, {0.428, 1.285}};
+
+const char* model_name(const NoiseModel* m) {
+  return m == &kTypical ? "typical" : m == &kBimodal ? "bimodal" : "measured";
+}
 
 CRun model_run(std::mt19937_64& rng, int reps, const NoiseModel& m, double step_factor) {
   std::normal_distribution<double> n(0, 1);
   std::uniform_real_distribution<double> u(0, 1);
   double offset = std::exp(m.run * n(rng));
   if (u(rng) < m.slow_share) offset *= m.slow_mode;
+  double forward_offset = offset;
+  if (m.measured) {  // this run's levels relative to the runs' typical ones (0.45 ms forward, 1.3 ms step)
+    const auto& at = kMeasuredRuns[std::uniform_int_distribution<std::size_t>(0, kMeasuredRuns.size() - 1)(rng)];
+    forward_offset = at.first / 0.45;
+    offset = at.second / 1.3;
+  }
   CRun r;
   r.source = "model";
   r.context = {{"backend", "cpu"}, {"device", "cpu0"}, {"model", "tiny"}, {"precision", "fp32"}};
@@ -192,7 +218,8 @@ CRun model_run(std::mt19937_64& rng, int reps, const NoiseModel& m, double step_
        std::vector<std::pair<std::string, double>>{{"forward", 3.0}, {"forward_backward", 9.0}, {"step", 10.0}}) {
     const std::string key = kPrefix + "/" + ph;
     r.order.push_back(key);
-    const double level = ms * offset * std::exp(m.phase * n(rng)) * (ph == "step" ? step_factor : 1.0);
+    const double level = ms * (ph == "forward" ? forward_offset : offset) * std::exp(m.phase * n(rng)) *
+                         (ph == "step" ? step_factor : 1.0);
     for (int i = 0; i < reps; ++i) r.benchmarks[key].ms.push_back(level * (1 + m.within * n(rng)));
   }
   return r;
@@ -223,21 +250,32 @@ Status step_status(const Report& rep) {
 }
 
 TEST(CompareGate, TwoLoneRunsOfOneBinaryAreNotCalledARegression) {
-  // 1,000 seeded A/A pairs under each model, the stated default noise (cpu: 20%): the issue's
+  // 1,000 seeded A/A pairs under each model, the stated default noise (cpu: 35%): the issue's
   // target is at most 5% of pairs called a regression
-  for (const NoiseModel* m : {&kTypical, &kBimodal}) {
-    std::mt19937_64 rng(m == &kTypical ? 45 : 46);
-    int alarms = 0, unknown = 0;
+  const auto aa_alarms = [](const NoiseModel& m, std::uint64_t seed, const Options& o, int* unknown) {
+    std::mt19937_64 rng(seed);
+    int alarms = 0;
     for (int t = 0; t < 1000; ++t) {
-      const Report rep = compare_runs(model_run(rng, 5, *m, 1.0), model_run(rng, 5, *m, 1.0), Options{});
+      const Report rep = compare_runs(model_run(rng, 5, m, 1.0), model_run(rng, 5, m, 1.0), o);
       alarms += rep.exit_code();
-      unknown += step_status(rep) == Status::unknown;
+      if (unknown != nullptr) *unknown += step_status(rep) == Status::unknown;
     }
-    std::cout << (m == &kTypical ? "typical" : "bimodal") << " noise: " << alarms << " of 1000 A/A pairs of lone runs "
-              << "called a regression, " << unknown << " unknown\n";
-    EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 pairs";
+    return alarms;
+  };
+  for (const NoiseModel* m : {&kTypical, &kBimodal, &kMeasured}) {
+    int unknown = 0;
+    const int alarms = aa_alarms(*m, m == &kTypical ? 45 : m == &kBimodal ? 46 : 47, Options{}, &unknown);
+    std::cout << model_name(m) << " noise: " << alarms << " of 1000 A/A pairs of lone runs called a regression, "
+              << unknown << " unknown\n";
+    EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 pairs (" << model_name(m) << ")";
     EXPECT_GT(unknown, 900) << "two lone runs cannot decide 2%: unknown, not no change";
   }
+  // the stated noise of before, 20%, was the largest of 8 runs; the measured runs cry wolf at it
+  Options old_default;
+  old_default.run_noise = 0.20;
+  const int at_20 = aa_alarms(kMeasured, 47, old_default, nullptr);
+  std::cout << "measured noise, the old stated 20%: " << at_20 << " of 1000 A/A pairs called a regression\n";
+  EXPECT_GT(at_20, 50) << "the measured runs do not tell a stated noise of 20% from 35%";
   // the old gate (the U test on the repetitions alone, as if runs did not differ) failed this: with
   // the run noise set to 0 the same pairs are called regressions far more often than 5%
   std::mt19937_64 rng(45);
@@ -253,15 +291,14 @@ TEST(CompareGate, TwoLoneRunsOfOneBinaryAreNotCalledARegression) {
 
 TEST(CompareGate, InterleavedRoundsArePairedAndFindATenPercentSlowdown) {
   // 1,000 A/A sets of 9 rounds: at most 5% called a regression (the signed-rank test is exact)
-  for (const NoiseModel* m : {&kTypical, &kBimodal}) {
-    std::mt19937_64 rng(m == &kTypical ? 9 : 10);
+  for (const NoiseModel* m : {&kTypical, &kBimodal, &kMeasured}) {
+    std::mt19937_64 rng(m == &kTypical ? 9 : m == &kBimodal ? 10 : 12);
     int alarms = 0;
     for (int t = 0; t < 1000; ++t) {
       const auto [b, h] = model_rounds(rng, 9, 3, *m, 1.0);
       alarms += compare_runs(b, h, Options{}).exit_code();
     }
-    std::cout << (m == &kTypical ? "typical" : "bimodal") << " noise: " << alarms
-              << " of 1000 A/A sets of 9 rounds called a regression\n";
+    std::cout << model_name(m) << " noise: " << alarms << " of 1000 A/A sets of 9 rounds called a regression\n";
     EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 interleaved sets";
   }
   // a 10% slower step: found in at least 90% of 9-round sets (the typical noise)
@@ -301,11 +338,11 @@ TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
   EXPECT_EQ(rep.exit_code(), 0);
   const Row& step = rep.rows[3];
   EXPECT_EQ(step.status, Status::unknown);
-  EXPECT_NEAR(step.run_noise, 0.20, 1e-12);
-  // z(1 - 0.05 / 5) x sqrt(2) x 20%: what two lone runs can show
-  EXPECT_NEAR(step.mdc, std::expm1(normal_quantile(0.99) * std::sqrt(2.0) * 0.20), 1e-9);
-  EXPECT_NE(step.reason.find("the stated default for cpu, 20.0%"), std::string::npos) << step.reason;
-  // at 20% noise, 2% takes more rounds than anyone runs: the hint says so; at 2% noise, ab.sh decides
+  EXPECT_NEAR(step.run_noise, 0.35, 1e-12);
+  // z(1 - 0.05 / 5) x sqrt(2) x 35%: what two lone runs can show
+  EXPECT_NEAR(step.mdc, std::expm1(normal_quantile(0.99) * std::sqrt(2.0) * 0.35), 1e-9);
+  EXPECT_NE(step.reason.find("the stated default for cpu, 35.0%"), std::string::npos) << step.reason;
+  // at 35% noise, 2% takes more rounds than anyone runs: the hint says so; at 2% noise, ab.sh decides
   EXPECT_NE(rep.rerun_hint().find("more than 1000 interleaved rounds"), std::string::npos) << rep.rerun_hint();
   Options two;
   two.run_noise = 0.02;
@@ -328,11 +365,11 @@ TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
     said = said || r.reason.find("repetitions overlap") != std::string::npos;
   }
   EXPECT_TRUE(said) << format_text(overlap);
-  // a stated noise of 1% (--run-noise 1): the 5% is a regression; beyond any noise, so is +80%
+  // a stated noise of 1% (--run-noise 1): the 5% is a regression; beyond the stated 35%, so is 4x (+300%)
   Options quiet;
   quiet.run_noise = 0.01;
   EXPECT_EQ(compare_runs(a, b, quiet).rows[3].status, Status::regression);
-  EXPECT_EQ(compare_runs(a, synthetic(rng, 10, 0.01, 2.5), Options{}).rows[3].status, Status::regression);
+  EXPECT_EQ(compare_runs(a, synthetic(rng, 10, 0.01, 4.0), Options{}).rows[3].status, Status::regression);
   // the report: verdict first, rows by phase under a shared header, 100 columns
   const std::string text = format_text(rep);
   EXPECT_EQ(text.rfind("stepbench compare: no regression", 0), 0u) << text;
