@@ -11,7 +11,9 @@ clang-tidy runs once per group with that command. Every finding is still reporte
 and line: .clang-tidy's HeaderFilterRegex covers src/. Names in two files' anonymous namespaces of
 one target are refused by scripts/unity-names.py, as for the unity builds; if a group does not parse
 as one file all the same (clang-diagnostic-error), its files are checked one by one instead, and
-that is said. --per-file checks every file on its own (the old way, for comparison).
+that is said. --per-file checks every file on its own (the old way, for comparison). A unity build's
+database (scripts/test.sh builds with CMAKE_UNITY_BUILD) names CMake's unity files: each file they
+include is given their command.
 Exit status: 0 no findings, 1 findings (printed), 2 usage.
 """
 import argparse
@@ -43,6 +45,27 @@ def without_file(args, path):
     return tuple(out)
 
 
+UNITY_SOURCE = re.compile(r"/Unity/unity_[0-9]+_[a-z]+\.[a-z]+$")
+
+
+def expand_unity(entries):
+    """A unity build's database (CMAKE_UNITY_BUILD, as scripts/test.sh builds) names CMake's unity
+    files, not the sources: each member a unity file includes gets the unity file's command."""
+    out = []
+    for e in entries:
+        path = os.path.join(e["directory"], e["file"])
+        if not UNITY_SOURCE.search(path):
+            out.append(e)
+            continue
+        args = command_of(e)
+        with open(path) as f:
+            members = re.findall(r'^#include "([^"]+)"', f.read(), re.M)
+        for m in members:
+            out.append({"directory": e["directory"], "file": m,
+                        "arguments": [m if a == e["file"] or a == path else a for a in args]})
+    return out
+
+
 def tidy(build, files):
     """clang-tidy on the given files with BUILD's compile_commands.json: (exit status, its output).
     The configuration is named: a unity file under a build folder outside the tree would otherwise
@@ -70,14 +93,19 @@ def main():
         print(f"tidy-unity: {db} missing; configure and build first", file=sys.stderr)
         return 2
     with open(db) as f:
-        entries = json.load(f)
+        entries = expand_unity(json.load(f))
     files = sorted(os.path.realpath(os.path.join(d, n)) for d, _, names in os.walk(os.path.join(ROOT, "src"))
                    for n in names if n.endswith(".cpp"))
     first = {}
     for e in entries:  # a file two targets compile: its first command, as clang-tidy -p takes it
         first.setdefault(os.path.realpath(os.path.join(e["directory"], e["file"])), e)
 
-    jobs = []  # (the files reported, the files given to clang-tidy, the build folder)
+    # one database for every run, under BUILD_DIR/tidy-unity/: each file's own command (a unity
+    # build's expanded, above) and the groups' files
+    out_dir = os.path.join(build, "tidy-unity")
+    os.makedirs(out_dir, exist_ok=True)
+    tidy_db = [{"directory": e["directory"], "file": f, "arguments": command_of(e)} for f, e in first.items()]
+    jobs = []  # (the files reported, the files given to clang-tidy)
     alone = [f for f in files if f not in first]
     if a.per_file:
         alone = files
@@ -87,9 +115,6 @@ def main():
             if f in first:
                 e = first[f]
                 groups.setdefault((e["directory"], without_file(command_of(e), e["file"])), []).append(f)
-        out_dir = os.path.join(build, "tidy-unity")
-        os.makedirs(out_dir, exist_ok=True)
-        unity_db = []
         n = 0
         for (directory, args), members in groups.items():
             for i in range(0, len(members), a.batch):
@@ -103,28 +128,23 @@ def main():
                 if not os.path.exists(path) or open(path).read() != text:
                     with open(path, "w") as f:
                         f.write(text)
-                unity_db.append({"directory": directory, "file": path, "arguments": [*args, "-c", path]})
-                jobs.append((part, [path], out_dir))
-        with open(os.path.join(out_dir, "compile_commands.json"), "w") as f:
-            json.dump(unity_db, f, indent=1)
-
-    def as_listed(f):  # the path the compile database names the file by, for clang-tidy -p to find it
-        e = first.get(f)
-        return os.path.join(e["directory"], e["file"]) if e else f
-
-    jobs += [([f], [as_listed(f)], build) for f in alone]
+                tidy_db.append({"directory": directory, "file": path, "arguments": [*args, "-c", path]})
+                jobs.append((part, [path]))
+    with open(os.path.join(out_dir, "compile_commands.json"), "w") as f:
+        json.dump(tidy_db, f, indent=1)
+    jobs += [([f], [f]) for f in alone]
 
     def names(files):
         return ", ".join(os.path.relpath(m, ROOT) for m in files)
 
     def run(job):
-        reported, given, where = job
-        rc, text = tidy(where, given)
+        reported, given = job
+        rc, text = tidy(out_dir, given)
         found = re.search(r": (warning|error): ", text)
         if rc != 0 and len(reported) > 1 and (rc < 0 or not found or "clang-diagnostic-error" in text):
             why = (f"clang-tidy ended with {rc}" if rc < 0 or not found else "they do not parse as one file")
             note = f"tidy-unity: {names(reported)}: {why}; checked one by one\n"
-            results = [tidy(build, [as_listed(m)]) for m in reported]
+            results = [tidy(out_dir, [m]) for m in reported]
             return all(r[0] == 0 for r in results), note + "\n".join(r[1] for r in results if r[1])
         if rc != 0 and not found:
             text += f"\ntidy-unity: clang-tidy ended with {rc} on {names(reported)} and printed no finding"

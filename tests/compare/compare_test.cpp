@@ -631,7 +631,7 @@ TEST(CompareFiles, AHistoryGivesTheNoiseAndDatesTheChange) {
   std::string fixed;
   for (int i = 0; i < 20; ++i) {
     CRun r = synthetic(rng, 5, 0.005, i >= 10 ? 1.2 : 1.0, "cpu0", std::exp(0.005 * z(rng)));
-    r.context["revision"] = "x" + std::to_string(i);
+    r.context["revision"] = fmt::format("x{}", i);  // not "x" + to_string: GCC 12's -Wrestrict at -O3
     fixed += history_record(r, "t") + "\n";
   }
   const std::string fx = d.write("fixed.jsonl", fixed);

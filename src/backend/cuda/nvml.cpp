@@ -13,6 +13,12 @@
 #include "backend/cuda/dl.hpp"
 
 namespace stepbench::cuda {
+
+// NVML's opaque device handle, outside the anonymous namespace: Nvml::Api, a member of a class
+// other files see, holds functions that take it (in a unity build GCC's -Wsubobject-linkage says so)
+struct nvmlDevice_st;
+using nvmlDevice_t = nvmlDevice_st*;
+
 namespace {
 
 // ---- NVML's declarations -------------------------------------------------------------------------
@@ -21,7 +27,6 @@ namespace {
 // of the header in public code give the same values. nvml.h maps nvmlInit, nvmlDeviceGetCount and
 // nvmlDeviceGetHandleByPciBusId to their _v2 symbols, which are looked up here by those names.
 using nvmlReturn_t = int;                     // enum nvmlReturn_enum
-using nvmlDevice_t = struct nvmlDevice_st*;   // opaque handle
 constexpr nvmlReturn_t kNvmlSuccess = 0;      // NVML_SUCCESS
 constexpr int kClockSm = 1;                   // nvmlClockType_t NVML_CLOCK_SM (NVML_CLOCK_GRAPHICS is 0)
 constexpr int kClockMem = 2;                  // NVML_CLOCK_MEM
