@@ -29,7 +29,7 @@ if grep -rnE '\b(getenv|exit|_Exit|quick_exit)\s*\(' src --include='*.cpp' --inc
   echo "lint: environment reads or exit() in the library; read it in src/cli and pass it down" >&2
   fail=1
 fi
-# a name in two files' anonymous namespaces of one target breaks the unity builds (scripts/sanitize.sh)
+# a name in two files' anonymous namespaces of one target breaks the unity builds (the default)
 if ! python3 scripts/unity-names.py .; then
   echo "lint: names defined twice in one target's anonymous namespaces (above)" >&2
   fail=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer stages; scripts/test.sh runs them after the plain suite (so CI does), or alone:
+# Sanitizer stages; scripts/test.sh runs them after the suite (so CI does), or alone:
 #   scripts/sanitize.sh [asan|tsan|all]          (default all; exit non-zero on any report)
 # asan: AddressSanitizer + UBSan build of the test binary and stepbench (CUDA off, -O1 -g1: the
 #       cpu-only configuration), the whole CPU gtest suite, the command-line tests whose output

@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 sb_install_deps
 BUILD_DIR=${STEPBENCH_BUILD_DIR:-$STEPBENCH_ROOT/build}
 # warnings are errors here (CI runs this script); scripts/bench.sh builds without -Werror. Both build
-# unity (CMakeLists.txt's default); scripts/lint.sh still checks every file on its own terms
+# unity (CMakeLists.txt's default), so a plain build (-DCMAKE_UNITY_BUILD=OFF) is compiled by no step
 sb_build "$BUILD_DIR" -DSTEPBENCH_WERROR=ON "$@"
 # everything the build used must come from the install list, or a fresh machine fails where this passes
 "$STEPBENCH_ROOT/scripts/check-install.sh" "$BUILD_DIR"

@@ -61,6 +61,7 @@ def expand_unity(entries):
         with open(path) as f:
             members = re.findall(r'^#include "([^"]+)"', f.read(), re.M)
         for m in members:
+            m = m if os.path.isabs(m) else os.path.normpath(os.path.join(os.path.dirname(path), m))
             out.append({"directory": e["directory"], "file": m,
                         "arguments": [m if a == e["file"] or a == path else a for a in args]})
     return out

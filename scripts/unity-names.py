@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Names a unity build would see twice (scripts/lint.sh runs this).
 
-The sanitizer builds and the GPU bundle compile a target's .cpp files a few at a time as one file
-(CMAKE_UNITY_BUILD), so two files of one target that each define the same name in their anonymous
-namespace either fail to build there or, with different signatures, silently call each other's.
+Builds compile a target's .cpp files a few at a time as one file (CMAKE_UNITY_BUILD, the default;
+the sanitizer builds and the GPU bundle too; .cu files are not checked: Debian 12's CMake 3.25
+merges C++ only, newer ones CUDA too), so two files of one target that each define the same name in
+their anonymous namespace either fail to build there or, with different signatures, silently call each other's.
 This lists every top-level name (function, type, variable, alias) defined in an anonymous namespace
 by more than one file of a group: src/<layer>/ (its subfolders included) and tests/ as a whole, a
 little stricter than the targets themselves. Namespace aliases (namespace fs = ...) may repeat.

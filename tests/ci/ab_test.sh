@@ -152,19 +152,21 @@ python3 "$TMP/pooled.py" "$TMP/same" "$ROUNDS" || fails=$((fails + 1))
 # Two lone runs are judged with the stated run-to-run noise of the cpu backend (35%): the same
 # binary's runs differ by chance (on a 2-core VM by up to 4.7x), and that is no regression. A gate
 # that holds alpha calls an A/A pair a regression with a chance of up to alpha, so 7 pairs at the
-# default 0.05 would fail here up to 30% of the time with the code right; at 0.001, 0.7%. The old
-# gate (the repetitions as the evidence) calls pairs whose runs ran at different speeds regressions
-# at any alpha: 8 repetitions a side let its U test reach p < 0.001 / 2.
+# default 0.05 would fail here up to 7 x 5% of the time with the code right; at 0.0001, 0.07%, and a
+# pair must then differ by exp(z(1 - 0.0001/2) sqrt(2) 35%) = 6.9x, beyond the 4.7x measured. The
+# old gate (the repetitions as the evidence) calls pairs whose runs ran at different speeds
+# regressions at any alpha: 12 repetitions a side let its U test (normal beyond 8 a side, as scipy's)
+# reach p < 0.0001 / 2; 9 would not.
 if [ "$has_compare" -eq 1 ]; then
   for k in 1 2 3 4 5 6 7 8; do
-    "$BIN" --backend cpu --model tiny --image-size 32 --batch-size 4 --warmup 1 --repetitions 8 \
+    "$BIN" --backend cpu --model tiny --image-size 32 --batch-size 4 --warmup 1 --repetitions 12 \
       --phases "forward,step" --benchmark_min_time=0.01 --json "$TMP/lone-$k.json" >/dev/null 2>&1 ||
       fail "lone run $k failed"
   done
   lone_alarms=0
   for k in 1 2 3 4 5 6 7; do
     rc=0
-    "$BIN" compare --alpha 0.001 "$TMP/lone-$k.json" "$TMP/lone-$((k + 1)).json" >"$TMP/lone-$k.out" 2>&1 || rc=$?
+    "$BIN" compare --alpha 0.0001 "$TMP/lone-$k.json" "$TMP/lone-$((k + 1)).json" >"$TMP/lone-$k.out" 2>&1 || rc=$?
     [ "$rc" -eq 0 ] || { lone_alarms=$((lone_alarms + 1)); sed 's/^/    /' "$TMP/lone-$k.out" >&2; }
   done
   if [ "$lone_alarms" -eq 0 ]; then
