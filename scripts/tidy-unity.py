@@ -12,7 +12,7 @@ and line: .clang-tidy's HeaderFilterRegex covers src/. Names in two files' anony
 one target are refused by scripts/unity-names.py, as for the unity builds; if a group does not parse
 as one file all the same (clang-diagnostic-error), its files are checked one by one instead, and
 that is said. --per-file checks every file on its own (the old way, for comparison). A unity build's
-database (scripts/test.sh builds with CMAKE_UNITY_BUILD) names CMake's unity files: each file they
+database (CMAKE_UNITY_BUILD, the default build) names CMake's unity files: each file they
 include is given their command.
 Exit status: 0 no findings, 1 findings (printed), 2 usage.
 """
@@ -49,7 +49,7 @@ UNITY_SOURCE = re.compile(r"/Unity/unity_[0-9]+_[a-z]+\.[a-z]+$")
 
 
 def expand_unity(entries):
-    """A unity build's database (CMAKE_UNITY_BUILD, as scripts/test.sh builds) names CMake's unity
+    """A unity build's database (CMAKE_UNITY_BUILD, the default) names CMake's unity
     files, not the sources: each member a unity file includes gets the unity file's command."""
     out = []
     for e in entries:
