@@ -120,6 +120,15 @@ def main():
     args = ap.parse_args()
     if args.precision == "bf16" and args.also_isa:
         ap.error("--also-isa runs under a narrower ISA, where bf16 is refused: drop it with --precision bf16")
+    if args.precision == "bf16":
+        # ask stepbench first (a fraction of a second): where it refuses bf16, skip before the float64
+        # reference, which takes minutes for Inception-v3 on two cores
+        r = subprocess.run([args.stepbench, "--backend", "cpu", "--precision", "bf16", "--model", "tiny", "--image-size",
+                            "32", "--batch-size", "2", "--warmup", "1", "--repetitions", "1", "--phases", "forward",
+                            "--benchmark_min_time=0.01"], capture_output=True, text=True)
+        if r.returncode == 2 and "native bf16" in r.stderr:
+            print(f"SKIP: {r.stderr.strip()}")
+            return 77
     if args.strict_grads is None:
         args.strict_grads = args.model == "tiny"
     if args.batch <= 0:
