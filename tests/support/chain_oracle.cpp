@@ -39,6 +39,12 @@ const Vec& get(const std::map<std::string, Vec>& m, const std::string& k) {
   return it == m.end() ? kNone : it->second;
 }
 
+double dist2(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(s);
+}
+
 Vec sq(const Vec& v) {
   Vec r(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) r[i] = v[i] * v[i];
@@ -444,6 +450,7 @@ OracleSteps oracle_steps(std::vector<ChainOracle> towers, const OptimizerConfig&
   const auto n = static_cast<double>(towers.size());
   ChainOracle& o = towers.front();
   std::map<std::string, Vec> mom, emom;
+  OracleSteps out;
   for (int k = 0; k < steps; ++k) {
     // every tower's gradient, then their average: its own rounding as a sum of n terms
     std::map<std::string, Vec> grads, bounds, abs_sum;
@@ -481,8 +488,52 @@ OracleSteps oracle_steps(std::vector<ChainOracle> towers, const OptimizerConfig&
       towers[t].params = o.params;
       towers[t].param_bounds = o.param_bounds;
     }
+    out.after.push_back(o.params);
   }
-  return {o.params, o.param_bounds};
+  out.params = o.params;
+  out.bounds = o.param_bounds;
+  return out;
+}
+
+std::map<std::string, double> rounding_yardstick(std::vector<ChainOracle> towers, const OptimizerConfig& c, int steps,
+                                                 const OracleSteps& want, double u, std::uint32_t seed) {
+  if (towers.empty()) throw std::invalid_argument("rounding_yardstick: no towers");
+  for (auto& [name, p] : towers.front().params) {
+    const Vec r = random_vec(p.size(), seed++);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] *= 1 + u * r[i];
+  }
+  for (std::size_t t = 1; t < towers.size(); ++t) towers[t].params = towers.front().params;
+  const auto moved = oracle_steps(std::move(towers), c, steps, ErrorModel{});
+  std::map<std::string, double> y;
+  for (const auto& [name, w] : want.params) y[name] = dist2(moved.params.at(name), w);
+  return y;
+}
+
+std::map<std::string, double> yardsticks_apart(const std::map<std::string, Vec>& got,
+                                               const std::map<std::string, Vec>& to,
+                                               const std::map<std::string, double>& yardstick) {
+  std::map<std::string, double> r;
+  for (const auto& [name, w] : to) r[name] = dist2(got.at(name), w) / yardstick.at(name);
+  return r;
+}
+
+testing::AssertionResult params_near(const std::map<std::string, Vec>& got, const std::map<std::string, Vec>& to,
+                                     const std::map<std::string, double>& yardstick, double k) {
+  std::string bad, worst;
+  double worst_ratio = -1;
+  for (const auto& [name, r] : yardsticks_apart(got, to, yardstick)) {
+    const auto line = fmt::format("{}: {:.3g} yardsticks ({:.3g})", name, r, yardstick.at(name));
+    if (!(r <= k)) bad += "\n  " + line;  // NaN fails
+    if (!(r <= worst_ratio)) worst_ratio = r, worst = line;
+  }
+  if (!bad.empty())
+    return testing::AssertionFailure() << "over " << k << " yardsticks from the steps in double:" << bad;
+  return testing::AssertionSuccess() << "worst " << worst;
+}
+
+testing::AssertionResult params_near(Graph& g, const std::map<std::string, Vec>& to,
+                                     const std::map<std::string, double>& yardstick, double k) {
+  return params_near(graph_params(g), to, yardstick, k);
 }
 
 testing::AssertionResult params_within(Graph& g, const OracleSteps& want) {

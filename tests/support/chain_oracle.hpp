@@ -76,6 +76,7 @@ std::map<std::string, Vec> graph_grads(Graph& g);
 // parameters that already carry the earlier steps' bounds) and the update's fp32 rounding.
 struct OracleSteps {
   std::map<std::string, Vec> params, bounds;
+  std::vector<std::map<std::string, Vec>> after;  // the parameters after each step (after.back() = params)
 };
 OracleSteps oracle_steps(ChainOracle o, const OptimizerConfig& c, int steps, const ErrorModel& m);
 // The same for towers that each see their own batch (one oracle per tower, all with the same
@@ -84,5 +85,24 @@ OracleSteps oracle_steps(std::vector<ChainOracle> towers, const OptimizerConfig&
 
 // Every parameter of the graph within the bounds of `want` (for EXPECT_TRUE).
 testing::AssertionResult params_within(Graph& g, const OracleSteps& want);
+
+// The error model's bounds are worst cases compounded through every batch norm, max pool and ReLU:
+// after two steps of the tiny model they are 1e5 to 1e9 times the differences a correct backend
+// shows, wide enough to pass a missing step or summed gradients. A measured yardstick instead: the
+// same steps in double from parameters each moved by a relative rounding (uniform in [-u, u],
+// seeded), per parameter tensor the 2-norm of how far that moves where the steps end. A correct
+// fp32 step lands under 5 yardsticks from the oracle (tiny model, 2 and 3 towers, 2 steps, oneDNN's
+// default and SSE4.1 kernels); a missing step or summed gradients 1e3 to 5e7 away.
+std::map<std::string, double> rounding_yardstick(std::vector<ChainOracle> towers, const OptimizerConfig& c, int steps,
+                                                 const OracleSteps& want, double u, std::uint32_t seed);
+// Per parameter tensor, how many yardsticks `got` lies from `to` (the 2-norm of the difference).
+std::map<std::string, double> yardsticks_apart(const std::map<std::string, Vec>& got,
+                                               const std::map<std::string, Vec>& to,
+                                               const std::map<std::string, double>& yardstick);
+// Every parameter tensor of the graph within k yardsticks of `to`.
+testing::AssertionResult params_near(Graph& g, const std::map<std::string, Vec>& to,
+                                     const std::map<std::string, double>& yardstick, double k);
+testing::AssertionResult params_near(const std::map<std::string, Vec>& got, const std::map<std::string, Vec>& to,
+                                     const std::map<std::string, double>& yardstick, double k);
 
 }  // namespace stepbench::test
