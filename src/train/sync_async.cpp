@@ -164,8 +164,10 @@ class AsyncServerSync final : public GradientSync {
     if (pusher_) {
       pushed_sum_ += sum_of(g, t_.floats);
       ++pushes_;
-      if (checks_)
+      if (checks_) {
         for (std::size_t i = 0; i < t_.floats; ++i) pushed_total_[i] += g[i];
+        if (pushes_ == 1) first_push_.assign(g, g + t_.floats);
+      }
       auto exchange = [&] {
         for (int s = 0; s < servers_; ++s) {
           const auto [b, n] = shard(s);
@@ -220,6 +222,7 @@ class AsyncServerSync final : public GradientSync {
     s.applied_per_worker = applied_per_worker_;
     if (checks_) {
       s.pushed_total = pushed_total_;
+      s.first_push = first_push_;
       for (int k = 0; k < servers_; ++k) {
         const auto [b, n] = shard(k);
         s.shard_hashes.push_back(hash_of(t_.params[0] + b, n));
@@ -331,6 +334,7 @@ class AsyncServerSync final : public GradientSync {
   std::string error_;
   bool checks_;                             // TowerOptions::async_checks
   std::vector<double> pushed_total_;        // with checks: every pushed gradient, element by element
+  std::vector<float> first_push_;           // with checks: the first, as pushed
   std::vector<std::uint64_t> sent_hashes_;  // with checks, a server: its shard at each version
   LevelTimer timer_;                        // distributed_replicated's levels
 };

@@ -67,9 +67,10 @@ struct AsyncStats {
   std::vector<double> staleness;
   std::vector<long> applied_per_worker;
   // With TowerOptions::async_checks (tests): every gradient this worker pushed, summed element by
-  // element; a hash of its variables in each server's shard; as a server, its master copy and a hash
-  // of the shard of each version it sent (index: the version).
+  // element, and the first one as pushed; a hash of its variables in each server's shard; as a
+  // server, its master copy and a hash of the shard of each version it sent (index: the version).
   std::vector<double> pushed_total;
+  std::vector<float> first_push;
   std::vector<std::uint64_t> shard_hashes;
   std::vector<float> master;
   std::vector<std::uint64_t> sent_hashes;

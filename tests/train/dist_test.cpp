@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -175,6 +176,35 @@ TEST(Dist, TwoLevelsEqualReplicated) {
   }
 }
 
+// The mean of this process's towers' gradients at their first variables `init`, and the mean of their
+// absolute values: from towers of its own (in one process, nothing synced) fed the batches that
+// set_synthetic_batch(seed) gives the process's towers (the batch of global tower r x towers + i is
+// tower i's here with the seed moved by as much).
+std::vector<double> own_mean_gradient(TowerOptions o, int rank, std::uint64_t seed, const std::vector<float>& init) {
+  o.group = nullptr;
+  o.variable_update = VariableUpdate::independent;
+  o.cross_replica_sync = true;
+  o.async_checks = false;
+  o.ps_ranks = 1;
+  Towers ref(o);
+  ref.set_synthetic_batch(seed + 7919 * static_cast<std::uint64_t>(rank * o.towers));
+  EXPECT_EQ(tower_params(ref, 0), init) << "towers of a process's own start elsewhere";
+  ref.forward_train();
+  ref.backward();
+  ref.synchronize();
+  std::vector<double> mean(2 * init.size(), 0.0);
+  for (int i = 0; i < o.towers; ++i) {
+    std::vector<float> g(init.size());
+    ref.backend(i).copy(ref.stream(i), g.data(), ref.graph(i).grad_arena(), g.size() * sizeof(float));
+    ref.backend(i).synchronize(ref.stream(i));
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      mean[j] += static_cast<double>(g[j]) / o.towers;
+      mean[init.size() + j] += std::abs(static_cast<double>(g[j])) / o.towers;
+    }
+  }
+  return mean;
+}
+
 // --cross-replica-sync off with `servers` shards: every worker (a process, or with node_workers a node)
 // takes its own number of steps; then every server must have applied each of its pushes once (count
 // and sum), every process must hold the shards the servers sent at the versions it last pulled, and
@@ -193,8 +223,10 @@ void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int s
   const int steps = 3 + 2 * worker;  // the workers do not keep in step
   Towers t(o);
   EXPECT_TRUE(t.asynchronous());  // EXPECT up to the all-gather: a rank that returned would leave the rest waiting
-  t.set_synthetic_batch(77 + pg.rank());
+  const std::uint64_t seed = 77 + static_cast<std::uint64_t>(pg.rank());
+  t.set_synthetic_batch(seed);
   const std::vector<float> init = tower_params(t, 0);
+  const auto own = own_mean_gradient(o, pg.rank(), seed, init);
   for (int k = 0; k < steps; ++k) t.step();
   t.synchronize();
   AsyncStats s = t.async_stats();
@@ -219,6 +251,31 @@ void expect_every_push_applied_once(ProcessGroup& pg, VariableUpdate mode, int s
   }
   const std::size_t stride = mine.size();
   const auto all = pg.allgather(mine);
+  // a worker's first push is the mean gradient of its towers (its node's, with node workers) at the
+  // initial variables: each process's own mean, averaged over the processes of the worker
+  const auto means = pg.allgather(own);
+  if (pusher) {
+    const std::size_t P = init.size();
+    std::vector<double> want(P, 0.0), abs_mean(P, 0.0);
+    int procs = 0;
+    for (int r = 0; r < pg.size(); ++r) {
+      if (all[static_cast<std::size_t>(r) * stride] != worker) continue;
+      ++procs;
+      const double* m = &means[static_cast<std::size_t>(r) * 2 * P];
+      for (std::size_t j = 0; j < P; ++j) want[j] += m[j], abs_mean[j] += m[P + j];
+    }
+    // the towers' sum, the node's sum and the scale in fp32, against the exact mean
+    const double terms = procs * o.towers, u = 0x1p-24;
+    std::vector<double> bound(P);
+    for (std::size_t j = 0; j < P; ++j) {
+      want[j] /= procs;
+      abs_mean[j] /= procs;
+      bound[j] = (terms + 2) * u * abs_mean[j];
+    }
+    EXPECT_GT(*std::max_element(abs_mean.begin(), abs_mean.end()), 0.0);
+    EXPECT_WITHIN(std::vector<double>(s.first_push.begin(), s.first_push.end()), want, bound)
+        << "worker " << worker << "'s first push is not its towers' mean gradient";
+  }
   std::vector<float> total(init.size(), 0.0f);
   if (pusher) std::copy(s.pushed_total.begin(), s.pushed_total.end(), total.begin());
   pg.allreduce_sum(total.data(), total.size());
