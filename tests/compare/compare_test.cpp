@@ -289,30 +289,54 @@ TEST(CompareGate, TwoLoneRunsOfOneBinaryAreNotCalledARegression) {
   EXPECT_GT(alarms, 40) << "the noise model is not noisy enough to tell the old gate from the new";
 }
 
+// The step's interval on the ratio (a bootstrap of the paired rounds' median): whether it holds the
+// true ratio, and its width.
+void interval_of_the_step(const Report& rep, double truth, int& covered, std::vector<double>& widths) {
+  for (const auto& r : rep.rows)
+    if (r.key == kPrefix + "/step") {
+      covered += r.ci_lo <= truth && truth <= r.ci_hi;
+      widths.push_back(r.ci_hi / r.ci_lo - 1);
+    }
+}
+
 TEST(CompareGate, InterleavedRoundsArePairedAndFindATenPercentSlowdown) {
   // 1,000 A/A sets of 9 rounds: at most 5% called a regression (the signed-rank test is exact)
+  int covered[2] = {0, 0};  // A/A (typical noise), 10% slower
+  std::vector<double> widths[2];
   for (const NoiseModel* m : {&kTypical, &kBimodal, &kMeasured}) {
     std::mt19937_64 rng(m == &kTypical ? 9 : m == &kBimodal ? 10 : 12);
     int alarms = 0;
     for (int t = 0; t < 1000; ++t) {
       const auto [b, h] = model_rounds(rng, 9, 3, *m, 1.0);
-      alarms += compare_runs(b, h, Options{}).exit_code();
+      const Report rep = compare_runs(b, h, Options{});
+      alarms += rep.exit_code();
+      if (m == &kTypical) interval_of_the_step(rep, 1.0, covered[0], widths[0]);
     }
     std::cout << model_name(m) << " noise: " << alarms << " of 1000 A/A sets of 9 rounds called a regression\n";
     EXPECT_LE(alarms, 50) << alarms << " false alarms in 1000 interleaved sets";
   }
   // a 10% slower step: found in at least 90% of 9-round sets (the typical noise)
+  // and the interval on the ratio holds the true 1.10 in most sets (the true 1.00 in most A/A sets),
+  // at most 15% wide in the median set
   std::mt19937_64 rng(11);
   int found = 0, others = 0;
   for (int t = 0; t < 1000; ++t) {
     const auto [b, h] = model_rounds(rng, 9, 3, kTypical, 1.10);
     const Report rep = compare_runs(b, h, Options{});
     for (const auto& r : rep.rows) (r.key == kPrefix + "/step" ? found : others) += r.status == Status::regression;
+    interval_of_the_step(rep, 1.10, covered[1], widths[1]);
   }
   std::cout << "a 10% slower step: found in " << found << " of 1000 sets of 9 rounds; " << others
             << " unchanged phases called a regression\n";
   EXPECT_GE(found, 900) << found << " of 1000";
   EXPECT_LE(others, 50);
+  for (int k : {0, 1}) {
+    const double width = median(widths[k]);
+    std::cout << (k ? "10% slower" : "A/A") << ": the step's interval holds the true ratio in " << covered[k]
+              << " of 1000 sets; median width " << 100 * width << "%\n";
+    EXPECT_GE(covered[k], 850) << (k ? "10% slower" : "A/A");
+    EXPECT_LT(width, 0.15);
+  }
   // one set, read as a person would: paired rounds, the interval, what the rounds could show
   const auto [b, h] = model_rounds(rng, 9, 3, kTypical, 1.10);
   const Report rep = compare_runs(b, h, Options{});
