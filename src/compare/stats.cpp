@@ -311,32 +311,77 @@ namespace {
 
 // The largest pooled-variance two-sample |t| over the splits of x[0..n) with both sides at least
 // `min_size` long, and where; from prefix sums, O(n).
-std::pair<double, std::size_t> best_split(const std::vector<double>& x, std::size_t min_size) {
+// The segment [i, j) of x whose two-sample t statistic against the rest (pooled variance) is the
+// largest: circular binary segmentation's statistic. A single change is a segment that reaches an
+// end (i = 0 or j = n); a stretch of runs that moved and came back (a regression and its fix) is a
+// segment inside, which a single split sees only diluted by the runs after it. The segment and each
+// part outside it hold at least min_size runs (or none).
+struct Segment {
+  double t = -1;
+  std::size_t i = 0, j = 0;
+};
+Segment best_segment(const std::vector<double>& x, std::size_t min_size, bool inside, std::vector<double>& sums,
+                     std::vector<double>& squares) {
   const std::size_t n = x.size();
-  double best = -1;
-  std::size_t at = 0;
-  double s1 = 0, q1 = 0, s = 0, q = 0;
-  for (double v : x) {
-    s += v;
-    q += v * v;
+  sums.assign(n + 1, 0.0);
+  squares.assign(n + 1, 0.0);
+  for (std::size_t k = 0; k < n; ++k) {
+    sums[k + 1] = sums[k] + x[k];
+    squares[k + 1] = squares[k] + x[k] * x[k];
   }
-  for (std::size_t i = 0; i + min_size <= n; ++i) {
-    if (i >= min_size) {
-      const double n1 = static_cast<double>(i), n2 = static_cast<double>(n - i);
-      const double m1 = s1 / n1, m2 = (s - s1) / n2;
-      const double ss = (q1 - n1 * m1 * m1) + ((q - q1) - n2 * m2 * m2);
-      const double var = std::max(ss, 0.0) / (n1 + n2 - 2);
-      const double se = std::sqrt(var * (1 / n1 + 1 / n2));
-      const double t = se > 0 ? std::abs(m2 - m1) / se : (m2 != m1 ? INFINITY : 0);
-      if (t > best) {
-        best = t;
-        at = i;
-      }
-    }
-    s1 += x[i];
-    q1 += x[i] * x[i];
+  const double s = sums[n], q = squares[n];
+  Segment best;
+  const auto consider = [&](std::size_t i, std::size_t j) {
+    const double n1 = static_cast<double>(j - i), n2 = static_cast<double>(n - (j - i));
+    const double s1 = sums[j] - sums[i], q1 = squares[j] - squares[i];
+    const double m1 = s1 / n1, m2 = (s - s1) / n2;
+    const double ss = (q1 - n1 * m1 * m1) + ((q - q1) - n2 * m2 * m2);
+    const double var = std::max(ss, 0.0) / (n1 + n2 - 2);
+    const double se = std::sqrt(var * (1 / n1 + 1 / n2));
+    const double t = se > 0 ? std::abs(m2 - m1) / se : (m2 != m1 ? INFINITY : 0);
+    if (t > best.t) best = {t, i, j};
+  };
+  if (!inside) {  // single splits: [0, j) against [j, n)
+    for (std::size_t j = min_size; j + min_size <= n; ++j) consider(0, j);
+    return best;
   }
-  return {best, at};
+  for (std::size_t i = min_size; i + 2 * min_size <= n; ++i)
+    for (std::size_t j = i + min_size; j + min_size <= n; ++j) consider(i, j);
+  return best;
+}
+
+// A change between the runs a (before) and b (after): exp(mean b - mean a) - 1, Welch's interval.
+ChangePoint change_between(const std::vector<double>& x, std::size_t lo, std::size_t at, std::size_t hi, double p,
+                           double confidence) {
+  const std::vector<double> a(x.begin() + static_cast<std::ptrdiff_t>(lo), x.begin() + static_cast<std::ptrdiff_t>(at)),
+      b(x.begin() + static_cast<std::ptrdiff_t>(at), x.begin() + static_cast<std::ptrdiff_t>(hi));
+  ChangePoint c;
+  c.index = at;
+  c.p = p;
+  const MeanSd ma = mean_sd(a), mb = mean_sd(b);
+  const double na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
+  const double va = ma.sd * ma.sd / na, vb = mb.sd * mb.sd / nb;
+  const double df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1));
+  const double half =
+      student_t_quantile(1 - (1 - confidence) / 2, std::isfinite(df) && df > 0 ? df : na + nb - 2) * std::sqrt(va + vb);
+  c.change = std::exp(mb.mean - ma.mean) - 1;
+  c.ratio = {std::exp(mb.mean - ma.mean - half), std::exp(mb.mean - ma.mean + half)};
+  return c;
+}
+
+// The permutation test of a segment statistic t: the share of shuffles of x whose best statistic of
+// the same kind reaches t, stopped once as many reach it as make p >= alpha (the verdict the full
+// count would give: the count only grows).
+double permutation_p(const std::vector<double>& x, double t, std::size_t min_size, bool inside, double alpha,
+                     int permutations, std::mt19937_64& rng, std::vector<double>& sums, std::vector<double>& squares) {
+  const double enough = alpha * (1.0 + permutations) - 1;
+  int as_large = 0;
+  std::vector<double> perm(x);
+  for (int k = 0; k < permutations && as_large < enough; ++k) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    if (best_segment(perm, min_size, inside, sums, squares).t >= t) ++as_large;
+  }
+  return (1.0 + as_large) / (1.0 + permutations);
 }
 
 }  // namespace
@@ -346,6 +391,7 @@ std::vector<ChangePoint> change_points(const std::vector<double>& log_x, double 
   std::vector<ChangePoint> found;
   min_size = std::max<std::size_t>(min_size, 2);
   std::mt19937_64 rng(seed);
+  std::vector<double> sums, squares;
   std::vector<std::pair<std::size_t, std::size_t>> todo = {{0, log_x.size()}};  // [lo, hi)
   while (!todo.empty()) {
     const auto [lo, hi] = todo.back();
@@ -353,32 +399,27 @@ std::vector<ChangePoint> change_points(const std::vector<double>& log_x, double 
     if (hi - lo < 2 * min_size) continue;
     std::vector<double> seg(log_x.begin() + static_cast<std::ptrdiff_t>(lo),
                             log_x.begin() + static_cast<std::ptrdiff_t>(hi));
-    const auto [t, at] = best_split(seg, min_size);
-    if (!(t > 0)) continue;
-    int as_large = 0;
-    std::vector<double> perm(seg);
-    for (int k = 0; k < permutations; ++k) {
-      std::shuffle(perm.begin(), perm.end(), rng);
-      if (best_split(perm, min_size).first >= t) ++as_large;
+    // two statistics, each tested at alpha / 2: the best single split (a step), then, where that
+    // finds none, the best stretch inside (runs that moved and came back)
+    Segment best;
+    double p = 1;
+    for (bool inside : {false, true}) {
+      best = best_segment(seg, min_size, inside, sums, squares);
+      if (!(best.t > 0)) continue;
+      p = permutation_p(seg, best.t, min_size, inside, alpha / 2, permutations, rng, sums, squares);
+      if (p < alpha / 2) break;
     }
-    const double p = (1.0 + as_large) / (1.0 + permutations);
-    if (p >= alpha) continue;
-    ChangePoint c;
-    c.index = lo + at;
-    c.p = p;
-    const std::vector<double> a(seg.begin(), seg.begin() + static_cast<std::ptrdiff_t>(at)),
-        b(seg.begin() + static_cast<std::ptrdiff_t>(at), seg.end());
-    const MeanSd ma = mean_sd(a), mb = mean_sd(b);
-    const double na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
-    const double va = ma.sd * ma.sd / na, vb = mb.sd * mb.sd / nb;
-    const double df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1));
-    const double half = student_t_quantile(1 - (1 - confidence) / 2, std::isfinite(df) && df > 0 ? df : na + nb - 2) *
-                        std::sqrt(va + vb);
-    c.change = std::exp(mb.mean - ma.mean) - 1;
-    c.ratio = {std::exp(mb.mean - ma.mean - half), std::exp(mb.mean - ma.mean + half)};
-    found.push_back(c);
-    todo.emplace_back(lo, c.index);
-    todo.emplace_back(c.index, hi);
+    if (!(p < alpha / 2)) continue;
+    const std::size_t i = lo + best.i, j = lo + best.j;
+    if (i > lo) {
+      found.push_back(change_between(log_x, lo, i, j, p, confidence));
+      todo.emplace_back(lo, i);
+    }
+    if (j < hi) {
+      found.push_back(change_between(log_x, i, j, hi, p, confidence));
+      todo.emplace_back(j, hi);
+    }
+    todo.emplace_back(i, j);
   }
   std::sort(found.begin(), found.end(), [](const ChangePoint& a, const ChangePoint& b) { return a.index < b.index; });
   return found;

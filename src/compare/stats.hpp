@@ -67,10 +67,12 @@ struct Interval {
   double lo = 0, hi = 0;
 };
 
-// Change points in a series of run medians (logs of them, oldest first), as E-divisive-style binary
-// segmentation does it: the split of a segment with the largest two-sample t statistic (pooled
-// variance, segments of at least `min_size`), kept when a permutation test of that largest
-// statistic (`permutations` shuffles of the segment, from `seed`) gives p < alpha; then each side
+// Change points in a series of run medians (logs of them, oldest first), by circular binary
+// segmentation (Olshen et al. 2004): the stretch [i, j) of a segment whose two-sample t statistic
+// against the rest of it (pooled variance, parts of at least `min_size`) is the largest, kept when a
+// permutation test of that largest statistic (`permutations` shuffles of the segment, from `seed`)
+// gives p < alpha; a change point at each of its ends inside the segment (one, where the stretch
+// reaches an end: a step; two, where it is inside: runs that moved and came back); then each part
 // again. Under exchangeable runs (no change) a series gets a change point with probability < alpha.
 struct ChangePoint {
   std::size_t index = 0;  // the first run after the change
