@@ -5,16 +5,20 @@
 // the two-level fabric, nccl-tests' fit and the straggler tax. Planted faults each of them catches
 // (2026-11-28): a cost of max(0, slow compute - reference compute) fails the hold and derived-sync
 // tests; a replay that shifts only the slow tower of a process fails the middle-tower test; the
-// noise as a spread in ms fails the fractions test.
+// noise as a spread in ms fails the fractions test. (2026-11-29) A wait without the compute or the
+// start taken off, `individual` inverted, and the fastest or the upper middle of the others as the
+// reference each fail the first test or the reference test.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
 
 #include "bench/fabric.hpp"
+#include "bench/stats.hpp"
 #include "bench/straggler.hpp"
 #include "tensor/error.hpp"
 
@@ -69,7 +73,17 @@ TEST(Straggler, NamesTheSlowTowerAndCostsItsDelay) {
   EXPECT_EQ(r.towers[2].slowest_in, 3);
   EXPECT_NEAR(r.cost_ms, 5.0, 0.5);
   EXPECT_NEAR(r.towers[2].relative, 10.0 / 15.0, 0.03);
-  EXPECT_GT(r.towers[0].wait_ms, 4.0);  // the others wait for it
+  // the others wait for it: released at 15.2 (its 15 ms, then the last sync), after their 10 ms
+  EXPECT_NEAR(r.towers[0].wait_ms, 5.2, 0.3);
+  EXPECT_NEAR(r.towers[2].wait_ms, 0.2, 0.3);
+  // each tower's own spread: its best compute over its median
+  for (std::size_t t = 0; t < 4; ++t) {
+    std::vector<double> c;
+    for (const auto& rep : in.steps)
+      for (const auto& step : rep) c.push_back(step[t].compute());
+    EXPECT_NEAR(r.towers[t].individual, *std::min_element(c.begin(), c.end()) / median(c), 1e-12) << "tower " << t;
+    EXPECT_LT(r.towers[t].individual, 1.0);
+  }
   const auto lines = straggler_lines(in, r, 3);
   ASSERT_GE(lines.size(), 5u);
   EXPECT_NE(lines[1].find("slowest: tower 2 (rank 2, node1, GPU 2 0000:02:00.0)"), std::string::npos) << lines[1];
@@ -212,6 +226,21 @@ TEST(Straggler, BucketSyncTimesFromTheTimelinesWithStartOffsets) {
   const StragglerInput pin =
       one_step_input(synced_step({0.0, 0.7, 1.9}, {0, 0, 5}, 0.7, {0.3, 0.6, 1.0}, long_first), {});
   EXPECT_NEAR(analyze_stragglers(pin).cost_ms, 2.2, 1e-9);
+}
+
+TEST(Straggler, TheReferenceIsTheOthersMiddleAndWaitsCountFromEachStart) {
+  // 5 towers in parallel, one bucket at the end, no sync time: towers 0-3 start at 0 and compute
+  // 10, 11, 12, 13 ms; tower 4 starts at 5 and computes 20, ending the step at 25. At the reference's
+  // compute (the others' lower middle: 11 ms) from its own start it would end at 16: a cost of 9
+  // (the fastest as reference says 10, the upper middle 8).
+  const auto step = synced_step({0, 0, 0, 0, 5}, {0, 1, 2, 3, 10}, 0.0, {1.0}, {0.0});
+  const auto r = analyze_stragglers(one_step_input(step, {0.0}));
+  EXPECT_EQ(r.slowest, 4);
+  EXPECT_NEAR(r.cost_ms, 9.0, 1e-9);
+  // waits from each tower's own start: tower 4 waits for nobody, tower 0 from 10 to 25
+  EXPECT_NEAR(r.towers[4].wait_ms, 0.0, 1e-9);
+  EXPECT_NEAR(r.towers[0].wait_ms, 15.0, 1e-9);
+  EXPECT_NEAR(r.towers[3].wait_ms, 12.0, 1e-9);
 }
 
 TEST(Straggler, ASlowTowerInTheMiddleOfAProcessDelaysTheTowersAfterIt) {
