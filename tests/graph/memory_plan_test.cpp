@@ -55,6 +55,20 @@ TEST(MemoryPlan, BuffersLiveAtDifferentStepsShareSpace) {
   EXPECT_EQ(overall_peak(p).phase, MemoryPhase::training_forward);  // the first of two equal peaks
 }
 
+// A buffer goes into the tightest gap among the buffers live when it is (best fit): X1, X2 and X3
+// live throughout leave two gaps once G1 and G2 are dead, 500 bytes at 1000 and 320 at 1900; Y (300
+// bytes, steps 3-4) takes the second. First fit would take the first, no reuse would put it past X3.
+TEST(MemoryPlan, ABufferTakesTheTightestGapThatHoldsIt) {
+  MemoryPlan p = six_steps();
+  p.buffers = {buffer("X1", 1000, {{0, 5}}), buffer("G1", 500, {{0, 1}}), buffer("X2", 400, {{0, 5}}),
+               buffer("G2", 320, {{0, 1}}),  buffer("X3", 310, {{0, 5}}), buffer("Y", 300, {{3, 4}})};
+  assign_offsets(p);
+  const std::vector<std::size_t> want = {0, 1000, 1500, 1900, 2220, 1900};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(p.buffers[i].offset, want[i]) << p.buffers[i].name;
+  EXPECT_EQ(p.arena_bytes, 2530u);
+  EXPECT_TRUE(plan_conflicts(p).empty()) << fmt::format("{}", fmt::join(plan_conflicts(p), "\n"));
+}
+
 // A planted overlap: two buffers live at one step given one offset. The checker names both and
 // the step, and a buffer past the arena's end.
 TEST(MemoryPlan, TheCheckerCatchesTwoLiveBuffersAtOneOffset) {
