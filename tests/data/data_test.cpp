@@ -4,6 +4,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +122,48 @@ TEST(Data, DecodeCropNormaliseGivesImageNetNormalisedValuesInEitherLayout) {
   }
 }
 
+// The crop and the flip on an image whose channels are affine in x and y (R = 2x + 1, G = 3y + 5,
+// B = x + y): bilinear sampling at pixel centres reproduces an affine function exactly, so every
+// output pixel is that function at its source point, b.x + clamp((ox + 0.5) w / S - 0.5, 0, w - 1)
+// (and the same in y), whatever the interpolation's taps. A box read from the wrong row or column,
+// or a flip that is not a mirror in x, fails in one of the boxes (shrunk, enlarged, wide, tall).
+TEST(Data, CropAndFlipPutEachPixelWhereItsSourcePointIs) {
+  const int R = 64, S = 16;
+  std::vector<unsigned char> img(static_cast<std::size_t>(R) * R * 3);
+  for (int y = 0; y < R; ++y)
+    for (int x = 0; x < R; ++x) {
+      unsigned char* p = &img[(static_cast<std::size_t>(y) * R + x) * 3];
+      p[0] = static_cast<unsigned char>(2 * x + 1);
+      p[1] = static_cast<unsigned char>(3 * y + 5);
+      p[2] = static_cast<unsigned char>(x + y);
+    }
+  PipelineOptions o;
+  for (const CropBox& b : {CropBox{10, 12, 30, 24, false}, CropBox{5, 40, 10, 12, true}, CropBox{0, 3, 64, 20, true},
+                           CropBox{33, 0, 20, 61, false}}) {
+    SCOPED_TRACE(fmt::format("box {},{} {}x{}{}", b.x, b.y, b.w, b.h, b.flip ? " flipped" : ""));
+    std::vector<float> crop(static_cast<std::size_t>(S) * S * 3), nchw(crop.size()), nhwc(crop.size());
+    crop_resize(img.data(), R, b, S, crop.data());
+    flip_normalise(crop.data(), S, b.flip, Layout::nchw, o, nchw.data());
+    flip_normalise(crop.data(), S, b.flip, Layout::nhwc, o, nhwc.data());
+    const auto source = [S](int o, int at, int len) {
+      return at + std::clamp((o + 0.5) * len / S - 0.5, 0.0, len - 1.0);
+    };
+    for (int oy = 0; oy < S; ++oy)
+      for (int ox = 0; ox < S; ++ox) {
+        const double sx = source(ox, b.x, b.w), sy = source(oy, b.y, b.h);
+        const double want[3] = {2 * sx + 1, 3 * sy + 5, sx + sy};
+        const int dx = b.flip ? S - 1 - ox : ox;  // where the flip puts it
+        for (int c = 0; c < 3; ++c) {
+          const float got = crop[(static_cast<std::size_t>(oy) * S + ox) * 3 + c];
+          ASSERT_NEAR(got, want[c], 1e-3) << "crop at " << ox << "," << oy << " channel " << c;
+          const double norm = (want[c] / 255.0 - o.mean[c]) / o.stddev[c];
+          ASSERT_NEAR(nchw[(static_cast<std::size_t>(c) * S + oy) * S + dx], norm, 1e-4) << "nchw " << ox << "," << oy;
+          ASSERT_NEAR(nhwc[(static_cast<std::size_t>(oy) * S + dx) * 3 + c], norm, 1e-4) << "nhwc " << ox << "," << oy;
+        }
+      }
+  }
+}
+
 TEST(Data, CropsAreRandomButSeeded) {
   test::TempDir d("data");
   make_dataset(d.str(), 1, 1, 120, 90);
@@ -166,6 +209,40 @@ TEST(Data, CorruptFilesAreSkippedCountedAndReported) {
   for (const auto& s : p.skipped_examples())
     named |= s.find("broken.jpg") != std::string::npos || s.find("empty.jpg") != std::string::npos;
   EXPECT_TRUE(named);
+}
+
+// Every image arrives with its own label: a folder whose class 0 is red and class 1 blue (3 and 4
+// files, shuffled), read over several epochs by 2 threads; in each image red outweighs blue exactly
+// when its label is 0. (A label taken by the image's place in the epoch, not its file, fails.)
+TEST(Data, EveryImageArrivesWithItsOwnLabel) {
+  test::TempDir d("data");
+  fs::create_directories(d.p / "class_0000");
+  fs::create_directories(d.p / "class_0001");
+  for (int i = 0; i < 3; ++i) write_solid_jpeg(d.p / "class_0000" / fmt::format("r{}.jpg", i), 40, 30, 220, 20, 20);
+  for (int i = 0; i < 4; ++i) write_solid_jpeg(d.p / "class_0001" / fmt::format("b{}.jpg", i), 40, 30, 20, 20, 220);
+  PipelineOptions o;
+  o.batch = 3;
+  o.image_size = 16;
+  o.threads = 2;
+  o.prefetch = 2;
+  ImagePipeline p(scan_image_folder(d.str()), o);
+  const std::size_t plane = 16 * 16;
+  int seen[2] = {0, 0};
+  for (int k = 0; k < 10; ++k) {  // 30 images: over four epochs of 7
+    auto b = p.next();
+    for (std::size_t i = 0; i < b->labels.size(); ++i) {
+      const float* img = b->images.data() + i * 3 * plane;  // NCHW
+      double red = 0, blue = 0;
+      for (std::size_t j = 0; j < plane; ++j) red += img[j], blue += img[2 * plane + j];
+      const int label = b->labels[i];
+      ASSERT_TRUE(label == 0 || label == 1);
+      EXPECT_EQ(label == 0, red > blue) << "batch " << k << ", image " << i << ": label " << label;
+      ++seen[label];
+    }
+    p.recycle(std::move(b));
+  }
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
 }
 
 TEST(Data, AFolderOfOnlyCorruptFilesIsAnErrorNotAHang) {
