@@ -356,7 +356,7 @@ class Json(unittest.TestCase):
     def test_json_holds_every_phase_with_its_counters(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "out.json")
-            rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--gpus", "2",
+            rc, out, err = run("--backend", "cpu", "--model", "tiny", "--image-size", "32", "--gpus", "3",
                                "--batch-size", "2", "--warmup", "1", "--repetitions", "2", "--per-layer",
                                "--json", path, *FAST)
             self.assertEqual(rc, 0, f"{out}\n{err}")
@@ -366,7 +366,7 @@ class Json(unittest.TestCase):
         for k in ["backend", "device", "onednn", "precision", "layout", "model", "gpus", "batch_size_per_gpu",
                   "global_batch_size", "variable_update", "stepbench_version"]:
             self.assertIn(k, ctx)
-        self.assertEqual(ctx["gpus"], "2")
+        self.assertEqual(ctx["gpus"], "3")
         # what ran batch norm and pooling: the cpu backend's own kernels, every layer counted
         self.assertRegex(ctx["batch_norm_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
         self.assertRegex(ctx["pool_kernels"], r"^[1-9][0-9]* x stepbench kernel$")
@@ -375,7 +375,7 @@ class Json(unittest.TestCase):
         for b in j["benchmarks"]:
             if b.get("run_type") == "iteration":
                 runs.setdefault(b["run_name"].removesuffix("/manual_time"), []).append(b)
-        prefix = "tiny/fp32/nchw/gpus:2/batch:2/"
+        prefix = "tiny/fp32/nchw/gpus:3/batch:2/"
         want = {
             "forward": ["images/s", "TFLOP/s", "host_ms", "gap_ms"],
             "forward_train": ["images/s", "TFLOP/s", "host_ms", "gap_ms"],
@@ -392,13 +392,37 @@ class Json(unittest.TestCase):
                 self.assertGreater(r["real_time"], 0, name)
                 for c in counters:
                     self.assertIn(c, r, f"{name} lacks {c}")
-        step = runs[prefix + "step"][0]
-        self.assertGreater(step["backward_ms"], 0)
-        self.assertEqual(ctx["global_batch_size"], "4")
+        self.assertEqual(ctx["global_batch_size"], "6")
         for phase in ("forward", "forward_train", "forward_backward", "step"):
             for r in runs[prefix + phase]:  # images/s is the global batch over the repetition's time
                 self.assertEqual(r["time_unit"], "ms")
-                self.assertAlmostEqual(r["images/s"], 4 / (r["real_time"] / 1e3), delta=1e-6 * r["images/s"])
+                self.assertAlmostEqual(r["images/s"], 6 / (r["real_time"] / 1e3), delta=1e-6 * r["images/s"])
+        # the step's parts: each timed, together the whole step (marks between the phase table's calls;
+        # each interval read off the clock on its own: a few microseconds of rounding between them)
+        for r in runs[prefix + "step"]:
+            parts = [r[k] for k in ("forward_ms", "backward_ms", "sync_ms", "update_ms")]
+            self.assertTrue(all(p > 0 for p in parts), parts)
+            self.assertAlmostEqual(sum(parts), r["real_time"], delta=0.005)
+        for r in runs[prefix + "forward_backward"]:
+            self.assertAlmostEqual(r["forward_ms"] + r["backward_ms"], r["real_time"], delta=0.005)
+        # rates from each repetition's own time: TFLOP/s x ms / images is the FLOPs per image, 3x the
+        # training forward's in forward+backward and the step; the sync's bytes over its time, and
+        # the bus bandwidth nccl-tests' 2(n - 1)/n = 4/3 of it at 3 towers; every tower's parameters
+        def flops_per_image(phase):
+            return [r["TFLOP/s"] * r["real_time"] / 6 for r in runs[prefix + phase]]
+        train = flops_per_image("forward_train")[0]
+        self.assertGreater(train, 0)
+        for phase in ("forward_train", "forward_backward", "step"):
+            for f in flops_per_image(phase):
+                self.assertAlmostEqual(f, (1 if phase == "forward_train" else 3) * train, delta=1e-6 * f, msg=phase)
+        for r in runs[prefix + "grad_sync"]:
+            self.assertGreater(r["bytes"], 0)
+            self.assertAlmostEqual(r["algbw_GB/s"], r["bytes"] / 1e9 / (r["real_time"] / 1e3),
+                                   delta=1e-6 * r["algbw_GB/s"])
+            self.assertAlmostEqual(r["busbw_GB/s"], r["algbw_GB/s"] * 4 / 3, delta=1e-6 * r["busbw_GB/s"])
+        for r in runs[prefix + "update"]:
+            self.assertAlmostEqual(r["params/s"], 3 * int(ctx["parameters"]) / (r["real_time"] / 1e3),
+                                   delta=1e-6 * r["params/s"])
         # names without "repeats:N", so that runs with other --repetitions match (compare.py, stepbench compare)
         self.assertFalse([b["name"] for b in j["benchmarks"] if "repeats" in b["name"]])
         aggregates = {b["aggregate_name"] for b in j["benchmarks"] if b.get("run_type") == "aggregate"}
@@ -413,7 +437,7 @@ class Json(unittest.TestCase):
         self.assertIn("grad_sync:", out)
         # the memory plan: a peak per phase, each what it holds; the backward holds what the forward saved
         mem = j["memory_plan"]
-        self.assertEqual(mem["towers_per_process"], 2)
+        self.assertEqual(mem["towers_per_process"], 3)
         phases = mem["phases"]
         self.assertEqual(set(phases), {"forward_only", "training_forward", "backward", "update"})
         for name, p in phases.items():
@@ -427,8 +451,8 @@ class Json(unittest.TestCase):
         self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
         # the arenas' pages are resident once the steps touched them (not every byte of a workspace is
         # written: most, not all)
-        self.assertGreaterEqual(mem["resident"]["arena_resident_bytes"], 0.8 * 2 * mem["arena_bytes"])
-        self.assertLessEqual(mem["resident"]["arena_resident_bytes"], 2 * mem["arena_bytes"])
+        self.assertGreaterEqual(mem["resident"]["arena_resident_bytes"], 0.8 * 3 * mem["arena_bytes"])
+        self.assertLessEqual(mem["resident"]["arena_resident_bytes"], 3 * mem["arena_bytes"])
         # the cpu's default: the conv + BN outputs recomputed in backward
         self.assertEqual(ctx["recompute"], "on")
         self.assertGreater(mem["recomputed_buffers"], 0)
@@ -463,6 +487,12 @@ class Output(unittest.TestCase):
         self.assertNotRegex(out, self.SI)  # figures in their own units, never an SI suffix
         for gb in ("Benchmark ", "Run on (", "***WARNING***", "repeats:", "manual_time"):
             self.assertNotIn(gb, out + err)  # Google Benchmark's table and context: --verbose only
+        # images/s: the towers' images over the step's median
+        m = re.search(r"^images/s +([0-9.]+) in the step \((\d+) images per step\)", out, re.M)
+        self.assertIsNotNone(m, out)
+        self.assertEqual(int(m[2]), 4 * towers)
+        step_ms = float(next(l for l in lines if l.startswith("step ")).split()[1])
+        self.assertAlmostEqual(float(m[1]), 1000 * 4 * towers / step_ms, delta=0.01 * float(m[1]))
         if towers == 1:  # nothing to synchronise: no sync time beside it
             self.assertIn("nothing to synchronise", out)
             self.assertNotRegex(out, r"sync [0-9.]+ ms")
