@@ -255,6 +255,12 @@ TEST(Liveness, RecomputedOutputsGiveTheSameStepBitForBit) {
     EXPECT_FALSE(buffer_named(on, "c output").recomputed);  // nothing reads it in backward
     EXPECT_NE(buffer_named(on, "c output").kind, BufferKind::saved);
     EXPECT_EQ(buffer_named(on, "res output").kind, BufferKind::saved);  // add + ReLU: not recomputed
+    // each output made again once, before its first reader in backward ("big" has two: a and b)
+    std::map<int, int> remakes;
+    for (const auto& s : on.steps)
+      if (s.part == "bn_relu_recompute" || s.part == "bn_recompute") ++remakes[s.layer];
+    EXPECT_EQ(remakes.size(), 4u);  // big, a and b (the concat's parts), d
+    for (const auto& [layer, n] : remakes) EXPECT_EQ(n, 1) << "layer " << layer << " recomputed " << n << " times";
     const MemoryPlan off = expect_liveness_holds(l, 2, build, Recompute::off);
     EXPECT_FALSE(buffer_named(off, "big output").recomputed);
     EXPECT_EQ(buffer_named(off, "big output").kind, BufferKind::saved);
