@@ -12,8 +12,9 @@
 
 namespace stepbench::compare {
 
-// A change point in a history must reach this permutation p-value: a flat series of 30 runs then
-// shows one in well under 1% of cases (tests/compare: the noise model's series).
+// A change point in a history must reach this permutation p-value, split between change_points'
+// two statistics (alpha / 2 each): a flat series of 30 runs then shows one in well under 1% of cases
+// (tests/compare: the noise model's series).
 constexpr double kChangeAlpha = 0.005;
 
 // The run-level evidence of one row, before the family's correction.

@@ -309,13 +309,12 @@ MeanSd mean_sd(const std::vector<double>& v) {
 
 namespace {
 
-// The largest pooled-variance two-sample |t| over the splits of x[0..n) with both sides at least
-// `min_size` long, and where; from prefix sums, O(n).
 // The segment [i, j) of x whose two-sample t statistic against the rest (pooled variance) is the
 // largest: circular binary segmentation's statistic. A single change is a segment that reaches an
 // end (i = 0 or j = n); a stretch of runs that moved and came back (a regression and its fix) is a
 // segment inside, which a single split sees only diluted by the runs after it. The segment and each
-// part outside it hold at least min_size runs (or none).
+// part outside it hold at least min_size runs (or none). `inside` false: the splits [0, j) only, O(n);
+// true: the stretches with runs on both sides, O(n^2); from prefix sums.
 struct Segment {
   double t = -1;
   std::size_t i = 0, j = 0;

@@ -67,13 +67,14 @@ struct Interval {
   double lo = 0, hi = 0;
 };
 
-// Change points in a series of run medians (logs of them, oldest first), by circular binary
-// segmentation (Olshen et al. 2004): the stretch [i, j) of a segment whose two-sample t statistic
-// against the rest of it (pooled variance, parts of at least `min_size`) is the largest, kept when a
-// permutation test of that largest statistic (`permutations` shuffles of the segment, from `seed`)
-// gives p < alpha; a change point at each of its ends inside the segment (one, where the stretch
-// reaches an end: a step; two, where it is inside: runs that moved and came back); then each part
-// again. Under exchangeable runs (no change) a series gets a change point with probability < alpha.
+// Change points in a series of run medians (logs of them, oldest first), by binary segmentation
+// with two statistics, each kept when a permutation test of it (`permutations` shuffles of the
+// segment, from `seed`) gives p < alpha / 2: first the split of the segment with the largest
+// two-sample t (pooled variance, both sides at least `min_size`): a step, one change point; where
+// that finds none, circular binary segmentation's (Olshen et al. 2004) stretch [i, j) inside the
+// segment with the largest t against the rest (runs that moved and came back): a change point at
+// each end. Then each part again. Under exchangeable runs (no change) a segment gets a change point
+// with probability < alpha (the two tests' Bonferroni bound).
 struct ChangePoint {
   std::size_t index = 0;  // the first run after the change
   double p = 1;           // the permutation test's p-value

@@ -397,14 +397,18 @@ class Json(unittest.TestCase):
             for r in runs[prefix + phase]:  # images/s is the global batch over the repetition's time
                 self.assertEqual(r["time_unit"], "ms")
                 self.assertAlmostEqual(r["images/s"], 6 / (r["real_time"] / 1e3), delta=1e-6 * r["images/s"])
-        # the step's parts: each timed, together the whole step (marks between the phase table's calls;
-        # each interval read off the clock on its own: a few microseconds of rounding between them)
+        # the step's parts: each timed, together the whole step (marks between the phase table's calls).
+        # Each part is the longest of the towers' own intervals, whose marks are recorded one tower
+        # after another: their sum is at least the step, and more only by the moments between two
+        # towers' records at a mark (microseconds; a preemption there is rare, 2% leaves room for one)
         for r in runs[prefix + "step"]:
             parts = [r[k] for k in ("forward_ms", "backward_ms", "sync_ms", "update_ms")]
             self.assertTrue(all(p > 0 for p in parts), parts)
-            self.assertAlmostEqual(sum(parts), r["real_time"], delta=0.005)
+            self.assertGreaterEqual(sum(parts), r["real_time"] - 0.005)
+            self.assertLessEqual(sum(parts), 1.02 * r["real_time"] + 0.005)
         for r in runs[prefix + "forward_backward"]:
-            self.assertAlmostEqual(r["forward_ms"] + r["backward_ms"], r["real_time"], delta=0.005)
+            self.assertGreaterEqual(r["forward_ms"] + r["backward_ms"], r["real_time"] - 0.005)
+            self.assertLessEqual(r["forward_ms"] + r["backward_ms"], 1.02 * r["real_time"] + 0.005)
         # rates from each repetition's own time: TFLOP/s x ms / images is the FLOPs per image, 3x the
         # training forward's in forward+backward and the step; the sync's bytes over its time, and
         # the bus bandwidth nccl-tests' 2(n - 1)/n = 4/3 of it at 3 towers; every tower's parameters

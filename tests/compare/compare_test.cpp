@@ -335,6 +335,7 @@ TEST(CompareGate, InterleavedRoundsArePairedAndFindATenPercentSlowdown) {
     std::cout << (k ? "10% slower" : "A/A") << ": the step's interval holds the true ratio in " << covered[k]
               << " of 1000 sets; median width " << 100 * width << "%\n";
     EXPECT_GE(covered[k], 850) << (k ? "10% slower" : "A/A");
+    EXPECT_GT(width, 0.0);
     EXPECT_LT(width, 0.15);
   }
   // one set, read as a person would: paired rounds, the interval, what the rounds could show
