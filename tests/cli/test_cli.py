@@ -451,6 +451,9 @@ class Json(unittest.TestCase):
             self.assertGreater(p["by_kind"]["optimizer_state"], 0, name)  # momentum, in the arena
         self.assertGreater(phases["backward"]["by_kind"]["saved"], 0)
         self.assertEqual(phases["update"]["by_kind"]["saved"], 0)
+        # the inference forward keeps nothing for a backward; the training forward keeps what it will read
+        self.assertEqual(phases["forward_only"]["by_kind"]["saved"], 0)
+        self.assertGreater(phases["training_forward"]["by_kind"]["saved"], 0)
         self.assertLess(mem["arena_bytes"], mem["unshared_bytes"])
         self.assertGreater(mem["resident"]["peak_bytes"], mem["resident"]["before_towers_bytes"])
         # the arenas' pages are resident once the steps touched them (not every byte of a workspace is

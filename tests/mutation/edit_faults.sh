@@ -46,6 +46,7 @@ busbw_without_factor|src/bench/run_parts.cpp|s/rate(gb \* towers.bus_factor())/r
 params_of_one_tower|src/bench/run_parts.cpp|s/num_parameters()) \* towers.size())/num_parameters()))/|Json|cli
 step_tflops_2x|src/bench/run_parts.cpp|s/rate(images \* 3.0 \* fl.train_forward \/ 1e12)/rate(images * 2.0 * fl.train_forward \/ 1e12)/|Json|cli
 images_of_one_tower|src/bench/summary.cpp|s/(t.asynchronous() ? t.size() : gpus))/(t.asynchronous() ? t.size() : 1))/|Output|cli
+saved_in_inference|src/graph/memory_plan.cpp|s/here.phase == MemoryPhase::forward_only;/here.phase == MemoryPhase::training_forward;/|Json|cli
 EOF
 )
 
