@@ -12,6 +12,10 @@
 # and helpers would not fit); NCCL towers in one process work, mpirun across processes does not.
 #
 #   scripts/gpu-bundle.sh OUT_DIR [--arch "80;90"] [--build-dir DIR]    build and write the bundle
+#   scripts/gpu-bundle.sh OUT_DIR --from-build DIR   take the binaries from a build with CUDA on (its
+#                                             stepbench_nompi and stepbench_tests_nompi where it has
+#                                             MPI: the same objects linked without it), its
+#                                             architectures; seconds where that build is up to date
 #   scripts/gpu-bundle.sh --check OUT_DIR     check that every NEEDED entry resolves in the bundle
 #                                             or is on the allow-list; exit 1 naming what does not
 set -euo pipefail
@@ -23,7 +27,7 @@ MAX_MIB=60
 ALLOWED_RE='^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|ld-linux-x86-64\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libcuda\.so\.1|libcudnn[a-z_]*\.so\.9|libcublas\.so\.13|libcublasLt\.so\.13|libnccl\.so\.2)$'
 
 usage() {
-  echo "usage: scripts/gpu-bundle.sh OUT_DIR [--arch LIST] [--build-dir DIR] | --check OUT_DIR" >&2
+  echo "usage: scripts/gpu-bundle.sh OUT_DIR [--arch LIST] [--build-dir DIR | --from-build DIR] | --check OUT_DIR" >&2
   exit 2
 }
 
@@ -59,30 +63,53 @@ fi
 OUT_DIR=""
 ARCH=90
 BUILD_DIR=$STEPBENCH_ROOT/build-bundle
+FROM=""
+ARCH_GIVEN=0
+DIR_GIVEN=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --arch) [ $# -ge 2 ] || usage; ARCH=$2; shift 2 ;;
-    --build-dir) [ $# -ge 2 ] || usage; BUILD_DIR=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --arch) [ $# -ge 2 ] || usage; ARCH=$2; ARCH_GIVEN=1; shift 2 ;;
+    --build-dir) [ $# -ge 2 ] || usage; BUILD_DIR=$2; DIR_GIVEN=1; shift 2 ;;
+    --from-build) [ $# -ge 2 ] || usage; FROM=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     -*) echo "gpu-bundle: unknown option $1" >&2; usage ;;
     *) [ -z "$OUT_DIR" ] || usage; OUT_DIR=$1; shift ;;
   esac
 done
 [ -n "$OUT_DIR" ] || usage
-[[ $ARCH =~ ^[0-9]+[a-z]?(\;[0-9]+[a-z]?)*$ ]] ||
-  { echo "gpu-bundle: --arch takes CUDA architectures like 90 or \"80;90\", not '$ARCH'" >&2; exit 2; }
-command -v patchelf >/dev/null || sb_install_deps
-command -v /usr/local/cuda/bin/nvcc >/dev/null || command -v nvcc >/dev/null ||
-  { echo "gpu-bundle: nvcc not found; a bundle needs the CUDA toolkit (nvcc, cuDNN, NCCL) to build" >&2; exit 2; }
-sb_install_deps
+cache_of() { sed -n "s/^$1:[A-Z]*=//p" "$BUILD_DIR/CMakeCache.txt"; }
+if [ -n "$FROM" ]; then
+  # an existing build: its CUDA architectures, and its binaries without MPI
+  [ $ARCH_GIVEN = 0 ] && [ $DIR_GIVEN = 0 ] ||
+    { echo "gpu-bundle: --from-build takes that build's binaries and architectures; leave out --arch and --build-dir" >&2; exit 2; }
+  BUILD_DIR=$FROM
+  [ -f "$BUILD_DIR/CMakeCache.txt" ] || { echo "gpu-bundle: $BUILD_DIR is not a configured build (no CMakeCache.txt)" >&2; exit 2; }
+  [ "$(cache_of STEPBENCH_CUDA)" = ON ] ||
+    { echo "gpu-bundle: $BUILD_DIR was configured without CUDA; a bundle needs the cuda backend" >&2; exit 2; }
+  ARCH=$(cache_of CMAKE_CUDA_ARCHITECTURES)
+  suffix=""
+  [ "$(cache_of STEPBENCH_MPI)" = ON ] && suffix=_nompi
+  cmake --build "$BUILD_DIR" --target "stepbench$suffix" "stepbench_tests$suffix" >/dev/null
+  # (a stepbench_tests that linked libmpi would fail check_bundle below)
+  "$BUILD_DIR/bin/stepbench$suffix" --version | grep -q '^mpi: off' ||
+    { echo "gpu-bundle: $BUILD_DIR/bin/stepbench$suffix was built with MPI, which the bundle cannot carry" >&2; exit 1; }
+else
+  [[ $ARCH =~ ^[0-9]+[a-z]?(\;[0-9]+[a-z]?)*$ ]] ||
+    { echo "gpu-bundle: --arch takes CUDA architectures like 90 or \"80;90\", not '$ARCH'" >&2; exit 2; }
+  command -v /usr/local/cuda/bin/nvcc >/dev/null || command -v nvcc >/dev/null ||
+    { echo "gpu-bundle: nvcc not found; a bundle needs the CUDA toolkit (nvcc, cuDNN, NCCL) to build" >&2; exit 2; }
+  sb_install_deps
 
-# a unity build (the C++ sources of a target compiled a few at a time as one file, the default): 3.3
-# minutes on two cores, about half a plain build's time. Its options (CUDA on, MPI off, one GPU
-# architecture) stay in that build folder's cache, so give --build-dir a folder of its own
-sb_build "$BUILD_DIR" -DSTEPBENCH_CUDA=ON -DSTEPBENCH_MPI=OFF -DSTEPBENCH_BUILD_TESTS=ON \
-  -DSTEPBENCH_BUILD_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" -DCMAKE_UNITY_BUILD=ON
-grep -q '^STEPBENCH_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" ||
-  { echo "gpu-bundle: $BUILD_DIR was configured without CUDA" >&2; exit 1; }
+  # a unity build (the C++ sources of a target compiled a few at a time as one file, the default): 3.3
+  # minutes on two cores, about half a plain build's time. Its options (CUDA on, MPI off, one GPU
+  # architecture) stay in that build folder's cache, so give --build-dir a folder of its own
+  sb_build "$BUILD_DIR" -DSTEPBENCH_CUDA=ON -DSTEPBENCH_MPI=OFF -DSTEPBENCH_BUILD_TESTS=ON \
+    -DSTEPBENCH_BUILD_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" -DCMAKE_UNITY_BUILD=ON
+  grep -q '^STEPBENCH_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" ||
+    { echo "gpu-bundle: $BUILD_DIR was configured without CUDA" >&2; exit 1; }
+  suffix=""
+fi
+command -v patchelf >/dev/null || sb_install_deps
 
 # replace only an earlier bundle or an empty folder
 if [ -e "$OUT_DIR" ] && [ ! -f "$OUT_DIR/BUNDLE.txt" ] && [ -n "$(ls -A "$OUT_DIR" 2>/dev/null)" ]; then
@@ -92,7 +119,7 @@ fi
 rm -rf "$OUT_DIR"
 mkdir -p "$OUT_DIR/bin" "$OUT_DIR/lib" "$OUT_DIR/bench" "$OUT_DIR/tests/parity" "$OUT_DIR/tests/bench"
 for b in stepbench stepbench_tests; do
-  cp "$BUILD_DIR/bin/$b" "$OUT_DIR/bin/"
+  cp "$BUILD_DIR/bin/$b$suffix" "$OUT_DIR/bin/$b"
   strip --strip-unneeded "$OUT_DIR/bin/$b"
   patchelf --set-rpath '$ORIGIN/../lib' "$OUT_DIR/bin/$b"
 done

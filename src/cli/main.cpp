@@ -132,13 +132,8 @@ void print_version() {
 #else
   const std::string cuda = "off";
 #endif
-#ifdef STEPBENCH_HAVE_MPI
-  const char* mpi = "on";
-#else
-  const char* mpi = "off";
-#endif
   fmt::print("stepbench {} ({})\ncuda backend: {}\nmpi: {}\ngloo: {}\n", STEPBENCH_VERSION, STEPBENCH_REVISION, cuda,
-             mpi, built_with_gloo() ? "on" : "off");
+             built_with_mpi() ? "on" : "off", built_with_gloo() ? "on" : "off");
 }
 
 }  // namespace

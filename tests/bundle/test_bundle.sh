@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# ctest bundle.self_contained: makes the GPU bundle (scripts/gpu-bundle.sh, its own build folder),
-# checks that it is self-contained and small enough to carry, that ldd resolves every library not on
-# the allow-list inside the bundle's lib/, runs its binaries on the cpu backend, and checks that its
+# ctest bundle.self_contained: makes the GPU bundle (scripts/gpu-bundle.sh) from BUILD_DIR's binaries
+# without MPI (--from-build: the build the tests run from, seconds instead of a second build of 9
+# minutes beside the tests), or in a build folder of its own where no BUILD_DIR is given; checks that
+# it is self-contained and small enough to carry, that ldd resolves every library not on the
+# allow-list inside the bundle's lib/, runs its binaries on the cpu backend, and checks that its
 # gpu-check.sh refuses clearly (exit 2) on a machine without a GPU.
-#   tests/bundle/test_bundle.sh SOURCE_DIR WORK_DIR
+#   tests/bundle/test_bundle.sh SOURCE_DIR WORK_DIR [BUILD_DIR]
 set -uo pipefail
 SRC=$1
 WORK=$2
+BUILD=${3:-}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 mkdir -p "$WORK"
 
-"$SRC/scripts/gpu-bundle.sh" "$WORK/bundle" --build-dir "$WORK/build" > "$WORK/bundle.log" 2>&1 ||
+if [ -n "$BUILD" ]; then from=(--from-build "$BUILD"); else from=(--build-dir "$WORK/build"); fi
+"$SRC/scripts/gpu-bundle.sh" "$WORK/bundle" "${from[@]}" > "$WORK/bundle.log" 2>&1 ||
   { tail -20 "$WORK/bundle.log"; fail "gpu-bundle.sh failed"; }
 "$SRC/scripts/gpu-bundle.sh" --check "$WORK/bundle" || fail "the bundle is not self-contained"
 B=$WORK/bundle
