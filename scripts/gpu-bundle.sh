@@ -4,7 +4,8 @@
 # self-contained folder to carry there:
 #   OUT_DIR/bin/stepbench, OUT_DIR/bin/stepbench_tests     RUNPATH $ORIGIN/../lib
 #   OUT_DIR/lib/                 every shared library they need that such a machine lacks (oneDNN, the
-#                                OpenCL ICD loader, Google Benchmark, fmt, libjpeg-turbo, libgomp)
+#                                OpenCL ICD loader, Google Benchmark, fmt, libjpeg-turbo, libpng,
+#                                zlib, libgomp, Gloo and what it links: hiredis, libibverbs, libnl)
 #   OUT_DIR/gpu-check.sh         the stages to run there: tests, bench, peer (see its header)
 #   OUT_DIR/bench/, tests/parity/, tests/bench/, configs/, BUNDLE.txt
 # The CUDA runtime is linked statically; cuDNN, cuBLAS and NCCL are taken from the GPU machine
@@ -16,6 +17,8 @@
 #                                             stepbench_nompi and stepbench_tests_nompi where it has
 #                                             MPI: the same objects linked without it), its
 #                                             architectures; seconds where that build is up to date
+#                                             (a Release build of this tree, without sanitizers
+#                                             or a planted fault)
 #   scripts/gpu-bundle.sh --check OUT_DIR     check that every NEEDED entry resolves in the bundle
 #                                             or is on the allow-list; exit 1 naming what does not
 set -euo pipefail
@@ -38,6 +41,11 @@ check_bundle() {
   while IFS= read -r f; do
     readelf -h "$f" > /dev/null 2>&1 || continue  # ELF files only
     for n in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      if [[ $n == libmpi* ]]; then
+        echo "gpu-bundle: ${f#"$dir"/} needs $n: the bundle carries no MPI (Open MPI's plugins would not fit)" >&2
+        bad=1
+        continue
+      fi
       if [ -e "$dir/lib/$n" ]; then continue; fi
       if [[ $n =~ $ALLOWED_RE ]]; then continue; fi
       echo "gpu-bundle: ${f#"$dir"/} needs $n, which is neither in lib/ nor on the allow-list" >&2
@@ -70,8 +78,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --arch) [ $# -ge 2 ] || usage; ARCH=$2; ARCH_GIVEN=1; shift 2 ;;
     --build-dir) [ $# -ge 2 ] || usage; BUILD_DIR=$2; DIR_GIVEN=1; shift 2 ;;
-    --from-build) [ $# -ge 2 ] || usage; FROM=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --from-build) [ $# -ge 2 ] && [ -n "$2" ] || usage; FROM=$2; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "gpu-bundle: unknown option $1" >&2; usage ;;
     *) [ -z "$OUT_DIR" ] || usage; OUT_DIR=$1; shift ;;
   esac
@@ -84,14 +92,25 @@ if [ -n "$FROM" ]; then
     { echo "gpu-bundle: --from-build takes that build's binaries and architectures; leave out --arch and --build-dir" >&2; exit 2; }
   BUILD_DIR=$FROM
   [ -f "$BUILD_DIR/CMakeCache.txt" ] || { echo "gpu-bundle: $BUILD_DIR is not a configured build (no CMakeCache.txt)" >&2; exit 2; }
-  [ "$(cache_of STEPBENCH_CUDA)" = ON ] ||
-    { echo "gpu-bundle: $BUILD_DIR was configured without CUDA; a bundle needs the cuda backend" >&2; exit 2; }
+  on() { [[ $(cache_of "$1") =~ ^(ON|on|On|TRUE|true|True|YES|yes|Y|y|1)$ ]]; }
+  refuse() { echo "gpu-bundle: $BUILD_DIR $1; give a Release build of this tree with CUDA on (or leave out --from-build)" >&2; exit 2; }
+  [ "$(cd "$(cache_of CMAKE_HOME_DIRECTORY)" 2>/dev/null && pwd -P)" = "$(cd "$STEPBENCH_ROOT" && pwd -P)" ] ||
+    refuse "is a build of $(cache_of CMAKE_HOME_DIRECTORY), not of $STEPBENCH_ROOT"
+  on STEPBENCH_CUDA || refuse "was configured without CUDA"
+  [ "$(cache_of CMAKE_BUILD_TYPE)" = Release ] || refuse "is a '$(cache_of CMAKE_BUILD_TYPE)' build"
+  on STEPBENCH_SANITIZE && refuse "is a sanitizer build (STEPBENCH_SANITIZE)"
+  on STEPBENCH_TSAN && refuse "is a sanitizer build (STEPBENCH_TSAN)"
+  [ "$(cache_of STEPBENCH_PLANT_FAULT)" = 0 ] || refuse "has a planted fault (STEPBENCH_PLANT_FAULT)"
+  on STEPBENCH_BUILD_TESTS && on STEPBENCH_BUILD_BENCH || refuse "builds no tests or no stepbench binary"
   ARCH=$(cache_of CMAKE_CUDA_ARCHITECTURES)
   suffix=""
-  [ "$(cache_of STEPBENCH_MPI)" = ON ] && suffix=_nompi
-  cmake --build "$BUILD_DIR" --target "stepbench$suffix" "stepbench_tests$suffix" >/dev/null
-  # (a stepbench_tests that linked libmpi would fail check_bundle below)
-  "$BUILD_DIR/bin/stepbench$suffix" --version | grep -q '^mpi: off' ||
+  if on STEPBENCH_MPI; then suffix=_nompi; fi
+  log=$BUILD_DIR/gpu-bundle-build.log
+  cmake --build "$BUILD_DIR" --target "stepbench$suffix" "stepbench_tests$suffix" > "$log" 2>&1 ||
+    { tail -n 30 "$log" >&2; echo "gpu-bundle: building stepbench$suffix and stepbench_tests$suffix in $BUILD_DIR failed (above; $log)" >&2; exit 1; }
+  "$BUILD_DIR/bin/stepbench$suffix" --version > "$log" 2>&1 ||
+    { cat "$log" >&2; echo "gpu-bundle: $BUILD_DIR/bin/stepbench$suffix does not run here" >&2; exit 1; }
+  grep -q '^mpi: off' "$log" ||
     { echo "gpu-bundle: $BUILD_DIR/bin/stepbench$suffix was built with MPI, which the bundle cannot carry" >&2; exit 1; }
 else
   [[ $ARCH =~ ^[0-9]+[a-z]?(\;[0-9]+[a-z]?)*$ ]] ||

@@ -11,9 +11,13 @@ BUILD_DIR=${STEPBENCH_BUILD_DIR:-$STEPBENCH_ROOT/build}
 # warnings are errors here (CI runs this script); scripts/bench.sh builds without -Werror. Both build
 # unity (CMakeLists.txt's default), so a plain build (-DCMAKE_UNITY_BUILD=OFF) is compiled by no step
 # Without a visible GPU the CUDA code is only compiled, for sm_90 alone (the GPU bundle's architecture,
-# which the bundle test then makes from this build), unless the arguments name architectures
+# which the bundle test then makes from this build), unless the arguments or CUDAARCHS name
+# architectures. The build folder's cache keeps it: on a GPU machine later, give
+# -DCMAKE_CUDA_ARCHITECTURES="80;90" (or a fresh STEPBENCH_BUILD_DIR)
 arch=()
-if [[ " $* " != *CMAKE_CUDA_ARCHITECTURES* ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }; then
+gpus=$(nvidia-smi -L 2>/dev/null || true)
+if [[ " $* " != *CMAKE_CUDA_ARCHITECTURES* && -z ${CUDAARCHS:-} && $gpus != *"GPU "* ]] &&
+  { [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; }; then
   arch=(-DCMAKE_CUDA_ARCHITECTURES=90)
 fi
 sb_build "$BUILD_DIR" -DSTEPBENCH_WERROR=ON "${arch[@]}" "$@"
