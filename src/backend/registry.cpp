@@ -35,7 +35,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   std::unique_ptr<Backend> be;
   const BackendKind kind = resolve(o.kind);
   if (kind == BackendKind::cpu) {
-    be = make_cpu_backend();
+    be = make_cpu_backend(o.emulate_bf16);
   } else {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) throw UnsupportedError(fmt::format("--backend cuda: {}; use --backend cpu or auto", why));

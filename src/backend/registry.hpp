@@ -23,7 +23,11 @@ struct BackendOptions {
   Precision precision = Precision::fp32;                 // tf32 turns tensor-op math on
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;                              // cuda: see CudaBackendOptions
-  std::size_t memory_limit_bytes = 0;                    // Backend::set_memory_limit (0: none)
+  // cpu, for tests only: bf16 convolution and inner product emulated on fp32 where oneDNN has no
+  // bf16 kernel (cpu/bf16_emulation.cpp), so that require(bf16) passes there. The command line never
+  // sets it; where the CPU has native bf16 it changes nothing.
+  bool emulate_bf16 = false;
+  std::size_t memory_limit_bytes = 0;  // Backend::set_memory_limit (0: none)
   int memory_share = 1;  // processes planning on this device at once (ranks sharing a GPU, processes on a host)
   // cuda: where convolution plans are looked up and recorded; shared by the backends of one process
   // (Towers passes one to each tower). Null: the backend keeps its own.
@@ -39,7 +43,7 @@ inline std::unique_ptr<Backend> make_backend(BackendKind kind, int device = 0) {
   o.device = device;
   return make_backend(o);
 }
-std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(bool emulate_bf16 = false);  // BackendOptions::emulate_bf16
 // automatic resolved against this machine: cuda when a GPU is usable, else cpu.
 BackendKind resolve(BackendKind kind);
 // Number of visible CUDA devices; 0 when none (or when built without CUDA). Never throws.

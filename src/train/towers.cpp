@@ -71,6 +71,7 @@ Towers::Towers(const TowerOptions& o) : opt_(o) {
     bo.precision = o.precision;
     bo.workspace_bytes = o.workspace_bytes;
     bo.own_kernels = o.own_kernels;
+    bo.emulate_bf16 = o.emulate_bf16;
     bo.memory_limit_bytes = o.memory_limit_bytes;
     bo.plans = plans;
     t->be = make_backend(bo);

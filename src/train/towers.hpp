@@ -120,7 +120,8 @@ struct TowerOptions {
   int ranks_per_gpu = 1;
   std::string gpu_sharing;
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
-  bool own_kernels = false;  // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
+  bool own_kernels = false;   // cuda: batch norm and pooling on stepbench's kernels (CudaBackendOptions)
+  bool emulate_bf16 = false;  // cpu, tests only: BackendOptions::emulate_bf16
   // What planning may use per device (Backend::set_memory_limit, --device-memory-mb); 0: all it has.
   std::size_t memory_limit_bytes = 0;
   // cuda: the convolution plans every tower's backend looks up and records (--plan-cache FILE loads

@@ -113,6 +113,20 @@ TEST(Backend, CpuRejectsPrecisionsItCannotRunWithTheReason) {
     EXPECT_NE(std::string(e.what()).find("finds " + isa + " here"), std::string::npos) << e.what();
   }
   EXPECT_THROW(be->require(DType::f16), UnsupportedError);
+  EXPECT_EQ(be->versions().at("bf16"), native ? "native" : "none");
+  // The tests' emulation (BackendOptions::emulate_bf16) takes bf16 anywhere, and only where the CPU
+  // lacks native bf16 does it replace oneDNN's bf16 convolution and inner product.
+  BackendOptions o;
+  o.precision = Precision::bf16;
+  o.emulate_bf16 = true;
+  auto emulating = make_backend(o);
+  EXPECT_NO_THROW(emulating->require(DType::bf16));
+  EXPECT_THROW(emulating->require(DType::f16), UnsupportedError);
+  EXPECT_EQ(emulating->versions().at("bf16"), native ? "native" : "emulated on fp32 (tests only)");
+  const auto x = TensorDesc::dense({2, 16, 8, 8}, DType::bf16, Layout::nhwc),
+             y = TensorDesc::dense({2, 16, 8, 8}, DType::bf16, Layout::nhwc);
+  const std::string algo = emulating->make_conv(x, y, ConvParams{3, 3, 1, 1, 1, 1})->algorithm();
+  EXPECT_EQ(algo.rfind("bf16 emulated", 0) == 0, !native) << algo;
 }
 
 // The hand-written kernels run the widest of their builds (src/backend/cpu/isa.hpp) that oneDNN's

@@ -14,9 +14,13 @@
 namespace stepbench {
 namespace {
 
-TowerOptions tiny(int towers, VariableUpdate mode, std::size_t bucket_bytes = std::size_t{25} << 20) {
+// bf16: the convolutions emulated where the CPU has no native bf16 (test_util.hpp's try_backend)
+TowerOptions tiny(int towers, VariableUpdate mode, std::size_t bucket_bytes = std::size_t{25} << 20,
+                  Precision precision = Precision::fp32) {
   TowerOptions o;
   o.backend = BackendKind::cpu;
+  o.precision = precision;
+  o.emulate_bf16 = true;
   o.towers = towers;
   o.batch_per_tower = 4;
   o.model = ModelKind::tiny;
@@ -62,24 +66,29 @@ void same_batch(Towers& t) {
 }
 
 TEST(Towers, TwoReplicatedTowersOnTheSameBatchMatchOneTowerBitForBit) {
-  auto o1 = tiny(1, VariableUpdate::replicated), o2 = tiny(2, VariableUpdate::replicated);
-  o1.model_options.dropout = o2.model_options.dropout = 0;  // each tower draws its own dropout masks
-  Towers one(o1), two(o2);
-  same_batch(one);
-  same_batch(two);
-  for (int k = 0; k < 3; ++k) {
-    one.step();
-    two.step();
+  for (Precision pr : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(to_string(pr));
+    auto o1 = tiny(1, VariableUpdate::replicated, std::size_t{25} << 20, pr),
+         o2 = tiny(2, VariableUpdate::replicated, std::size_t{25} << 20, pr);
+    o1.model_options.dropout = o2.model_options.dropout = 0;  // each tower draws its own dropout masks
+    Towers one(o1), two(o2);
+    EXPECT_EQ(two.graph(1).input_tensor().desc.dtype, storage_dtype(pr));
+    same_batch(one);
+    same_batch(two);
+    for (int k = 0; k < 3; ++k) {
+      one.step();
+      two.step();
+    }
+    one.synchronize();
+    two.synchronize();
+    const auto p1 = params(one, 0);
+    EXPECT_EQ(params(two, 0), p1);
+    EXPECT_EQ(params(two, 1), p1);
+    EXPECT_NE(p1, [&] {  // and training moved them
+      Towers fresh(o1);
+      return params(fresh, 0);
+    }());
   }
-  one.synchronize();
-  two.synchronize();
-  const auto p1 = params(one, 0);
-  EXPECT_EQ(params(two, 0), p1);
-  EXPECT_EQ(params(two, 1), p1);
-  EXPECT_NE(p1, [&] {  // and training moved them
-    Towers fresh(tiny(1, VariableUpdate::replicated));
-    return params(fresh, 0);
-  }());
 }
 
 // The towers issue's equivalence: N towers with batch B each end one step with the parameters of a
@@ -94,60 +103,63 @@ const Mode kSyncModes[] = {{VariableUpdate::replicated, false},
                            {VariableUpdate::parameter_server, false},
                            {VariableUpdate::parameter_server, true}};
 
+// In bf16 too: the towers average the fp32 gradients that their 16-bit ones widen to, and each
+// tower's 16-bit weights are cast from the averaged update.
 TEST(Towers, NTowersEqualOneTowerAveragingTheGradientsOfTheSlices) {
-  for (int n : {2, 3}) {
-    for (const Mode& m : kSyncModes) {
-      const auto mode = m.update;
-      SCOPED_TRACE(fmt::format("{} towers, {}", n, m.name()));
-      auto o = tiny(n, mode, 16384);
-      o.ps_on_host = m.on_host;
-      o.model_options.dropout = 0;
-      Towers t(o);
-      t.set_synthetic_batch(77);  // a different slice per tower
-      // the reference: one tower, fed each tower's slice in turn
-      auto o1 = tiny(1, mode);
-      o1.model_options.dropout = 0;
-      Towers ref(o1);
-      const std::size_t P = ref.graph(0).param_arena_floats();
-      std::vector<double> avg(P, 0.0), avg_abs(P, 0.0);
-      for (int i = 0; i < n; ++i) {
-        const Tensor in = t.graph(i).input_tensor();
-        std::vector<float> img(static_cast<std::size_t>(in.desc.numel()));
-        std::vector<std::int32_t> lab(4);
-        t.backend(i).copy(t.stream(i), img.data(), in.data, in.desc.bytes());
-        t.backend(i).copy(t.stream(i), lab.data(), t.graph(i).labels(), 16);
-        ref.graph(0).backend().copy(ref.stream(0), ref.graph(0).input_tensor().data, img.data(), in.desc.bytes());
-        ref.graph(0).set_labels(lab.data());
-        ref.forward_train();
-        ref.backward();
+  for (Precision pr : {Precision::fp32, Precision::bf16})
+    for (int n : {2, 3}) {
+      for (const Mode& m : kSyncModes) {
+        const auto mode = m.update;
+        SCOPED_TRACE(fmt::format("{} towers, {}, {}", n, m.name(), to_string(pr)));
+        auto o = tiny(n, mode, 16384, pr);
+        o.ps_on_host = m.on_host;
+        o.model_options.dropout = 0;
+        Towers t(o);
+        t.set_synthetic_batch(77);  // a different slice per tower
+        // the reference: one tower, fed each tower's slice in turn
+        auto o1 = tiny(1, mode, std::size_t{25} << 20, pr);
+        o1.model_options.dropout = 0;
+        Towers ref(o1);
+        const std::size_t P = ref.graph(0).param_arena_floats();
+        std::vector<double> avg(P, 0.0), avg_abs(P, 0.0);
+        for (int i = 0; i < n; ++i) {
+          const Tensor in = t.graph(i).input_tensor();
+          std::vector<float> img(static_cast<std::size_t>(in.desc.numel()));
+          std::vector<std::int32_t> lab(4);
+          t.backend(i).copy(t.stream(i), img.data(), in.data, in.desc.bytes());
+          t.backend(i).copy(t.stream(i), lab.data(), t.graph(i).labels(), 16);
+          ref.graph(0).backend().copy(ref.stream(0), ref.graph(0).input_tensor().data, img.data(), in.desc.bytes());
+          ref.graph(0).set_labels(lab.data());
+          ref.forward_train();
+          ref.backward();
+          ref.synchronize();
+          const auto g = grads(ref, 0);
+          for (std::size_t j = 0; j < P; ++j) {
+            avg[j] += g[j] / n;
+            avg_abs[j] += std::abs(g[j]) / n;
+          }
+        }
+        std::vector<float> avgf(avg.begin(), avg.end());
+        ref.backend(0).copy(ref.stream(0), ref.graph(0).grad_arena(), avgf.data(), P * sizeof(float));
+        ref.update();
         ref.synchronize();
-        const auto g = grads(ref, 0);
-        for (std::size_t j = 0; j < P; ++j) {
-          avg[j] += g[j] / n;
-          avg_abs[j] += std::abs(g[j]) / n;
+        t.step();
+        t.synchronize();
+        const auto want = params(ref, 0);
+        // The slices' gradients are the same computation in both; only their average is summed in
+        // another order (n additions and a division in fp32, against one rounding of the exact mean),
+        // and the update then rounds each variable a few times in both: the bound per variable.
+        const double u = 0x1p-24, lr = o.optimizer.lr;
+        std::vector<double> bound(P);
+        for (std::size_t j = 0; j < P; ++j)
+          bound[j] = lr * (n + 2) * u * avg_abs[j] + 8 * u * (std::abs(want[j]) + lr * avg_abs[j]);
+        for (int i = 0; i < n; ++i) {
+          const auto got = params(t, i);
+          EXPECT_WITHIN(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
+                        bound);
         }
       }
-      std::vector<float> avgf(avg.begin(), avg.end());
-      ref.backend(0).copy(ref.stream(0), ref.graph(0).grad_arena(), avgf.data(), P * sizeof(float));
-      ref.update();
-      ref.synchronize();
-      t.step();
-      t.synchronize();
-      const auto want = params(ref, 0);
-      // The slices' gradients are the same computation in both; only their average is summed in
-      // another order (n additions and a division in fp32, against one rounding of the exact mean),
-      // and the update then rounds each variable a few times in both: the bound per variable.
-      const double u = 0x1p-24, lr = o.optimizer.lr;
-      std::vector<double> bound(P);
-      for (std::size_t j = 0; j < P; ++j)
-        bound[j] = lr * (n + 2) * u * avg_abs[j] + 8 * u * (std::abs(want[j]) + lr * avg_abs[j]);
-      for (int i = 0; i < n; ++i) {
-        const auto got = params(t, i);
-        EXPECT_WITHIN(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end()),
-                      bound);
-      }
     }
-  }
 }
 
 // A tower's first parameters, input and labels (as floats): what the oracle's steps start from.

@@ -57,7 +57,9 @@ std::string isa_name(dnnl::cpu_isa isa) {
 // ---- the backend ---------------------------------------------------------------------------------
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {}
+  explicit CpuBackend(bool emulate_bf16) : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    emulate_bf16_ = emulate_bf16 && !native_bf16();
+  }
 
   DeviceKind kind() const override { return DeviceKind::cpu; }
   std::string name() const override { return "cpu"; }
@@ -70,7 +72,10 @@ class CpuBackend final : public Backend {
             {"cpu_isa", isa_name(dnnl::get_effective_cpu_isa())},
             {"cpu_kernels", std::string(cpu::to_string(cpu::kernel_isa()))},  // isa.hpp
             {"cpu_kernel_builds", std::string(cpu::kernel_builds())},
-            {"omp_threads", std::to_string(omp_get_max_threads())}};
+            {"omp_threads", std::to_string(omp_get_max_threads())},
+            {"bf16", emulate_bf16_   ? "emulated on fp32 (tests only)"
+                     : native_bf16() ? "native"
+                                     : "none"}};
   }
   void require(DType t) const override {
     if (t == DType::f32) return;
@@ -78,10 +83,9 @@ class CpuBackend final : public Backend {
     const std::string isa = isa_name(found);
     if (t == DType::bf16) {
       // native bf16 only: AVX512_BF16 (Zen 4/5, Cooper Lake) or AMX (Sapphire Rapids and later); on
-      // AVX2 or AVX-512 without it oneDNN would emulate bf16, slower than fp32 (or has no kernel)
-      const auto bits = static_cast<unsigned>(found),
-                 bf16_bits = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-      if ((bits & bf16_bits) != bf16_bits || !bf16_capable())
+      // AVX2 or AVX-512 without it oneDNN would emulate bf16, slower than fp32 (or has no kernel).
+      // The tests' emulation (BackendOptions::emulate_bf16) runs anywhere.
+      if (!emulate_bf16_ && !native_bf16())
         throw UnsupportedError(fmt::format(
             "--precision bf16 on the cpu backend needs a CPU with native bf16 (AVX512_BF16: AMD Zen 4 or 5, Intel "
             "Cooper Lake; or AMX: Sapphire Rapids and later); oneDNN finds {} here, where bf16 would be emulated and "
@@ -142,6 +146,7 @@ class CpuBackend final : public Backend {
   void fill(Stream&, float* dst, float value, std::size_t count) override { cpu::fill(dst, value, count); }
 
   std::unique_ptr<ConvOp> make_conv(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) override {
+    if (emulated(x)) return cpu::make_emulated_bf16_conv(eng_, strm_, x, y, p, filter_format(x.layout));
     return cpu::make_dnnl_conv(eng_, strm_, x, y, p, filter_format(x.layout));
   }
   std::shared_ptr<const FilterStorage> conv_filter_storage(const TensorDesc& x, const TensorDesc& y,
@@ -149,6 +154,7 @@ class CpuBackend final : public Backend {
     // sized, never run (the largest-batch search) or run: the same storage, so that the memory plan
     // of a sized graph is the one a run makes (its quick lower bound keeps absurd batches from here)
     // one search per shape: graphs built again on this backend ask again
+    if (emulated(x)) return nullptr;  // the emulation's filter stays plain
     const std::string key = cpu::dnnl_conv_key(x, y, p);
     std::lock_guard<std::mutex> lock(storage_mutex_);
     auto it = storages_.find(key);
@@ -173,6 +179,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return cpu::make_relu(x); }
   std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) override { return cpu::make_add_relu(y); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
+    if (emulated(x)) return cpu::make_emulated_bf16_linear(eng_, strm_, x, y);
     return cpu::make_dnnl_linear(eng_, strm_, x, y);
   }
   std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) override { return cpu::make_dropout(x, p); }
@@ -198,6 +205,13 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  bool emulated(const TensorDesc& x) const { return emulate_bf16_ && x.dtype == DType::bf16; }
+  // oneDNN runs bf16 convolutions on native bf16 kernels here (its ISA, and a kernel it creates)
+  bool native_bf16() const {
+    const auto bits = static_cast<unsigned>(dnnl::get_effective_cpu_isa()),
+               bf16_bits = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (bits & bf16_bits) == bf16_bits && bf16_capable();
+  }
   bool bf16_capable() const {
     try {
       const memory::desc xd({1, 16, 8, 8}, dt::bf16, tag::nhwc), wd({16, 16, 3, 3}, dt::bf16, tag::any);
@@ -213,6 +227,7 @@ class CpuBackend final : public Backend {
   mutable dnnl::engine eng_;
   dnnl::stream strm_;
   CpuStream stream_;
+  bool emulate_bf16_ = false;  // BackendOptions::emulate_bf16, on a CPU without native bf16
   std::mutex storage_mutex_;
   std::map<std::string, std::shared_ptr<const FilterStorage>> storages_;  // null: the plain filter
 };
@@ -220,6 +235,6 @@ class CpuBackend final : public Backend {
 }  // namespace
 }  // namespace cpu
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(bool emulate_bf16) { return std::make_unique<cpu::CpuBackend>(emulate_bf16); }
 
 }  // namespace stepbench

@@ -6,6 +6,7 @@
 
 namespace stepbench {
 
-std::unique_ptr<Backend> make_cpu_backend();
+// emulate_bf16: BackendOptions::emulate_bf16 (tests only); registry.hpp gives its default.
+std::unique_ptr<Backend> make_cpu_backend(bool emulate_bf16);
 
 }  // namespace stepbench

@@ -42,6 +42,12 @@ std::unique_ptr<PoolOp> make_dnnl_pool(dnnl::engine& eng, dnnl::stream& strm, co
                                        const PoolParams& p, std::unique_ptr<PoolOp> fallback);
 std::unique_ptr<LinearOp> make_dnnl_linear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
                                            const TensorDesc& y);  // linear.cpp
+// For tests only (bf16_emulation.cpp, BackendOptions::emulate_bf16): bf16 convolution and inner
+// product on oneDNN's fp32 ones, for CPUs whose oneDNN has no bf16 kernel. The filter stays plain.
+std::unique_ptr<ConvOp> make_emulated_bf16_conv(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                                const TensorDesc& y, const ConvParams& p, FilterFormat ff);
+std::unique_ptr<LinearOp> make_emulated_bf16_linear(dnnl::engine& eng, dnnl::stream& strm, const TensorDesc& x,
+                                                    const TensorDesc& y);
 
 inline tag act_tag(Layout l) { return l == Layout::nchw ? tag::nchw : tag::nhwc; }
 inline tag filter_tag(FilterFormat f) {
