@@ -4,7 +4,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backend/registry.hpp"
@@ -27,6 +29,17 @@ auto from_user_file(const std::string& flag, const std::string& path, F read) {
   } catch (const Error& e) {
     throw UsageError(fmt::format("{} '{}': {}", flag, path, e.what()));
   }
+}
+
+// STEPBENCH_EMULATE_BF16=1 (tests only: tests/parity/torch_parity.py --emulate-bf16): bf16
+// convolution and inner product emulated on fp32 where the CPU has no native bf16
+// (BackendOptions::emulate_bf16), so that bf16 parity runs on CI's AVX2 machines. The benchmark
+// itself never emulates.
+bool emulate_bf16_for_tests() {
+  const char* v = std::getenv("STEPBENCH_EMULATE_BF16");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw UsageError(fmt::format("STEPBENCH_EMULATE_BF16={}: set it to 1 (tests only) or unset it", v));
 }
 
 int check(const ModelFlags& c, const std::string& weights, const std::string& input, const std::string& labels_path,
@@ -60,7 +73,12 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   BackendOptions bo;
   bo.kind = c.backend;
   bo.precision = c.precision;  // tf32: tensor-op math on, as in the benchmark run
+  bo.emulate_bf16 = emulate_bf16_for_tests();
   auto be = make_backend(bo);
+  if (be->versions()["bf16"].rfind("emulated", 0) == 0 && c.precision == Precision::bf16)
+    fmt::print(stderr,
+               "stepbench check: bf16 convolutions and inner products emulated on fp32 "
+               "(STEPBENCH_EMULATE_BF16=1, tests only)\n");
   if (c.backend == BackendKind::automatic)
     fmt::print(stderr, "stepbench: --backend auto picked {} ({}){}\n", be->name(), be->device_name(),
                be->kind() == DeviceKind::cpu ? fmt::format(": {}", cuda_unavailable_reason()) : "");

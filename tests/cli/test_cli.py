@@ -246,6 +246,11 @@ class Flags(unittest.TestCase):
                 self.assertEqual(rc, 2, f"{args}: {out}{err}")
                 for word in words:
                     self.assertIn(word, err, args)
+            # the parity tests' bf16 emulation (tests only) takes 1, 0 or nothing
+            p = subprocess.run([STEPBENCH, *base, "--weights", w, "--input", x], capture_output=True, text=True,
+                               env={**os.environ, "STEPBENCH_EMULATE_BF16": "yes"}, timeout=300)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("STEPBENCH_EMULATE_BF16=yes: set it to 1 (tests only) or unset it", p.stderr)
 
 
 class Presets(unittest.TestCase):

@@ -114,13 +114,19 @@ def main():
                     help="check these formats again with stepbench under ONEDNN_MAX_CPU_ISA=ISA (and its plain "
                          "x86-64 kernels), against the same reference: e.g. SSE41:nhwc (the reference, minutes "
                          "in float64, is computed once)")
+    ap.add_argument("--emulate-bf16", action="store_true",
+                    help="with --precision bf16, where the CPU has no native bf16: stepbench check's convolutions and "
+                         "inner products emulated on fp32 (STEPBENCH_EMULATE_BF16=1, tests only; ctest's tiny and "
+                         "resnet50 bf16 parity), so that everything else in bf16 is checked on any CPU")
     ap.add_argument("--strict-grads", action=argparse.BooleanOptionalAction, default=None,
                     help="every gradient within --noise-factor x its yardstick, as the outputs (default for the "
                          "well-conditioned tiny model)")
     args = ap.parse_args()
     if args.precision == "bf16" and args.also_isa:
         ap.error("--also-isa runs under a narrower ISA, where bf16 is refused: drop it with --precision bf16")
-    if args.precision == "bf16":
+    if args.emulate_bf16 and args.precision != "bf16":
+        ap.error("--emulate-bf16 goes with --precision bf16")
+    if args.precision == "bf16" and not args.emulate_bf16:
         # ask stepbench first (a fraction of a second): where it refuses bf16, skip before the float64
         # reference, which takes minutes for Inception-v3 on two cores
         r = subprocess.run([args.stepbench, "--backend", "cpu", "--precision", "bf16", "--model", "tiny", "--image-size",
@@ -230,12 +236,16 @@ def main():
     for isa, run_fmt in runs:
         fmt = f"{isa.lower()}:{run_fmt}" if isa else run_fmt  # how the rows name it
         env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else None
+        if args.emulate_bf16:
+            env = {**(env or os.environ), "STEPBENCH_EMULATE_BF16": "1"}
         for mode in ("eval", "train"):
             opath = os.path.join(tmp, f"{isa}{run_fmt}-{mode}.safetensors")
             cmd = [args.stepbench, "check", "--model", args.model, "--backend", "cpu", "--weights", wpath, "--input",
                    os.path.join(tmp, "x.npy"), "--labels", os.path.join(tmp, "y.npy"), "--mode", mode,
                    "--format", run_fmt, "--precision", args.precision, "--output", opath]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if args.emulate_bf16 and mode == "eval":
+                print(f"{run_fmt}: {'emulated' if 'emulated on fp32' in r.stderr else 'native'} bf16 convolutions")
             if r.returncode == 2 and "native bf16" in r.stderr:
                 print(f"SKIP: {r.stderr.strip()}")
                 return 77
