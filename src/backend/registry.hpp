@@ -24,8 +24,9 @@ struct BackendOptions {
   std::size_t workspace_bytes = std::size_t{512} << 20;  // cuDNN workspace per convolution (--workspace-mb)
   bool own_kernels = false;                              // cuda: see CudaBackendOptions
   // cpu, for tests only: bf16 convolution and inner product emulated on fp32 where oneDNN has no
-  // bf16 kernel (cpu/bf16_emulation.cpp), so that require(bf16) passes there. The command line never
-  // sets it; where the CPU has native bf16 it changes nothing.
+  // bf16 kernel (cpu/bf16_emulation.cpp), so that require(bf16) passes there. The benchmark never
+  // sets it; `stepbench check` does under STEPBENCH_EMULATE_BF16=1 (the parity tests). Where the CPU
+  // has native bf16 it changes nothing.
   bool emulate_bf16 = false;
   std::size_t memory_limit_bytes = 0;  // Backend::set_memory_limit (0: none)
   int memory_share = 1;  // processes planning on this device at once (ranks sharing a GPU, processes on a host)

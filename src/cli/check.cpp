@@ -75,7 +75,7 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
   bo.precision = c.precision;  // tf32: tensor-op math on, as in the benchmark run
   bo.emulate_bf16 = emulate_bf16_for_tests();
   auto be = make_backend(bo);
-  if (be->versions()["bf16"].rfind("emulated", 0) == 0 && c.precision == Precision::bf16)
+  if (c.precision == Precision::bf16 && be->versions()["bf16"].rfind("emulated", 0) == 0)
     fmt::print(stderr,
                "stepbench check: bf16 convolutions and inner products emulated on fp32 "
                "(STEPBENCH_EMULATE_BF16=1, tests only)\n");

@@ -247,6 +247,9 @@ def main():
             if args.emulate_bf16 and mode == "eval":
                 print(f"{run_fmt}: {'emulated' if 'emulated on fp32' in r.stderr else 'native'} bf16 convolutions")
             if r.returncode == 2 and "native bf16" in r.stderr:
+                if args.emulate_bf16:  # the emulation was asked for and not taken: a failure, not a skip
+                    print(f"FAIL: --emulate-bf16, and stepbench check refused bf16: {r.stderr.strip()}")
+                    return 1
                 print(f"SKIP: {r.stderr.strip()}")
                 return 77
             if r.returncode != 0:

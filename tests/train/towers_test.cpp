@@ -14,7 +14,8 @@
 namespace stepbench {
 namespace {
 
-// bf16: the convolutions emulated where the CPU has no native bf16 (test_util.hpp's try_backend)
+// bf16: the convolutions emulated where the CPU has no native bf16 (TowerOptions::emulate_bf16, as
+// test_util.hpp's try_backend does for the op and graph tests)
 TowerOptions tiny(int towers, VariableUpdate mode, std::size_t bucket_bytes = std::size_t{25} << 20,
                   Precision precision = Precision::fp32) {
   TowerOptions o;

@@ -57,9 +57,11 @@ std::string isa_name(dnnl::cpu_isa isa) {
 // ---- the backend ---------------------------------------------------------------------------------
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(bool emulate_bf16) : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
-    emulate_bf16_ = emulate_bf16 && !native_bf16();
-  }
+  explicit CpuBackend(bool emulate_bf16)
+      : eng_(dnnl::engine::kind::cpu, 0),
+        strm_(eng_),
+        native_bf16_(native_bf16()),
+        emulate_bf16_(emulate_bf16 && !native_bf16_) {}
 
   DeviceKind kind() const override { return DeviceKind::cpu; }
   std::string name() const override { return "cpu"; }
@@ -73,9 +75,9 @@ class CpuBackend final : public Backend {
             {"cpu_kernels", std::string(cpu::to_string(cpu::kernel_isa()))},  // isa.hpp
             {"cpu_kernel_builds", std::string(cpu::kernel_builds())},
             {"omp_threads", std::to_string(omp_get_max_threads())},
-            {"bf16", emulate_bf16_   ? "emulated on fp32 (tests only)"
-                     : native_bf16() ? "native"
-                                     : "none"}};
+            {"bf16", emulate_bf16_  ? "emulated on fp32 (tests only)"
+                     : native_bf16_ ? "native"
+                                    : "none"}};
   }
   void require(DType t) const override {
     if (t == DType::f32) return;
@@ -85,7 +87,7 @@ class CpuBackend final : public Backend {
       // native bf16 only: AVX512_BF16 (Zen 4/5, Cooper Lake) or AMX (Sapphire Rapids and later); on
       // AVX2 or AVX-512 without it oneDNN would emulate bf16, slower than fp32 (or has no kernel).
       // The tests' emulation (BackendOptions::emulate_bf16) runs anywhere.
-      if (!emulate_bf16_ && !native_bf16())
+      if (!emulate_bf16_ && !native_bf16_)
         throw UnsupportedError(fmt::format(
             "--precision bf16 on the cpu backend needs a CPU with native bf16 (AVX512_BF16: AMD Zen 4 or 5, Intel "
             "Cooper Lake; or AMX: Sapphire Rapids and later); oneDNN finds {} here, where bf16 would be emulated and "
@@ -206,7 +208,8 @@ class CpuBackend final : public Backend {
 
  private:
   bool emulated(const TensorDesc& x) const { return emulate_bf16_ && x.dtype == DType::bf16; }
-  // oneDNN runs bf16 convolutions on native bf16 kernels here (its ISA, and a kernel it creates)
+  // oneDNN runs bf16 convolutions on native bf16 kernels here (its ISA, and a kernel it creates);
+  // asked once, at construction
   bool native_bf16() const {
     const auto bits = static_cast<unsigned>(dnnl::get_effective_cpu_isa()),
                bf16_bits = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
@@ -227,7 +230,8 @@ class CpuBackend final : public Backend {
   mutable dnnl::engine eng_;
   dnnl::stream strm_;
   CpuStream stream_;
-  bool emulate_bf16_ = false;  // BackendOptions::emulate_bf16, on a CPU without native bf16
+  bool native_bf16_;   // native_bf16()
+  bool emulate_bf16_;  // BackendOptions::emulate_bf16, on a CPU without native bf16
   std::mutex storage_mutex_;
   std::map<std::string, std::shared_ptr<const FilterStorage>> storages_;  // null: the plain filter
 };

@@ -3,12 +3,15 @@
 // op, graph and training tests of bf16 through everything else the cpu backend does in bf16. The fp32
 // op runs on fp32 copies in its workspace: the bf16 operands widened (exact), each output rounded to
 // bf16 once. oneDNN's native bf16 kernels also accumulate in fp32 and round each output once; a
-// backward-data that adds (beta 1) rounds once here and twice on the native plain path, whose bound
-// the tests allow for. Reached only through BackendOptions::emulate_bf16, which nothing but the tests
-// sets: the command line's --precision bf16 still needs native bf16 (Backend::require).
+// backward-data that adds (beta 1) rounds once here and twice natively (the sum rounded again),
+// which the tests' bound allows for. Reached only through BackendOptions::emulate_bf16: the tests'
+// backends, and `stepbench check` under STEPBENCH_EMULATE_BF16=1 (the parity tests); the benchmark
+// never emulates, and its --precision bf16 still needs native bf16 (Backend::require).
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cpu/common.hpp"
 #include "backend/cpu/onednn.hpp"
