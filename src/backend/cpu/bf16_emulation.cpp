@@ -39,8 +39,8 @@ class Copies {
 };
 
 void widen(const void* src, float* dst, std::size_t count) { cast(src, DType::bf16, dst, DType::f32, count); }
-void round(const float* src, void* dst, std::size_t count) { cast(src, DType::f32, dst, DType::bf16, count); }
-std::size_t count(const TensorDesc& d) { return static_cast<std::size_t>(d.shape.numel()); }
+void narrow(const float* src, void* dst, std::size_t count) { cast(src, DType::f32, dst, DType::bf16, count); }
+std::size_t elements(const TensorDesc& d) { return static_cast<std::size_t>(d.shape.numel()); }
 
 class EmulatedBf16Conv final : public ConvOp {
  public:
@@ -49,30 +49,30 @@ class EmulatedBf16Conv final : public ConvOp {
         x_(f32_desc(x)),
         y_(f32_desc(y)),
         filter_(filter),
-        copies_(op_->workspace_bytes(), {count(x), count(y), filter}) {}
+        copies_(op_->workspace_bytes(), {elements(x), elements(y), filter}) {}
   std::size_t workspace_bytes() const override { return copies_.bytes(); }
   std::string algorithm() const override { return "bf16 emulated on fp32 (tests only): " + op_->algorithm(); }
   void forward(Stream& s, const Tensor& x, const void* w, const Tensor& y, void* ws) override {
     float *xf = copies_.at(ws, 0), *yf = copies_.at(ws, 1), *wf = copies_.at(ws, 2);
-    widen(x.data, xf, count(x_));
+    widen(x.data, xf, elements(x_));
     widen(w, wf, filter_);
     op_->forward(s, Tensor{xf, x_}, wf, Tensor{yf, y_}, ws);
-    round(yf, y.data, count(y_));
+    narrow(yf, y.data, elements(y_));
   }
   void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
     float *dxf = copies_.at(ws, 0), *dyf = copies_.at(ws, 1), *wf = copies_.at(ws, 2);
-    widen(dy.data, dyf, count(y_));
+    widen(dy.data, dyf, elements(y_));
     widen(w, wf, filter_);
-    if (beta != 0.0f) widen(dx.data, dxf, count(x_));
+    if (beta != 0.0f) widen(dx.data, dxf, elements(x_));
     op_->backward_data(s, Tensor{dyf, y_}, wf, Tensor{dxf, x_}, beta, ws);
-    round(dxf, dx.data, count(x_));
+    narrow(dxf, dx.data, elements(x_));
   }
   void backward_filter(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* ws) override {
     float *xf = copies_.at(ws, 0), *dyf = copies_.at(ws, 1), *dwf = copies_.at(ws, 2);
-    widen(x.data, xf, count(x_));
-    widen(dy.data, dyf, count(y_));
+    widen(x.data, xf, elements(x_));
+    widen(dy.data, dyf, elements(y_));
     op_->backward_filter(s, Tensor{xf, x_}, Tensor{dyf, y_}, dwf, ws);
-    round(dwf, dw, filter_);
+    narrow(dwf, dw, filter_);
   }
 
  private:
@@ -90,32 +90,32 @@ class EmulatedBf16Linear final : public LinearOp {
         y_(f32_desc(y)),
         weights_(static_cast<std::size_t>(x.shape.c * y.shape.c)),
         bias_(static_cast<std::size_t>(y.shape.c)),
-        copies_(op_->workspace_bytes(), {count(x), count(y), weights_, bias_}) {}
+        copies_(op_->workspace_bytes(), {elements(x), elements(y), weights_, bias_}) {}
   std::size_t workspace_bytes() const override { return copies_.bytes(); }
   std::string implementation() const override { return "bf16 emulated on fp32 (tests only): " + op_->implementation(); }
   void forward(Stream& s, const Tensor& x, const void* w, const void* b, const Tensor& y, void* ws) override {
     float *xf = copies_.at(ws, 0), *yf = copies_.at(ws, 1), *wf = copies_.at(ws, 2), *bf = copies_.at(ws, 3);
-    widen(x.data, xf, count(x_));
+    widen(x.data, xf, elements(x_));
     widen(w, wf, weights_);
     widen(b, bf, bias_);
     op_->forward(s, Tensor{xf, x_}, wf, bf, Tensor{yf, y_}, ws);
-    round(yf, y.data, count(y_));
+    narrow(yf, y.data, elements(y_));
   }
   void backward_data(Stream& s, const Tensor& dy, const void* w, const Tensor& dx, float beta, void* ws) override {
     float *dxf = copies_.at(ws, 0), *dyf = copies_.at(ws, 1), *wf = copies_.at(ws, 2);
-    widen(dy.data, dyf, count(y_));
+    widen(dy.data, dyf, elements(y_));
     widen(w, wf, weights_);
-    if (beta != 0.0f) widen(dx.data, dxf, count(x_));
+    if (beta != 0.0f) widen(dx.data, dxf, elements(x_));
     op_->backward_data(s, Tensor{dyf, y_}, wf, Tensor{dxf, x_}, beta, ws);
-    round(dxf, dx.data, count(x_));
+    narrow(dxf, dx.data, elements(x_));
   }
   void backward_weights(Stream& s, const Tensor& x, const Tensor& dy, void* dw, void* db, void* ws) override {
     float *xf = copies_.at(ws, 0), *dyf = copies_.at(ws, 1), *dwf = copies_.at(ws, 2), *dbf = copies_.at(ws, 3);
-    widen(x.data, xf, count(x_));
-    widen(dy.data, dyf, count(y_));
+    widen(x.data, xf, elements(x_));
+    widen(dy.data, dyf, elements(y_));
     op_->backward_weights(s, Tensor{xf, x_}, Tensor{dyf, y_}, dwf, dbf, ws);
-    round(dwf, dw, weights_);
-    round(dbf, db, bias_);
+    narrow(dwf, dw, weights_);
+    narrow(dbf, db, bias_);
   }
 
  private:
