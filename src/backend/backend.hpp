@@ -128,6 +128,9 @@ class BatchNormOp {
   // What runs it, for reports ("cudnn spatial persistent, relu fused"); may change after the first step
   // where a library declines a configuration.
   virtual std::string implementation() const { return "stepbench kernel"; }
+  // Whether forward_training takes a y without data (Tensor{nullptr, its desc}) and then makes only
+  // the statistics, saved and running: a fused unit whose output is not stored (backend/fused.hpp).
+  virtual bool statistics_without_output() const { return false; }
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
   // the running statistics in place.
   virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
@@ -225,6 +228,11 @@ struct LossScaler {
   static constexpr std::size_t kFloats = 3;
 };
 
+struct FusedConvSpec;  // the fused convolution + batch-norm unit's pieces (backend/fused.hpp)
+struct BnUnitSpec;
+class FusedConvOp;
+class BnUnitOp;
+class BnAddReluOp;
 // ---- the backend ---------------------------------------------------------------------------------
 // The device's state at one moment (NVML on a GPU): clocks, temperature, power, and why the clocks
 // are held down. A gate marks a repetition whose GPU was throttled instead of calling it a regression.
@@ -360,6 +368,12 @@ class Backend {
   virtual std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) = 0;
   virtual std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc& y) = 0;
   virtual std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) = 0;
+  // The fused unit's pieces (backend/fused.hpp): by default composed of this backend's ops (fused.cpp).
+  // w: the filter's storage where conv_filter_storage gave one; a, b: the units of normalised inputs.
+  virtual std::unique_ptr<FusedConvOp> make_fused_conv(const TensorDesc& x, const TensorDesc& z,
+                                                       const FusedConvSpec& spec, const FilterStorage* w);
+  virtual std::unique_ptr<BnUnitOp> make_bn_unit(const TensorDesc& z, const TensorDesc& y, const BnUnitSpec& spec);
+  virtual std::unique_ptr<BnAddReluOp> make_bn_add_relu(const TensorDesc& y, BnUnitOp* a, BnUnitOp* b);
   virtual std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) = 0;
   virtual std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p) = 0;
   virtual std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDesc& logits) = 0;

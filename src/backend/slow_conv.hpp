@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/fused.hpp"
 
 namespace stepbench {
 
@@ -26,5 +27,8 @@ std::string conv_shape_name(const Shape& x, std::int64_t cout, const ConvParams&
 // unchanged: the repeated calls overwrite; a backward data call that accumulates runs once).
 std::unique_ptr<ConvOp> with_fault(std::unique_ptr<ConvOp> op, const Shape& x, std::int64_t cout, const ConvParams& p,
                                    const SlowConvFault& f);
+// The same for a fused unit's convolution (backend/fused.hpp).
+std::unique_ptr<FusedConvOp> with_fault(std::unique_ptr<FusedConvOp> op, const Shape& x, std::int64_t cout,
+                                        const ConvParams& p, const SlowConvFault& f);
 
 }  // namespace stepbench

@@ -1,6 +1,6 @@
 // Batch normalisation (with the fused ReLU of conv_bn_relu) on hand-written kernels: batch
-// statistics in two passes with double accumulators, then one affine pass; any strides, so
-// channel slices of a concat work in place.
+// statistics in two passes with double accumulators, then one affine pass (none where y has no data:
+// a fused unit's statistics, backend/fused.hpp); any strides, so channel slices of a concat work in place.
 #include <omp.h>
 
 #include <algorithm>
@@ -161,12 +161,10 @@ void bn_backward_nhwc(const Tensor& x, const Tensor& y, const Tensor& dy, const 
   beta_dx == 0.0f ? apply(std::false_type{}) : apply(std::true_type{});
 }
 
-// NCHW, parallel over channels: each thread owns whole channels, whose (n, h) rows of w values are
-// contiguous (also in a channel slice), so a channel's passes run back to back while its planes are
-// still in cache, with no cross-thread reduction. Sums in double (vectorised along w), as the
-// per-element double accumulators before: float row sums overflowed on huge activations (a blown-up
-// learning rate) where these do not, and changed which parameter goes non-finite first. The per-pixel loop across
-// channels (stride H x W) it replaces made NCHW batch norm 2x (forward) and 6x (backward) the NHWC kernels.
+// NCHW, parallel over channels: each thread owns whole channels, whose (n, h) rows of w values are contiguous (also
+// in a channel slice), so a channel's passes run back to back while its planes are in cache, with no cross-thread
+// reduction. Sums in double, vectorised along w (float row sums overflowed on huge activations, changing which
+// parameter goes non-finite first). The per-pixel loop it replaces made NCHW 2x (forward) and 6x (backward) NHWC's.
 template <class Row>
 double sum_over_rows(const Shape& s, Row&& row) {  // row(n, h): one row's sum
   double total = 0.0;
@@ -216,8 +214,9 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
                                      [&](std::int64_t n, std::int64_t h) {
                                        const T* px = xrow(n, h);
                                        double r = 0.0;
+                                       const std::int64_t end = W - planted_skip(y, s, n, h, W - 1);
 #pragma omp simd reduction(+ : r)
-                                       for (std::int64_t w = 0; w < W; ++w) {
+                                       for (std::int64_t w = 0; w < end; ++w) {
                                          const double d = ld(px[w]) - mf;  // squared in double: no overflow
                                          r += d * d;
                                        }
@@ -229,7 +228,7 @@ void bn_forward_training_nchw(const Tensor& x, const Tensor& y, const float* gam
     const double unbiased = M > 1 ? var * M / (M - 1) : var;
     running_mean[c] = static_cast<float>((1 - p.momentum) * running_mean[c] + p.momentum * mf);
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
-    apply_channel_nchw<T>(x, y, c, scale_shift(gamma[c], beta[c], mf, save_invstd[c]), p.relu);
+    if (y.data) apply_channel_nchw<T>(x, y, c, scale_shift(gamma[c], beta[c], mf, save_invstd[c]), p.relu);
   }
 }
 
@@ -306,6 +305,7 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
     for (std::int64_t c = 0; c < C; ++c) save_mean[c] = static_cast<float>(totals[c] / M);
     // pass 2: variance around the mean (two passes: no cancellation)
     channel_sums<CL, 1>(s, scratch, totals, [&](double* acc, std::int64_t n, std::int64_t h, std::int64_t w) {
+      if (planted_skip(y, s, n, h, w)) return;
       const T* px = X + x.desc.offset(n, 0, h, w);
       for (std::int64_t c = 0; c < C; ++c) {
         const double d = ld(px[c * xc]) - save_mean[c];
@@ -323,11 +323,10 @@ void bn_forward_training(const Tensor& x, const Tensor& y, const float* gamma, c
     running_var[c] = static_cast<float>((1 - p.momentum) * running_var[c] + p.momentum * unbiased);
     std::tie(a[c], b[c]) = scale_shift(gamma[c], beta[c], save_mean[c], save_invstd[c]);
   }
-  affine_per_channel<T>(x, y, a, b, p.relu);
+  if (y.data) affine_per_channel<T>(x, y, a, b, p.relu);
 }
 
-// forward_training's y from x and its saved mean and 1/sqrt(var + eps): the same factors and the
-// same pass, so the same bits.
+// forward_training's y from x and its saved mean and 1/sqrt(var + eps): the same factors and pass, so the same bits.
 template <class T>
 void bn_forward_recompute(const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
                           const float* save_mean, const float* save_invstd, bool relu, double* scratch) {
@@ -406,6 +405,7 @@ class CpuBatchNorm final : public BatchNormOp {
     if (x.dtype != DType::f32 && x.dtype != DType::bf16)
       throw UnsupportedError("batch norm: the cpu backend computes in fp32 or bf16");
   }
+  bool statistics_without_output() const override { return true; }
   void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta, float* rm,
                         float* rv, float* sm, float* si, void*, void*) override {
     check_cpu_dtype(x, "batch norm");
