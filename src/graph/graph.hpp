@@ -64,8 +64,13 @@ struct LayerInfo {
   double bn_eps = 0;
   bool is_conv_bn() const { return kind == "conv_bn_relu" || kind == "conv_bn"; }
   // What the backend runs (reports): the convolution's algorithms, and the batch norm's or the
-  // pooling's implementation.
-  std::string conv_algorithm, implementation;
+  // pooling's implementation; with GraphConfig::fuse, how the fused convolution runs (`fused`).
+  std::string conv_algorithm, implementation, fused;
+  // GraphConfig::fuse: false where the output is not stored (its readers apply this unit's batch
+  // norm to its z as they load it); per input, the label of the unit whose output it loads that way,
+  // or "" (a stored value).
+  bool stored = true;
+  std::vector<std::string> loads;
 };
 
 // A convolution (no bias) -> BatchNorm2d -> ReLU (optional) unit: its parameters' torchvision names,
@@ -104,6 +109,17 @@ constexpr bool recomputes(Recompute r, DeviceKind d) {
   return r == Recompute::on || (r == Recompute::automatic && d == DeviceKind::cpu);
 }
 
+// Whether convolution + batch-norm units run as fused units (backend/fused.hpp), as MLPerf's
+// ResNet-50 on cuDNN: a unit whose output feeds only convolutions (any unit) or a residual add (a
+// unit without ReLU) does not store it; each reader applies the unit's batch norm and ReLU to the
+// unit's pre-norm z as it loads it, and backward makes the ReLU's mask again from z. A unit's
+// batch statistics come from a finalize piece (and, where the backend's convolution makes them, its
+// epilogue). off: every unit's convolution and batch norm as separate ops, every output stored.
+// Values kept by keep(), the input, named outputs, concat parts and sharing other than by_liveness
+// are always stored.
+enum class Fuse { off, on };
+constexpr auto enum_names(Fuse) { return std::array<EnumName<Fuse>, 2>{{{Fuse::off, "off"}, {Fuse::on, "on"}}}; }
+
 // Parameter-sized buffers of state the optimizer keeps: momentum's buffer; RMSProp's mean square
 // and momentum.
 constexpr int optimizer_state_arenas(OptimizerKind k) {
@@ -125,6 +141,7 @@ struct GraphConfig {
   // allocates its own.
   int optimizer_state_arenas = 0;
   Recompute recompute = Recompute::automatic;
+  Fuse fuse = Fuse::off;
 };
 
 class Graph {
@@ -225,7 +242,8 @@ class Graph {
   // producer's forward to its last reader (in the training step, its last reader in backward), a
   // gradient from its first writer in backward to its producer's backward. After a step they still
   // hold them for the input, the named outputs (output()) and values kept with keep() or by
-  // GraphConfig::sharing; the parameters' gradients (grad_of) are never shared.
+  // GraphConfig::sharing; the parameters' gradients (grad_of) are never shared. A fused unit's output
+  // that is not stored (GraphConfig::fuse, LayerInfo::stored) has no buffer: its view has no data.
   Tensor value(ValueId v) const;
   Tensor grad(ValueId v) const;
   Tensor output(const std::string& name) const;  // "logits", "aux_logits"

@@ -41,6 +41,7 @@ struct Value {
   Slot data, grad;    // roots only
   Tensor t, g;        // views, valid after plan()
   bool grad_zero_first = false;
+  bool stored = true;  // false: a fused unit's output its readers make on load (graph/fuse.cpp): no buffer
 };
 
 struct Graph::Impl {
@@ -130,6 +131,10 @@ struct Graph::Impl {
   void run_backward(Stream& s, const std::function<void(std::size_t)>& on_ready,
                     const std::function<void(std::size_t)>& after_layer = {});
 };
+
+// GraphConfig::fuse (fuse.cpp): which conv + BN units run fused and which outputs are not stored
+// (Value::stored, ConvBnReluLayer::fused and ::stored, Layer::in_unit). Before the rest of planning.
+void mark_fused_units(Graph::Impl& g);
 
 // One piece of work for the probe, if one is attached: begin() now, end() when it goes out of scope.
 class ProbeScope {

@@ -121,11 +121,12 @@ void register_graph_buffers(Graph::Impl& g, Table& t, const std::vector<std::str
     const auto id = static_cast<ValueId>(i);
     bool io = id == g.input;
     for (const auto& [name, out] : g.outputs) io = io || out == id;
-    v.data.size = g.desc(v.shape).bytes();
-    v.grad.size = v.needs_grad ? v.data.size : 0;
+    const std::size_t bytes = g.desc(v.shape).bytes();
+    v.data.size = v.stored ? bytes : 0;  // a fused unit's output that is not stored: no buffer at all
+    v.grad.size = v.needs_grad ? bytes : 0;
     const std::string name = value_name(g, labels, id);
     const bool keep = keep_all || g.kept[i];
-    t.add(v.data, name, io ? BufferKind::io : BufferKind::activations, io || keep);
+    if (v.stored) t.add(v.data, name, io ? BufferKind::io : BufferKind::activations, io || keep);
     if (v.needs_grad) t.add(v.grad, "grad of " + name, BufferKind::activation_gradients, keep);
   }
 }
@@ -200,7 +201,7 @@ class Pass {
         makers[root].push_back(val.producer);
     }
     for (std::size_t v = 0; v < g_.values.size(); ++v) {
-      if (g_.values[v].root >= 0 || !can[v] || makers[v].empty()) continue;
+      if (g_.values[v].root >= 0 || !g_.values[v].stored || !can[v] || makers[v].empty()) continue;
       const int b = t_.index.at(&g_.values[v].data);
       if (g_.mem.buffers[static_cast<std::size_t>(b)].persistent) continue;
       std::sort(makers[v].begin(), makers[v].end());

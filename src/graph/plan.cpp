@@ -201,6 +201,7 @@ std::size_t Graph::plan_to(PlanStage stage) {
   SB_CHECK(g.input >= 0, "graph has no input");
 
   lay_out_parameters(g);
+  mark_fused_units(g);
   describe_values(g);
   fan_out(g);
   plan_lifetimes(g);

@@ -14,6 +14,7 @@ GraphConfig graph_config(const TowerOptions& o, std::int64_t batch, std::uint64_
   GraphConfig c{batch, o.layout, o.dtype(), seed};
   c.optimizer_state_arenas = optimizer_state_arenas(o.optimizer.kind);
   c.recompute = o.recompute;
+  c.fuse = o.fuse;
   return c;
 }
 

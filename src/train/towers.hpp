@@ -85,6 +85,7 @@ struct TowerOptions {
   Layout layout = Layout::nchw;
   Precision precision = Precision::fp32;
   Recompute recompute = Recompute::automatic;  // --recompute (graph.hpp)
+  Fuse fuse = Fuse::off;                       // --fuse (graph.hpp)
   OptimizerConfig optimizer;
   VariableUpdate variable_update = VariableUpdate::replicated;
   std::size_t bucket_bytes = std::size_t{25} << 20;       // PyTorch DDP's default bucket size

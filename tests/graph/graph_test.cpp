@@ -45,9 +45,10 @@ struct SmallNet {
   }
   // sharing: keep_values where a test reads the values and gradients inside the net after the step
   SmallNet(Backend& be, Layout l, DType t, Variant variant = Variant::plain,
-           BufferSharing sharing = BufferSharing::by_liveness) {
+           BufferSharing sharing = BufferSharing::by_liveness, Fuse fuse = Fuse::off) {
     GraphConfig cfg{3, l, t, 7};
     cfg.sharing = sharing;
+    cfg.fuse = fuse;
     g = std::make_unique<Graph>(be, cfg);
     x = g->input(3, 10, 10);
     stem = unit("stem", x, 4, {3, 3, 1, 1, 1, 1});
@@ -101,12 +102,18 @@ struct SmallNet {
 // parameter's gradient, then the inference logits, each within the bound the error model carries
 // through the network from the graph's input and weights. The bounds must leave room to see a fault: every gradient
 // tensor's largest bound stays under half its largest value, so a gradient that is zero or doubled fails.
-void check_whole_net(const test::Config& cfg, Variant variant) {
+void check_whole_net(const test::Config& cfg, Variant variant, Fuse fuse = Fuse::off) {
   SCOPED_TRACE(variant_name(variant));
   std::string why;
   auto be = test::try_backend(cfg, why);
   if (!be) GTEST_SKIP() << why;
-  SmallNet net(*be, cfg.layout, cfg.dtype, variant);
+  SmallNet net(*be, cfg.layout, cfg.dtype, variant, BufferSharing::by_liveness, fuse);
+  if (fuse == Fuse::on) {  // what the fused pieces must get right: units whose outputs are loaded through their BN
+    int unstored = 0;
+    for (const auto& l : net.g->layers()) unstored += l.is_conv_bn() && !l.stored;
+    EXPECT_EQ(unstored, variant == Variant::block_e ? 1 : variant == Variant::residual ? 3 : 0);
+    test::perturb_batch_norms(*net.g, 60);  // so that a load ignoring the scale or the shift would show
+  }
   const double loss = net.loss();
   net.g->backward(be->default_stream());
   const test::ChainOracle oracle(*net.g);
@@ -152,6 +159,14 @@ TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithBlockE) {
 }
 TEST_P(GraphTest, LossAndGradientsMatchTheOracleThroughTheWholeNetWithResidualBlocks) {
   check_whole_net(GetParam(), Variant::residual);
+}
+// Fused units (GraphConfig::fuse): block E's b3 feeds two convolutions that load it through its batch
+// norm; the residual blocks' three units without ReLU feed their adds (one of them both inputs).
+TEST_P(GraphTest, FusedUnitsMatchTheOracleThroughTheWholeNetWithBlockE) {
+  check_whole_net(GetParam(), Variant::block_e, Fuse::on);
+}
+TEST_P(GraphTest, FusedUnitsMatchTheOracleThroughTheWholeNetWithResidualBlocks) {
+  check_whole_net(GetParam(), Variant::residual, Fuse::on);
 }
 
 // Each conv-BN-ReLU unit inside the graph, checked locally against the oracle: from the unit's

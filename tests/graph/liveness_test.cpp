@@ -155,7 +155,7 @@ void expect_same(const Result& a, const Result& b) {
 // buffer its own, nothing recomputed) and compares. Returns the shared plan.
 template <class Build>
 MemoryPlan expect_liveness_holds(Layout l, std::int64_t batch, Build build, Recompute recompute = Recompute::automatic,
-                                 bool only_what_died = false) {
+                                 bool only_what_died = false, Fuse fuse = Fuse::off) {
   auto be = make_cpu_backend();
   Result r[2];
   MemoryPlan plan;
@@ -163,6 +163,7 @@ MemoryPlan expect_liveness_holds(Layout l, std::int64_t batch, Build build, Reco
     GraphConfig cfg{batch, l, DType::f32, 3};
     cfg.sharing = sharing;
     cfg.recompute = recompute;
+    cfg.fuse = fuse;  // the unshared plan never fuses (fusion leaves outputs unstored: sharing by liveness only)
     Graph g(*be, cfg);
     build(g);
     g.plan();
@@ -269,6 +270,46 @@ TEST(Liveness, RecomputedOutputsGiveTheSameStepBitForBit) {
   }
 }
 
+// Fused units (GraphConfig::fuse), poisoned, against the unshared unfused step: a chain of units
+// whose outputs are loaded through their batch norm (one feeding two convolutions, one read by the
+// training-only head too), residual adds with one and with both inputs loaded so (ResNet's identity
+// and downsample blocks), and outputs that stay stored (read by a pool, by a concat's part, by an
+// add from a unit with ReLU), recompute on and off.
+TEST(Liveness, FusedUnitsWithDeadBuffersPoisonedGiveTheUnfusedStep) {
+  for (Layout l : {Layout::nchw, Layout::nhwc})
+    for (Recompute r : {Recompute::off, Recompute::on}) {
+      SCOPED_TRACE(fmt::format("{}, recompute {}", to_string(l), to_string(r)));
+      const MemoryPlan plan = expect_liveness_holds(
+          l, 2,
+          [](Graph& g) {
+            auto no_relu = [&](const std::string& n, ValueId x, std::int64_t c, ConvParams p) {
+              return g.conv_bn(n, x, c, p, {n + ".weight", n + ".bn", false, 1e-5, ParamInit::normal, 0.2f});
+            };
+            auto x = g.input(3, 16, 16);
+            auto stem = g.conv_bn_relu("stem", x, 8, {3, 3, 1, 1, 1, 1});  // read by a pool and a conv
+            auto a = g.conv_bn_relu("a", stem, 6, {1, 1});                 // read by b1, b2
+            auto b1 = g.conv_bn_relu("b1", a, 4, {3, 3, 1, 1, 1, 1});
+            auto b2 = g.conv_bn_relu("b2", a, 4, {1, 3, 1, 1, 0, 1});
+            auto cat = g.concat({b1, b2, g.pool(stem, {PoolKind::max, 3, 3, 1, 1, 1, 1})});   // 16 channels
+            auto r1 = g.add_relu(no_relu("r1", cat, 16, {3, 3, 1, 1, 1, 1}), cat, "r1.add");  // one loaded
+            auto r2 = g.add_relu(no_relu("r2", r1, 12, {3, 3, 2, 2, 1, 1}),
+                                 no_relu("r2.down", r1, 12, {1, 1, 2, 2, 0, 0}), "r2.add");  // both loaded
+            auto c = g.conv_bn_relu("c", r2, 8, {1, 1});  // read by d and by the training-only head
+            auto d = g.conv_bn_relu("d", c, 8, {3, 3, 1, 1, 1, 1});
+            g.set_training_only(true);
+            g.cross_entropy(g.linear("aux", g.global_avg_pool(g.conv_bn_relu("aux.conv", c, 4, {1, 1})), 5), 0.3f,
+                            "aux_logits");
+            g.set_training_only(false);
+            g.cross_entropy(g.linear("fc", g.global_avg_pool(d), 5), 1.0f, "logits");
+          },
+          r, false, Fuse::on);
+      for (const char* name : {"a output", "r1 output", "r2 output", "r2.down output", "c output"})
+        EXPECT_THROW(buffer_named(plan, name), std::runtime_error) << name << " is not stored";
+      for (const char* name : {"stem output", "r1.add output", "d output", "aux.conv output"})
+        EXPECT_NO_THROW(buffer_named(plan, name)) << name << " is stored";
+    }
+}
+
 // The real models, whose plans nothing else runs poisoned: Inception-v3 with its aux head (which
 // needs 299x299: Mixed_6e must be 17x17) and ResNet-50 at 64x64 (its downsample shortcuts, the
 // residual adds), batch 2, both layouts, recompute on and off. A buffer interval one step short
@@ -277,10 +318,10 @@ struct RealModel {
   ModelKind kind;
   int image_size;
 };
-class LivenessOfRealModels : public ::testing::TestWithParam<std::tuple<RealModel, Layout, Recompute>> {};
+class LivenessOfRealModels : public ::testing::TestWithParam<std::tuple<RealModel, Layout, Recompute, Fuse>> {};
 
 TEST_P(LivenessOfRealModels, DeadBuffersPoisonedGiveTheUnsharedStepBitForBit) {
-  const auto [m, l, recompute] = GetParam();
+  const auto [m, l, recompute, fuse] = GetParam();
   const MemoryPlan plan = expect_liveness_holds(
       l, 2,
       [m = m](Graph& g) {
@@ -290,7 +331,7 @@ TEST_P(LivenessOfRealModels, DeadBuffersPoisonedGiveTheUnsharedStepBitForBit) {
         o.aux_logits = true;
         build_model(g, m.kind, o);
       },
-      recompute, true);
+      recompute, true, fuse);
   if (m.kind == ModelKind::inception_v3) {
     bool aux = false;
     for (const auto& b : plan.buffers) aux = aux || b.name.rfind("AuxLogits", 0) == 0;
@@ -298,15 +339,24 @@ TEST_P(LivenessOfRealModels, DeadBuffersPoisonedGiveTheUnsharedStepBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, LivenessOfRealModels,
-    ::testing::Combine(::testing::Values(RealModel{ModelKind::inception_v3, 299}, RealModel{ModelKind::resnet50, 64}),
-                       ::testing::Values(Layout::nchw, Layout::nhwc), ::testing::Values(Recompute::off, Recompute::on)),
-    [](const auto& info) {
-      const RealModel m = std::get<0>(info.param);
-      return fmt::format("{}_{}_recompute_{}", m.kind == ModelKind::inception_v3 ? "inception_v3" : "resnet50",
-                         to_string(std::get<1>(info.param)), std::get<2>(info.param) == Recompute::on ? "on" : "off");
-    });
+std::string real_model_name(const testing::TestParamInfo<LivenessOfRealModels::ParamType>& info) {
+  const RealModel m = std::get<0>(info.param);
+  return fmt::format("{}_{}_recompute_{}{}", m.kind == ModelKind::inception_v3 ? "inception_v3" : "resnet50",
+                     to_string(std::get<1>(info.param)), std::get<2>(info.param) == Recompute::on ? "on" : "off",
+                     std::get<3>(info.param) == Fuse::on ? "_fused" : "");
+}
+const auto kRealModels = ::testing::Values(RealModel{ModelKind::inception_v3, 299}, RealModel{ModelKind::resnet50, 64});
+INSTANTIATE_TEST_SUITE_P(Models, LivenessOfRealModels,
+                         ::testing::Combine(kRealModels, ::testing::Values(Layout::nchw, Layout::nhwc),
+                                            ::testing::Values(Recompute::off, Recompute::on),
+                                            ::testing::Values(Fuse::off)),
+                         real_model_name);
+// Fused (against the unshared unfused step): recompute off, where every unstored output would have
+// been saved (FuseSteps runs recompute on, unpoisoned, in fp32 and bf16)
+INSTANTIATE_TEST_SUITE_P(FusedModels, LivenessOfRealModels,
+                         ::testing::Combine(kRealModels, ::testing::Values(Layout::nchw, Layout::nhwc),
+                                            ::testing::Values(Recompute::off), ::testing::Values(Fuse::on)),
+                         real_model_name);
 
 }  // namespace
 }  // namespace stepbench

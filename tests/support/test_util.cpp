@@ -66,6 +66,19 @@ std::vector<double> read_floats(Backend& be, const float* p, std::size_t n) {
 }
 }  // namespace
 
+void perturb_batch_norms(Graph& g, std::uint32_t seed) {
+  Backend& be = g.backend();
+  for (const auto& l : g.layers())
+    for (const bool scale : {true, false})
+      if (l.is_conv_bn()) {
+        const ParamEntry& e = g.param(l.bn + (scale ? ".weight" : ".bias"));
+        const auto v = random_vec(e.numel(), ++seed, scale ? 0.5 : -0.5, scale ? 1.5 : 0.5);
+        const std::vector<float> f(v.begin(), v.end());
+        be.copy(be.default_stream(), g.data_of(e), f.data(), f.size() * sizeof(float));
+        be.synchronize(be.default_stream());
+      }
+}
+
 void expect_units_match_oracle(Graph& g, const ErrorModel& model, const std::function<bool(const LayerInfo&)>& only) {
   ASSERT_NE(g.config().sharing, BufferSharing::by_liveness)
       << "the values and gradients inside the net are read after the step: plan with GraphConfig::sharing = "

@@ -265,4 +265,8 @@ std::vector<double> filter_back(const Backend& be, Layout l, const std::vector<d
 // or the backend's own storage).
 std::vector<double> read_filter(Backend& be, const float* p, const ParamEntry& e);
 
+// Every batch norm's scale in [0.5, 1.5) and shift in [-0.5, 0.5), random from `seed`, instead of
+// their initial 1 and 0 (under which a kernel that ignored either would pass).
+void perturb_batch_norms(Graph& g, std::uint32_t seed);
+
 }  // namespace stepbench::test

@@ -16,6 +16,7 @@
 namespace stepbench {
 
 void ConvBnReluLayer::declare(Uses& u, bool training) {
+  if (fused) return declare_fused(u, training);
   const ValueId x = in[0];
   u.forward("conv_fwd").reads(x).writes(z, "z").scratch(ws_fwd, "workspace");
   u.forward(spec.relu ? "bn_relu_fwd" : "bn_fwd").reads(z, "z").writes(out).scratch(ws_fwd, "workspace");
@@ -32,6 +33,22 @@ void ConvBnReluLayer::declare(Uses& u, bool training) {
 void ConvBnReluLayer::plan(Graph::Impl& g) {
   const Value& x = g.values[in[0]];
   const auto& storage = g.params[w].storage;
+  if (fused) {
+    ConvBnReluLayer* from = unit_at(0);
+    SB_CHECK(!from || from->bnu, fmt::format("{}: the unit it loads is planned after it", name));
+    fconv =
+        with_fault(g.be.make_fused_conv(g.desc(x.shape), zdesc, {p, from ? from->bnu.get() : nullptr}, storage.get()),
+                   x.shape, cout, p, g.slow_conv);
+    // not stored: what finalize and a reader's load write is dense, as z
+    bnu = g.be.make_bn_unit(zdesc, stored ? g.values[out].t.desc : zdesc,
+                            {BatchNormParams{spec.eps, 0.1, spec.relu}, stored});
+    bn_reserve.size = bnu->reserve_bytes();
+    stats.size = bnu->stats_bytes();
+    norm.size = bnu->norm_bytes();
+    ws_fwd.size = std::max({fconv->workspace_bytes(), bnu->workspace_bytes(), bnu->apply_workspace_bytes()});
+    ws_bwd.size = ws_fwd.size;
+    return;
+  }
   conv = with_fault(
       storage ? g.be.make_conv_stored(g.desc(x.shape), zdesc, p, *storage) : g.be.make_conv(g.desc(x.shape), zdesc, p),
       x.shape, cout, p, g.slow_conv);
@@ -42,6 +59,7 @@ void ConvBnReluLayer::plan(Graph::Impl& g) {
 }
 
 void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
+  if (fused) return forward_fused(g, s, training);
   const Tensor zt{z.get(), zdesc};
   {
     ProbeScope ps(g, s, "conv_fwd");
@@ -57,6 +75,7 @@ void ConvBnReluLayer::forward(Graph::Impl& g, Stream& s, bool training) {
 }
 
 void ConvBnReluLayer::backward(Graph::Impl& g, Stream& s) {
+  if (fused) return backward_fused(g, s);
   const Tensor zt{z.get(), zdesc}, dzt{dz.get(), zdesc};
   const Value& o = g.values[out];
   {
@@ -86,6 +105,7 @@ void ConvBnReluLayer::declare_recompute(Uses& u) {
 
 void ConvBnReluLayer::recompute(Graph::Impl& g, Stream& s) {
   ProbeScope ps(g, s, spec.relu ? "bn_relu_recompute" : "bn_recompute");
+  if (fused) return bnu->apply(s, Tensor{z.get(), zdesc}, unit_norm(g, true), g.values[out].t, ws_bwd.get());
   bn->forward_recompute(s, Tensor{z.get(), zdesc}, g.values[out].t, g.pdata(gamma), g.pdata(beta), saved.as<float>(),
                         saved.as<float>() + cout, ws_bwd.get(), bn_reserve.get());
 }
@@ -98,6 +118,10 @@ LayerInfo ConvBnReluLayer::info() const {
   i.bn_eps = spec.eps;
   if (conv) i.conv_algorithm = conv->algorithm();
   if (bn) i.implementation = bn->implementation();
+  if (fconv) i.conv_algorithm = fconv->algorithm(), i.fused = fconv->implementation();
+  if (bnu) i.implementation = bnu->implementation();
+  i.stored = stored;
+  i.loads = {unit_at(0) ? unit_at(0)->name : ""};
   return i;
 }
 

@@ -13,7 +13,8 @@
 
 namespace stepbench {
 
-class Uses;  // graph/liveness.hpp
+class Uses;              // graph/liveness.hpp
+struct ConvBnReluLayer;  // graph/layers/conv_bn_relu.hpp
 
 struct Layer {
   virtual ~Layer() = default;
@@ -24,6 +25,16 @@ struct Layer {
   std::vector<float> in_beta;          // per input: 0 overwrites its gradient, 1 accumulates
   std::vector<std::size_t> trainable;  // indices of the parameters whose gradients this layer writes
   std::size_t ready_after = 0;         // gradient-arena prefix (floats) final once this layer's backward ran
+  // Fusion (GraphConfig::fuse, graph/fuse.cpp): per input, the unit whose output it is when that
+  // output is not stored (the layer then reads the unit's z and applies its batch norm on load), or
+  // null. Set before declare() and plan(); empty when nothing is fused.
+  std::vector<ConvBnReluLayer*> in_unit;
+  ConvBnReluLayer* unit_at(std::size_t k) const { return k < in_unit.size() ? in_unit[k] : nullptr; }
+  // Whether input k may be a unit's output applied on load: relu, whether that unit has a ReLU.
+  virtual bool loads_normalised(std::size_t k, bool relu) const {
+    (void)k, (void)relu;
+    return false;
+  }
   // The pieces of work of one pass (training: the training forward and the backward; otherwise the
   // inference forward) in the order they run, each with every buffer it reads or writes: the values,
   // their gradients and the layer's own slots (graph/liveness.hpp, Uses). Called before plan(), so
