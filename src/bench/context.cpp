@@ -34,6 +34,7 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   add("precision", std::string(to_string(r.precision)));
   add("layout", std::string(to_string(r.layout)));
   add("recompute", recomputes(r.recompute, be.kind()) ? "on" : "off");
+  add("fuse", std::string(to_string(r.fuse)));
   add("gpus", std::to_string(gpus));
   add("processes", std::to_string(t.processes()));
   add("towers_per_process", std::to_string(t.size()));
@@ -80,6 +81,19 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
   tally(
       "linear_kernels", [](const LayerInfo& l) { return l.kind == "linear" && !l.implementation.empty(); },
       &LayerInfo::implementation);
+  if (r.fuse == Fuse::on) {  // --fuse: which units' outputs are not stored, who loads them, what runs them
+    int units = 0, unstored = 0, convs = 0, adds = 0;
+    for (const auto& l : layers) {
+      units += l.is_conv_bn();
+      unstored += l.is_conv_bn() && !l.stored;
+      for (const auto& from : l.loads) (l.kind == "add_relu" ? adds : convs) += !from.empty();
+    }
+    add("fused_units", fmt::format("{} of {} conv + BN outputs not stored, loaded through their batch norm by {} "
+                                   "convolutions and {} residual-add inputs",
+                                   unstored, units, convs, adds));
+    tally(
+        "fused_pieces", [](const LayerInfo& l) { return !l.fused.empty(); }, &LayerInfo::fused);
+  }
   return ctx;
 }
 

@@ -130,8 +130,9 @@ std::string towers_text(const Run& run) {
 void print_header(const Run& run) {
   const auto& r = run.c.run;
   const Backend& be = run.towers->backend(0);
-  const std::string model = fmt::format("{} {} {} {}x{}", to_string(r.model), to_string(r.precision),
-                                        to_string(r.layout), r.model_options.image_size, r.model_options.image_size);
+  const std::string model =
+      fmt::format("{} {} {} {}x{}{}", to_string(r.model), to_string(r.precision), to_string(r.layout),
+                  r.model_options.image_size, r.model_options.image_size, r.fuse == Fuse::on ? " fused" : "");
   std::string device = short_device_name(be.device_name());
   auto line = [&] {
     return fmt::format("stepbench {} · {} · {}: {} · {}", STEPBENCH_VERSION, model, be.name(), device,

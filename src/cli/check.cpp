@@ -84,6 +84,7 @@ int check(const ModelFlags& c, const std::string& weights, const std::string& in
                be->kind() == DeviceKind::cpu ? fmt::format(": {}", cuda_unavailable_reason()) : "");
   GraphConfig gc{n, c.layout, storage_dtype(c.precision), 1};
   gc.recompute = c.recompute;
+  gc.fuse = c.fuse;
   Graph g(*be, gc);
   ModelOptions mo;
   mo.image_size = x.shape[2];

@@ -30,6 +30,10 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
   add_enum(app, "--recompute", m.recompute,
            "make each conv + BN (+ ReLU) output again in backward from its pre-norm output instead of keeping it "
            "from the forward: less memory for one more BN pass per unit; auto: on on the cpu, off on a GPU");
+  add_enum(app, "--fuse", m.fuse,
+           "run each conv + BN (+ ReLU) as a fused unit: an output that feeds only convolutions or a residual add is "
+           "not stored, its readers apply its batch norm as they load its pre-norm output (MLPerf's ResNet-50 on "
+           "cuDNN); off: separate ops, every output stored");
   app.add_option("--image-size", m.image_size,
                  "input height and width [default: 299 for inception_v3 (>= 75, 299 with the aux head), 224 for "
                  "resnet50 (>= 32), 64 for tiny]")

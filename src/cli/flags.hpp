@@ -38,6 +38,7 @@ struct ModelFlags {
   bool aux_logits = true;
   std::int64_t image_size = 299;
   Recompute recompute = Recompute::automatic;
+  Fuse fuse = Fuse::off;
 };
 void add_model_flags(CLI::App& app, ModelFlags& m);
 

@@ -77,6 +77,8 @@ const FlagHelp kFlags[] = {
     {"--format", "Model and precision", "nchw|nhwc", "the activations' layout"},
     {"--recompute", "Model and precision", "auto|on|off",
      "remake conv+BN outputs in backward, not keep them: less memory; auto: on the cpu only"},
+    {"--fuse", "Model and precision", "off|on",
+     "fused conv+BN units: outputs that feed only convs or a residual add not stored"},
     {"--optimizer", "Model and precision", "momentum|sgd|rmsprop", "the update (momentum 0.9)"},
     {"--learning-rate", "Model and precision", "X", "the optimizer's learning rate"},
     {"--weight-decay", "Model and precision", "X", "L2 weight decay"},

@@ -414,6 +414,7 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
   r.layout = m.layout;
   r.precision = m.precision;
   r.recompute = m.recompute;
+  r.fuse = m.fuse;
   r.optimizer.lr = static_cast<float>(o.learning_rate);
   r.optimizer.weight_decay = static_cast<float>(o.weight_decay);
   r.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));

@@ -114,6 +114,7 @@ class Flags(unittest.TestCase):
         self.bad(["--warmup", "0"], "--warmup")
         self.bad(["--phases", "forward,sideways"], "--phases")
         self.bad(["--recompute", "maybe"], "--recompute", "maybe", "{auto,on,off}")
+        self.bad(["--fuse", "yes"], "--fuse", "yes", "{off,on}")
 
     def test_unknown_flags_and_google_benchmark_flags(self):
         self.bad(["--batchsize", "8"], "--batchsize")
@@ -357,6 +358,35 @@ class Json(unittest.TestCase):
                 self.assertEqual("bf16" in impl, precision == "bf16" and "gemm" not in impl, impl)
             self.assertIn("oneDNN's implementations of the top layers", out)
             self.assertRegex(j["context"]["linear_kernels"], r"^1 x fwd \S+ / bwd_data \S+ / bwd_weights \S+$")
+
+    def test_fused_units_say_what_ran_fused(self):
+        """--fuse on: the header says so, the context names the unstored outputs, who loads them and what
+        ran the pieces, and --layer-times has the statistics-only pieces; off: none of it."""
+        for fuse in ("on", "off"):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "out.json")
+                rc, out, err = run("--backend", "cpu", "--model", "resnet50", "--image-size", "32", "--batch-size", "2",
+                                   "--warmup", "1", "--repetitions", "1", "--phases", "step", "--layer-times",
+                                   "--fuse", fuse, "--json", path, *FAST)
+                self.assertEqual(rc, 0, err)
+                with open(path) as f:
+                    j = json.load(f)
+            ctx = j["context"]
+            self.assertEqual(ctx["fuse"], fuse)
+            header = out.splitlines()[0]
+            parts = {p["part"] for p in j["layer_times"]["pieces"]}
+            if fuse == "off":
+                self.assertNotIn("fused", header)
+                self.assertNotIn("fused_units", ctx)
+                self.assertNotIn("bn_stats", parts)
+                continue
+            self.assertIn("resnet50 fp32 nchw 32x32 fused", header)
+            # every bottleneck's 3 units and the 4 downsamples; the stem feeds the max pool
+            self.assertEqual(ctx["fused_units"], "52 of 53 conv + BN outputs not stored, loaded through their "
+                                                 "batch norm by 32 convolutions and 20 residual-add inputs")
+            self.assertRegex(ctx["fused_pieces"], r"^\d+ x composed: ")
+            self.assertIn("composed", ctx["batch_norm_kernels"])
+            self.assertIn("bn_stats", parts)
 
     def test_json_holds_every_phase_with_its_counters(self):
         with tempfile.TemporaryDirectory() as d:
