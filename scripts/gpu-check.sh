@@ -21,6 +21,9 @@
 #                             nodes (distributed_all_reduce over NCCL communicators split by node)
 #   gpu-check.sh ranks-faults OUT  a stopped, a killed, a late (NCCL's initialisation), a stalled (its
 #                             first sync) and a missing rank; Inception-v3 on 2 ranks, bf16, --cuda-graph, fp32
+#   gpu-check.sh fused OUT    the fused conv + BN units (--fuse): their op and whole-net tests on the GPU,
+#                             then ResNet-50 bf16 NHWC batch 256 and Inception-v3 bf16 NHWC batch 128 with
+#                             --fuse off and on (the step replayed as a CUDA Graph), ResNet-50's --layer-times
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
@@ -39,14 +42,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,34p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,39p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
 STAGE=$1
 OUT_DIR=$2
 BENCH_JSON=${3:-}
-case $STAGE in tests|bench|peer|layers|input|ranks|ranks-faults|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+case $STAGE in tests|bench|peer|layers|input|ranks|ranks-faults|fused|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
@@ -661,6 +664,44 @@ stage_ranks_faults() {
   return $rc
 }
 
+# --fuse off against on: the tests of the pieces on this GPU, then the step of both networks as MLPerf and
+# the README run them, and ResNet-50's layer times (what the fused units change, piece by piece)
+stage_fused() {
+  local rc=0 tmp=$OUT_DIR/fused-files start=$SECONDS
+  mkdir -p "$tmp"
+  header fused
+  echo "== the fused units' op and whole-net tests (cuda)"
+  timeout 150 "$BIN/stepbench_tests" --gtest_filter='*Ops.Fused*cuda*:*GraphTest.Fused*cuda*' --gtest_brief=1 \
+    > "$tmp/tests.txt" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$tmp/tests.txt" | head -20
+  local run
+  for run in "resnet50 256 --cuda-graph" "inception_v3 128 --cuda-graph" "resnet50 256 --layer-times"; do
+    set -- $run
+    for f in off on; do
+      local name="$1-bf16-nhwc-b$2-fuse-$f${3/--cuda-graph/}"
+      if [ $((SECONDS - start)) -gt $((STAGE_S * 400 / 480)) ]; then
+        echo "== $name skipped: the fused stage's $STAGE_S s budget"
+        continue
+      fi
+      echo "== $name"
+      if ! timeout 120 "$BIN/stepbench" --backend cuda --model "$1" --batch-size "$2" --precision bf16 --format nhwc \
+          --phases forward,step "$3" --warmup 5 --repetitions 5 --fuse "$f" --plan-cache "$tmp/plans.json" \
+          --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
+        rc=1
+        echo "failed:"; tail -5 "$tmp/$name.err"
+      fi
+      sed -n '/^phase/,/^images/p' "$tmp/$name.txt" | head -12
+      [ "$3" = --layer-times ] && sed -n '/^layer times/,$p' "$tmp/$name.txt" | head -40
+      "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1]))["context"]
+for k in ("fuse", "fused_units", "fused_pieces", "batch_norm_kernels"): print(f"  {k}: {c.get(k, "-")}")' \
+        "$tmp/$name.json" 2>/dev/null
+    done
+  done
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/fused.tar.gz" fused-files && rm -rf "$tmp"
+  echo "== fused: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+  return $rc
+}
+
 rc=0
 case $STAGE in
   tests) stage_tests 2>&1 | tee "$OUT_DIR/tests.log"; rc=${PIPESTATUS[0]} ;;
@@ -670,6 +711,7 @@ case $STAGE in
   input) stage_input 2>&1 | tee "$OUT_DIR/input.log"; rc=${PIPESTATUS[0]} ;;
   ranks) stage_ranks 2>&1 | tee "$OUT_DIR/ranks.log"; rc=${PIPESTATUS[0]} ;;
   ranks-faults) stage_ranks_faults 2>&1 | tee "$OUT_DIR/ranks-faults.log"; rc=${PIPESTATUS[0]} ;;
+  fused) stage_fused 2>&1 | tee "$OUT_DIR/fused.log"; rc=${PIPESTATUS[0]} ;;
   all)
     for s in tests bench peer; do
       "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"
