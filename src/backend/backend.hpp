@@ -131,6 +131,8 @@ class BatchNormOp {
   // Whether forward_training takes a y without data (Tensor{nullptr, its desc}) and then makes only
   // the statistics, saved and running: a fused unit whose output is not stored (backend/fused.hpp).
   virtual bool statistics_without_output() const { return false; }
+  // The scratch forward_recompute and forward_inference need (at most workspace_bytes()).
+  virtual std::size_t recompute_workspace_bytes() const { return workspace_bytes(); }
   // Batch statistics; saves mean and 1/sqrt(var + eps) (C floats each) for backward and updates
   // the running statistics in place.
   virtual void forward_training(Stream&, const Tensor& x, const Tensor& y, const float* gamma, const float* beta,
@@ -281,6 +283,9 @@ class Backend {
   // the most a searched algorithm may take; the cpu backend keeps every filter plain (no search).
   void set_sizing_only(bool on) { sizing_only_ = on; }
   bool sizing_only() const { return sizing_only_; }
+  // Tests only (backend/fused.hpp): the composed fused pieces made from now on keep checked canaries.
+  void set_fused_canaries(bool on) { fused_canaries_ = on; }
+  bool fused_canaries() const { return fused_canaries_; }
 
   // memory
   virtual void* allocate(std::size_t bytes) = 0;  // device memory (host memory on the CPU backend)
@@ -403,46 +408,9 @@ class Backend {
   std::size_t memory_limit_ = 0;
   int share_ = 1;  // processes planning on this device at once
   bool sizing_only_ = false;
+  bool fused_canaries_ = false;
 };
-
-// RAII owner of a backend allocation: Buffer (device memory) and HostBuffer (host memory, pinned on
-// the cuda backend, so copies to the device are asynchronous and run at full speed).
-template <void* (Backend::*Allocate)(std::size_t), void (Backend::*Free)(void*)>
-class OwnedMemory {
- public:
-  OwnedMemory() = default;
-  OwnedMemory(Backend& be, std::size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? (be.*Allocate)(bytes) : nullptr) {}
-  OwnedMemory(OwnedMemory&& o) noexcept { *this = std::move(o); }
-  OwnedMemory& operator=(OwnedMemory&& o) noexcept {
-    if (this != &o) {
-      reset();
-      be_ = o.be_;
-      bytes_ = o.bytes_;
-      p_ = o.p_;
-      o.p_ = nullptr;
-      o.bytes_ = 0;
-    }
-    return *this;
-  }
-  ~OwnedMemory() { reset(); }
-  void reset() {
-    if (p_) (be_->*Free)(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
-  void* get() const { return p_; }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  Backend* be_ = nullptr;
-  std::size_t bytes_ = 0;
-  void* p_ = nullptr;
-};
-using Buffer = OwnedMemory<&Backend::allocate, &Backend::deallocate>;
-using HostBuffer = OwnedMemory<&Backend::allocate_host, &Backend::deallocate_host>;
 
 }  // namespace stepbench
+
+#include "backend/buffer.hpp"  // Buffer, HostBuffer: backend memory owned (after Backend, which they use)

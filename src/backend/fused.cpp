@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,11 +29,47 @@ namespace {
 constexpr std::size_t kFusedAlign = 256;
 std::size_t fused_aligned(std::size_t n) { return (n + kFusedAlign - 1) / kFusedAlign * kFusedAlign; }
 void* offset_by(void* ws, std::size_t offset) { return ws ? static_cast<char*>(ws) + offset : nullptr; }
+const void* offset_by(const void* p, std::size_t offset) { return p ? static_cast<const char*>(p) + offset : nullptr; }
+
+// Tests only (Backend::set_fused_canaries): a pattern of one unit's buffer (its statistics, factors or
+// reserve), written where the pieces write that buffer and checked, after a synchronisation, where
+// they read it: a piece that reads it outside the lifetime the memory plan gave it (a declaration
+// missing) finds another buffer's bytes, or the poison of liveness_test.
+class Canary {
+ public:
+  static constexpr std::size_t kBytes = 64;
+  Canary() = default;
+  Canary(Backend& be, const void* unit, std::uint32_t which) : be_(&be) {
+    std::uint64_t h = reinterpret_cast<std::uintptr_t>(unit) * 0x9e3779b97f4a7c15ull + which;
+    for (auto& w : pattern_)
+      w = static_cast<std::uint32_t>((h = h * 6364136223846793005ull + 1442695040888963407ull) >> 32);
+  }
+  bool on() const { return be_ != nullptr; }
+  void write(Stream& s, void* at) const {
+    if (be_) be_->copy(s, at, pattern_.data(), kBytes);
+  }
+  void check(Stream& s, const void* at, const char* what) const {
+    if (!be_) return;
+    std::array<std::uint32_t, kBytes / 4> got{};
+    be_->copy(s, got.data(), at, kBytes);
+    be_->synchronize(s);
+    if (got != pattern_)
+      throw Error(
+          fmt::format("fused canary: what was left in the unit's {} has changed (read outside the lifetime the "
+                      "memory plan gave it: a declaration missing?)",
+                      what));
+  }
+
+ private:
+  Backend* be_ = nullptr;
+  std::array<std::uint32_t, kBytes / 4> pattern_{};
+};
 
 class ComposedBnUnit final : public BnUnitOp {
  public:
   ComposedBnUnit(Backend& be, const TensorDesc& z, const TensorDesc& y, const BnUnitSpec& spec)
       : spec_(spec), y_(y), bn_(be.make_batch_norm(z, y, spec.bn)) {
+    if (be.fused_canaries()) stats_ = Canary(be, this, 0), norm_ = Canary(be, this, 1), kept_ = Canary(be, this, 2);
     SB_CHECK(z.is_dense(), "a fused unit's z is dense");
     SB_CHECK(spec.stored || y.is_dense(), "a fused unit's output that is not stored is dense (a reader's workspace)");
     // not stored: y of the statistics-only forward (unless the batch norm skips it) and the ReLU's
@@ -39,8 +77,12 @@ class ComposedBnUnit final : public BnUnitOp {
     if (!spec.stored && (!bn_->statistics_without_output() || spec.bn.relu)) temp_ = fused_aligned(y.bytes());
   }
   std::size_t workspace_bytes() const override { return temp_ + bn_->workspace_bytes(); }
-  std::size_t apply_workspace_bytes() const override { return bn_->workspace_bytes(); }
-  std::size_t reserve_bytes() const override { return bn_->reserve_bytes(); }
+  std::size_t apply_workspace_bytes() const override { return bn_->recompute_workspace_bytes(); }
+  // the batch norm's reserve; with canaries (tests), one after it, and a statistics and a factors buffer
+  std::size_t reserve_bytes() const override { return canary_at() + (kept_.on() ? Canary::kBytes : 0); }
+  std::size_t stats_bytes() const override { return stats_.on() ? Canary::kBytes : 0; }
+  std::size_t norm_bytes() const override { return norm_.on() ? Canary::kBytes : 0; }
+  const Canary& stats_canary() const { return stats_; }  // what this unit's convolution writes
   const BatchNormParams& params() const override { return spec_.bn; }
   std::string implementation() const override {
     return fmt::format("composed: {}{}", bn_->implementation(),
@@ -48,9 +90,12 @@ class ComposedBnUnit final : public BnUnitOp {
                        : bn_->statistics_without_output() ? ", statistics without y"
                                                           : ", y to the workspace");
   }
-  void finalize(Stream& s, const Tensor& z, const void* /*stats: none made*/, const float* gamma, const float* beta,
-                float* running_mean, float* running_var, float* save_mean, float* save_invstd, void* /*norm*/,
+  void finalize(Stream& s, const Tensor& z, const void* stats, const float* gamma, const float* beta,
+                float* running_mean, float* running_var, float* save_mean, float* save_invstd, void* norm,
                 const Tensor& y, void* ws, void* reserve) override {
+    if (stats) stats_.check(s, stats, "statistics");  // only the canary's: the composed convolution makes none
+    norm_.write(s, norm);
+    kept_.write(s, offset_by(reserve, canary_at()));
     Tensor out = y;
     if (!out.data && !bn_->statistics_without_output()) out = Tensor{ws, y_};
     if (!y.data) out.desc = y_;
@@ -58,6 +103,7 @@ class ComposedBnUnit final : public BnUnitOp {
                           offset_by(ws, temp_), reserve);
   }
   void apply(Stream& s, const Tensor& z, const UnitNorm& n, const Tensor& y, void* ws) override {
+    if (n.training) check_kept(s, n);
     if (n.training)
       bn_->forward_recompute(s, z, y, n.gamma, n.beta, n.save_mean, n.save_invstd, ws, n.reserve);
     else
@@ -65,6 +111,7 @@ class ComposedBnUnit final : public BnUnitOp {
   }
   void backward(Stream& s, const Tensor& z, const UnitNorm& n, const Tensor& y, const Tensor& dy, const Tensor& dz,
                 float* dgamma, float* dbeta, void* ws) override {
+    check_kept(s, n);
     Tensor mask = y;
     if (!mask.data && spec_.bn.relu) {  // the output's bits again, from z and the saved statistics
       mask = Tensor{ws, y_};
@@ -76,10 +123,16 @@ class ComposedBnUnit final : public BnUnitOp {
   }
 
  private:
+  std::size_t canary_at() const { return kept_.on() ? fused_aligned(bn_->reserve_bytes()) : bn_->reserve_bytes(); }
+  void check_kept(Stream& s, const UnitNorm& n) const {  // what finalize left for the unit's readers and backward
+    norm_.check(s, n.norm, "factors");
+    kept_.check(s, offset_by(n.reserve, canary_at()), "reserve");
+  }
   BnUnitSpec spec_;
   TensorDesc y_;
   std::unique_ptr<BatchNormOp> bn_;
   std::size_t temp_ = 0;
+  Canary stats_, norm_, kept_;
 };
 
 // x' of a normalised input, in the workspace: the producing unit's apply (with a planted fault, its
@@ -139,8 +192,12 @@ class Load {
 
 class ComposedFusedConv final : public FusedConvOp {
  public:
-  ComposedFusedConv(Backend& be, std::unique_ptr<ConvOp> conv, const TensorDesc& x, BnUnitOp* in)
-      : conv_(std::move(conv)), load_(be, x, in) {}
+  ComposedFusedConv(Backend& be, std::unique_ptr<ConvOp> conv, const TensorDesc& x, BnUnitOp* in, BnUnitOp* out)
+      : conv_(std::move(conv)), load_(be, x, in) {
+    // with canaries (tests), the output unit's statistics are its canary, written here as an epilogue would
+    if (const auto* unit = dynamic_cast<const ComposedBnUnit*>(out)) stats_ = unit->stats_canary();
+  }
+  bool makes_statistics() const override { return stats_.on(); }
   std::size_t workspace_bytes() const override {
     return std::max(load_.workspace_bytes(), load_.offset() + conv_->workspace_bytes());
   }
@@ -149,9 +206,10 @@ class ComposedFusedConv final : public FusedConvOp {
     return load_.normalises() ? "composed: the input unit's batch norm applied to the workspace, then the convolution"
                               : "composed: the convolution";
   }
-  void forward(Stream& s, const Tensor& x, const UnitNorm* in, const void* w, const Tensor& z, void* /*stats*/,
+  void forward(Stream& s, const Tensor& x, const UnitNorm* in, const void* w, const Tensor& z, void* stats,
                void* ws) override {
     conv_->forward(s, load_(s, x, in, ws), w, z, offset_by(ws, load_.offset()));
+    stats_.write(s, stats);
   }
   void backward_filter(Stream& s, const Tensor& x, const UnitNorm* in, const Tensor& dz, void* dw, void* ws) override {
     conv_->backward_filter(s, load_(s, x, in, ws), dz, dw, offset_by(ws, load_.offset()));
@@ -163,6 +221,7 @@ class ComposedFusedConv final : public FusedConvOp {
  private:
   std::unique_ptr<ConvOp> conv_;
   Load load_;
+  Canary stats_;
 };
 
 class ComposedBnAddRelu final : public BnAddReluOp {
@@ -199,7 +258,7 @@ class ComposedBnAddRelu final : public BnAddReluOp {
 std::unique_ptr<FusedConvOp> Backend::make_fused_conv(const TensorDesc& x, const TensorDesc& z,
                                                       const FusedConvSpec& spec, const FilterStorage* w) {
   auto conv = w ? make_conv_stored(x, z, spec.conv, *w) : make_conv(x, z, spec.conv);
-  return std::make_unique<ComposedFusedConv>(*this, std::move(conv), x, spec.input);
+  return std::make_unique<ComposedFusedConv>(*this, std::move(conv), x, spec.input, spec.output);
 }
 
 std::unique_ptr<BnUnitOp> Backend::make_bn_unit(const TensorDesc& z, const TensorDesc& y, const BnUnitSpec& spec) {

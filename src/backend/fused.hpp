@@ -21,9 +21,13 @@
 // (fused.cpp): each made of the backend's own ConvOp, BatchNormOp and AddReluOp, with x' and the
 // statistics-only forward's y in the workspace. They compute what the unfused ops compute, with
 // the same kernels on the same numbers, so where a backend's batch norm recompute gives its training
-// forward's bits (the cpu backend) the fused step is the unfused one bit for bit; the memory they
-// save is the unit outputs no longer stored. A backend with real fused kernels (cuDNN's graph API)
-// overrides the factories and falls back to these where its library declines a unit.
+// forward's bits (the cpu backend) the fused step is the unfused one bit for bit; they save the unit
+// outputs no longer stored, less the workspace the loads take. A backend with real fused kernels
+// (cuDNN's graph API) overrides the factories and falls back to these where its library declines a
+// unit (its pieces then must agree through stats, norm and makes_statistics, as documented below).
+// Backend::set_fused_canaries (tests only) makes the composed pieces keep canaries in the unit's
+// statistics, factors and reserve, written where the pieces write them and checked where they read
+// them, so that the memory plan's lifetimes of those buffers are tested where they hold nothing.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -46,13 +50,17 @@ struct UnitNorm {
   const float* running_mean = nullptr;  // inference
   const float* running_var = nullptr;
   const void* reserve = nullptr;  // what the unit's forward keeps for backward (BnUnitOp::reserve_bytes)
-  const void* norm = nullptr;     // the unit's factors (BnUnitOp::norm_bytes), where its backend keeps any
+  // The unit's factors (BnUnitOp::norm_bytes) as its finalize wrote them (training); nullptr where the
+  // unit keeps none (norm_bytes 0) or in inference: a load then works from the statistics above.
+  const void* norm = nullptr;
 };
 
-// A convolution of a unit: its input plain, or normalised on load by the unit that produced it.
+// A convolution of a unit: its input plain, or normalised on load by the unit that produced it; its
+// output the pre-norm z of `output`, whose statistics it may make in its epilogue (makes_statistics).
 struct FusedConvSpec {
   ConvParams conv;
-  BnUnitOp* input = nullptr;  // the producing unit (its norm is given to every call), or plain input
+  BnUnitOp* input = nullptr;   // the producing unit (its norm is given to every call), or plain input
+  BnUnitOp* output = nullptr;  // the unit this convolution's z is for (made before it), or none
 };
 
 class FusedConvOp {
@@ -61,8 +69,9 @@ class FusedConvOp {
   virtual std::size_t workspace_bytes() const = 0;
   virtual std::string algorithm() const = 0;       // the convolution's, as ConvOp::algorithm
   virtual std::string implementation() const = 0;  // how the pieces run ("composed: ...")
-  // Whether forward writes the output unit's statistics (BnUnitOp::stats_bytes) in its epilogue, for
-  // that unit's finalize to read; otherwise finalize computes them from z.
+  // Whether forward writes the output unit's statistics (BnUnitOp::stats_bytes, which must then be
+  // more than 0) in its epilogue, for that unit's finalize to read; otherwise finalize is given no
+  // statistics and computes them from z.
   virtual bool makes_statistics() const { return false; }
   // in: the producing unit's norm where the spec has an input unit, else nullptr.
   virtual void forward(Stream&, const Tensor& x, const UnitNorm* in, const void* w, const Tensor& z, void* stats,
@@ -90,9 +99,10 @@ class BnUnitOp {
   virtual const BatchNormParams& params() const = 0;       // eps, momentum, relu
   bool relu() const { return params().relu; }
   virtual std::string implementation() const = 0;
-  // Training: the batch statistics of z (from `stats` where the convolution made them), saved mean
-  // and invstd (C floats each), the running statistics updated in place, `norm` filled; where y has
-  // data (the unit's output is stored), y = relu?(gamma (z - mean) invstd + beta) as well.
+  // Training: the batch statistics of z (from `stats` where the convolution made them, else `stats`
+  // is nullptr and they come from z), saved mean and invstd (C floats each), the running statistics
+  // updated in place, `norm` filled; where y has data (the unit's output is stored), y =
+  // relu?(gamma (z - mean) invstd + beta) as well.
   virtual void finalize(Stream&, const Tensor& z, const void* stats, const float* gamma, const float* beta,
                         float* running_mean, float* running_var, float* save_mean, float* save_invstd, void* norm,
                         const Tensor& y, void* ws, void* reserve) = 0;
@@ -100,7 +110,9 @@ class BnUnitOp {
   // output's inference forward, or its recompute (GraphConfig::recompute).
   virtual void apply(Stream&, const Tensor& z, const UnitNorm& n, const Tensor& y, void* ws) = 0;
   // dy: the gradient at the unit's output. The ReLU's mask from y where y has data (a stored output),
-  // else made again from z. Writes dz (overwritten: z's only reader is its own unit), dgamma, dbeta.
+  // else made again from z (or the batch norm's own, kept in the reserve by its forward, where it
+  // keeps one: oneDNN's, cuDNN's fused BN + ReLU). Writes dz (overwritten: z's only reader is its own
+  // unit), dgamma, dbeta.
   virtual void backward(Stream&, const Tensor& z, const UnitNorm& n, const Tensor& y, const Tensor& dy,
                         const Tensor& dz, float* dgamma, float* dbeta, void* ws) = 0;
 };

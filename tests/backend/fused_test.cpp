@@ -31,8 +31,9 @@ struct Unit {
         reserve(be, op->reserve_bytes()),
         stats(be, op->stats_bytes()),
         norm(be, op->norm_bytes()) {}
-  void finalize(Stream& s, const Tensor& z, const Tensor& y) {
-    op->finalize(s, z, stats.get(), gamma, beta, rm, rv, sm, si, norm.get(), y, ws.get(), reserve.get());
+  void finalize(Stream& s, const Tensor& z, const Tensor& y) {  // the statistics where a convolution made them
+    op->finalize(s, z, op->stats_bytes() ? stats.get() : nullptr, gamma, beta, rm, rv, sm, si, norm.get(), y, ws.get(),
+                 reserve.get());
   }
   UnitNorm n(bool training) const {
     return {op.get(), training, gamma, beta, sm, si, rm, rv, reserve.get(), norm.get()};
@@ -66,7 +67,19 @@ const FusedCase kCases[] = {
     {"3x3_s1_p1", {2, 5, 7, 8}, 6, {3, 3, 1, 1, 1, 1}},
     {"1x1_s2", {3, 17, 6, 6}, 5, {1, 1, 2, 2, 0, 0}},
     {"1x7_p0_3", {2, 4, 5, 9}, 3, {1, 7, 1, 1, 0, 3}},
+    // large enough for oneDNN's batch norm on an AVX-512 cpu (NHWC fp32): y of the statistics-only
+    // forward and the mask go to the workspace, its kernel's scratch after them
+    {"1x1_64x64", {2, 16, 64, 64}, 4, {1, 1, 1, 1, 0, 0}},
 };
+
+// Every workspace byte 0xff (a NaN in fp32 and bf16) before a call: a piece that reads scratch it did
+// not write, or writes it where another part of it lives, shows.
+void poison(Backend& be, const Buffer& ws) {
+  if (!ws.bytes()) return;
+  const std::vector<unsigned char> nan(ws.bytes(), 0xff);
+  be.copy(be.default_stream(), ws.get(), nan.data(), nan.size());
+  be.synchronize(be.default_stream());
+}
 
 TEST_P(Ops, FusedUnitPieces) {
   SB_BACKEND_OR_SKIP(be, GetParam());
@@ -102,14 +115,17 @@ TEST_P(Ops, FusedUnitPieces) {
       // not stored: finalize makes the statistics only, a reader applies them
       Unit u(*be, Z.t().desc, Z.t().desc, bp, false, gamma, beta);
       SCOPED_TRACE(u.op->implementation());
+      poison(*be, u.ws);
       u.finalize(st, Z, Tensor{});
       EXPECT_WITHIN(u.sm.get_host(), saved.mean, eb.mean);
       EXPECT_WITHIN(u.si.get_host(), saved.invstd, eb.invstd);
       expect_running(u, saved, eb, m);
       const UnitNorm n = u.n(true);
+      poison(*be, u.ws);
       u.op->apply(st, Z, n, Y, u.ws.get());
       EXPECT_WITHIN(Y.download(), y_ref, eb.y);
       // backward with the ReLU's mask made again from z
+      poison(*be, u.ws);
       u.op->backward(st, Z, n, Tensor{}, DY, DZ, DG, DB, u.ws.get());
       EXPECT_WITHIN(DZ.download(), dz_ref, eb.dx);
       EXPECT_WITHIN(DG.get_host(), dg_ref, eb.dgamma);
@@ -122,21 +138,24 @@ TEST_P(Ops, FusedUnitPieces) {
       EXPECT_WITHIN(YS.download(), y_ref, eb.y);
       EXPECT_WITHIN(us.si.get_host(), saved.invstd, eb.invstd);
       DZ.upload(std::vector<double>(static_cast<std::size_t>(s.numel()), 7.0));
+      DB.set(std::vector<double>(static_cast<std::size_t>(s.c), 7.0));  // overwritten, not added to
+      poison(*be, us.ws);
       us.op->backward(st, Z, us.n(true), YS, DY, DZ, DG, DB, us.ws.get());
       EXPECT_WITHIN(DZ.download(), dz_ref, eb.dx);
       EXPECT_WITHIN(DG.get_host(), dg_ref, eb.dgamma);
+      EXPECT_WITHIN(DB.get_host(), db_ref, eb.dbeta);
 
       // the convolution loading the unit's output through its batch norm
       using test::ConvDirection;
       DevVec W(*be, test::filter_for(*be, layout, w, cc.cout, s.c, cc.p.kh, cc.p.kw), dtype), DW(*be, w.size(), dtype);
       auto conv = be->make_fused_conv(Z.t().desc, OUT.t().desc, {cc.p, u.op.get()}, nullptr);
       SCOPED_TRACE(conv->implementation());
-      ASSERT_FALSE(conv->makes_statistics());  // where one does, its finalize reads them: not tested here
       Buffer ws(*be, conv->workspace_bytes());
       ref::Vec out_ref, dx_ref, dw_ref;
       ref::conv_forward(s, y_ref, w, ys, out_ref, cc.p);
       ref::conv_backward_data(ys, dout, w, s, dx_ref, cc.p);
       ref::conv_backward_filter(s, y_ref, ys, dout, dw_ref, cc.p);
+      poison(*be, ws);
       conv->forward(st, Z, &n, W, OUT, nullptr, ws.get());
       EXPECT_WITHIN(OUT.download(), out_ref,
                     test::conv_forward_bound(s, y_ref, eb.y, w, ys, out_ref, cc.p,
@@ -145,6 +164,7 @@ TEST_P(Ops, FusedUnitPieces) {
       EXPECT_WITHIN(DX.download(), dx_ref,
                     test::conv_backward_data_bound(ys, dout, {}, w, s, dx_ref, cc.p,
                                                    for_conv(m, conv->algorithm(), ConvDirection::backward_data)));
+      poison(*be, ws);
       conv->backward_filter(st, Z, &n, DOUT, DW, ws.get());
       ref::Vec inherited;  // the loaded input's own error, through the filter gradient's sum
       ref::conv_backward_filter(s, eb.y, ys, test::absv(dout), inherited, cc.p);
@@ -236,6 +256,40 @@ TEST_P(Ops, FusedBnAddRelu) {
     ref::Vec sum(n), esum(n);
     for (std::size_t i = 0; i < n; ++i) sum[i] = g[i] + acc[i], esum[i] = (m.u_acc + m.u_out) * std::abs(sum[i]);
     EXPECT_WITHIN(DA.download(), sum, esum);
+  }
+}
+
+// The canaries the tests keep in a unit's statistics, factors and reserve (Backend::set_fused_canaries):
+// the convolution writes the statistics, finalize checks them and writes the rest, the loads and
+// backward check those; a buffer that held something else when it was read (a lifetime too short) is
+// an error naming it.
+TEST(FusedCanaries, AClobberedBufferOfTheUnitIsNamed) {
+  auto be = make_cpu_backend();
+  be->set_fused_canaries(true);
+  auto& st = be->default_stream();
+  const Shape s{2, 4, 5, 5};
+  DevTensor X(*be, s, Layout::nhwc), Z(*be, s, Layout::nhwc), Y(*be, s, Layout::nhwc);
+  X.upload(random_vec(s.numel(), 51));
+  Unit u(*be, Z.t().desc, Z.t().desc, BatchNormParams{}, false, random_vec(s.c, 52, 0.5, 1.5), random_vec(s.c, 53));
+  ASSERT_GT(u.op->stats_bytes(), 0u);
+  ASSERT_GT(u.op->norm_bytes(), 0u);
+  auto conv = be->make_fused_conv(X.t().desc, Z.t().desc, {{3, 3, 1, 1, 1, 1}, nullptr, u.op.get()}, nullptr);
+  EXPECT_TRUE(conv->makes_statistics());
+  DevVec W(*be, test::filter_for(*be, Layout::nhwc, random_vec(4 * 4 * 9, 54), 4, 4, 3, 3));
+  Buffer ws(*be, conv->workspace_bytes());
+  conv->forward(st, X, nullptr, W, Z, u.stats.get(), ws.get());
+  u.finalize(st, Z, Tensor{});  // the statistics the convolution wrote
+  EXPECT_NO_THROW(u.op->apply(st, Z, u.n(true), Y, u.ws.get()));
+  const std::vector<char> other(64, 3);
+  be->copy(st, u.norm.get(), other.data(), other.size());
+  EXPECT_THROW(u.op->apply(st, Z, u.n(true), Y, u.ws.get()), Error);
+  u.finalize(st, Z, Tensor{});
+  be->copy(st, u.stats.get(), other.data(), other.size());  // statistics another unit's convolution left
+  try {
+    u.finalize(st, Z, Tensor{});
+    ADD_FAILURE() << "clobbered statistics went unseen";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("statistics"), std::string::npos) << e.what();
   }
 }
 

@@ -69,6 +69,8 @@ class CudaBatchNorm final : public BatchNormOp {
     scratch_ = bn_scratch_bytes(x.shape.n, x.shape.c, x.shape.h, x.shape.w);
   }
   std::size_t workspace_bytes() const override { return std::max(temp_ + ex_ws_, scratch_); }
+  // forward_recompute's C float4 (our kernel's, in scratch_); forward_inference takes none
+  std::size_t recompute_workspace_bytes() const override { return scratch_; }
   std::size_t reserve_bytes() const override { return reserve_; }
   std::string implementation() const override {
     if (own_) return "stepbench kernel";
