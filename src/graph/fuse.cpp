@@ -2,7 +2,8 @@
 // (GraphConfig::fuse, backend/fused.hpp), decided once before planning from the dataflow: a unit's
 // output is left unstored where every reader can load it through the unit's batch norm (a
 // convolution; a residual add, from a unit without ReLU), and it is none of the values that must
-// stay readable (the input, a named output, a kept value, a concat's part) under sharing by liveness.
+// stay readable (the input, a named output, a kept value, a concat's part). Only under sharing by
+// liveness: with every value kept (BufferSharing) the graph runs unfused.
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -13,12 +14,13 @@
 namespace stepbench {
 
 void mark_fused_units(Graph::Impl& g) {
-  const bool on = g.cfg.fuse == Fuse::on;
+  // with other sharing (every value readable after the step) nothing is fused: the unfused step
+  const bool on = g.cfg.fuse == Fuse::on && g.cfg.sharing == BufferSharing::by_liveness;
   for (auto& l : g.layers) l->in_unit.assign(l->in.size(), nullptr);
   for (auto& v : g.values) v.stored = true;
   for (auto& l : g.layers)
     if (auto* u = dynamic_cast<ConvBnReluLayer*>(l.get())) u->fused = on, u->stored = true;
-  if (!on || g.cfg.sharing != BufferSharing::by_liveness) return;
+  if (!on) return;
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> readers(g.values.size());  // (layer, input)
   for (std::size_t i = 0; i < g.layers.size(); ++i)
     for (std::size_t k = 0; k < g.layers[i]->in.size(); ++k)

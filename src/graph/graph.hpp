@@ -115,8 +115,8 @@ constexpr bool recomputes(Recompute r, DeviceKind d) {
 // unit's pre-norm z as it loads it, and backward makes the ReLU's mask again from z. A unit's
 // batch statistics come from a finalize piece (and, where the backend's convolution makes them, its
 // epilogue). off: every unit's convolution and batch norm as separate ops, every output stored.
-// Values kept by keep(), the input, named outputs, concat parts and sharing other than by_liveness
-// are always stored.
+// Values kept by keep(), the input, named outputs and concat parts are always stored; with sharing
+// other than by_liveness nothing is fused.
 enum class Fuse { off, on };
 constexpr auto enum_names(Fuse) { return std::array<EnumName<Fuse>, 2>{{{Fuse::off, "off"}, {Fuse::on, "on"}}}; }
 

@@ -1,7 +1,8 @@
 // Fused convolution + batch-norm units (GraphConfig::fuse, backend/fused.hpp) in the graph: which
-// units the planner fuses in ResNet-50 and Inception-v3, the whole step fused against the unfused one
-// (both networks, both layouts, fp32 and bf16, with and without recompute), the small nets against
-// the float64 oracle with fusion on, and the memory the unstored outputs free.
+// units the planner fuses in ResNet-50 and Inception-v3 and which values it must leave stored, the
+// whole step fused against the unfused one (both networks, both layouts, fp32 and bf16; ResNet-50
+// also without recompute), and the memory the unstored outputs free. The small nets fused against
+// the float64 oracle are in graph_test.cpp, poisoned plans in liveness_test.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -140,6 +141,35 @@ TEST(Fuse, UnstoredOutputsLeaveThePlan) {
   }
 }
 
+// Values that must stay readable are stored even where every reader could load them: one kept with
+// keep(); and with every value kept (BufferSharing::keep_values) nothing is fused at all.
+TEST(Fuse, KeptValuesStayStoredAndKeptSharingFusesNothing) {
+  auto be = make_cpu_backend();
+  for (const bool keep : {false, true})
+    for (const BufferSharing sharing : {BufferSharing::by_liveness, BufferSharing::keep_values}) {
+      SCOPED_TRACE(
+          fmt::format("keep {}, sharing {}", keep, sharing == BufferSharing::by_liveness ? "by liveness" : "keep"));
+      GraphConfig cfg{2, Layout::nhwc, DType::f32, 1};
+      cfg.fuse = Fuse::on;
+      cfg.sharing = sharing;
+      Graph g(*be, cfg);
+      const ValueId x = g.input(3, 8, 8);
+      const ValueId a = g.conv_bn_relu("a", x, 4, {1, 1});
+      const ValueId b = g.conv_bn_relu("b", a, 4, {3, 3, 1, 1, 1, 1});
+      g.cross_entropy(g.linear("fc", g.global_avg_pool(b), 3), 1.0f, "logits");
+      if (keep) g.keep(a);
+      g.plan();
+      const bool fused = sharing == BufferSharing::by_liveness;
+      for (const auto& l : g.layers()) {
+        if (!l.is_conv_bn()) continue;
+        EXPECT_EQ(l.fused.empty(), !fused) << l.label;
+        EXPECT_EQ(l.stored, l.label != "a" || keep || !fused) << l.label;
+        const std::string loads = l.label == "b" && !keep && fused ? "a" : "";
+        EXPECT_EQ(l.loads, std::vector<std::string>{loads}) << l.label;
+      }
+    }
+}
+
 struct Step {
   float loss = 0;
   std::vector<float> logits, eval_logits, state;
@@ -177,9 +207,9 @@ TEST_P(FuseSteps, FusedStepIsTheUnfusedStep) {
     std::int64_t image;
     Recompute r;
   };
-  // (recompute off, fp32, with every dead byte poisoned: LivenessOfRealModels' FusedModels)
-  for (const Case& cs :
-       {Case{ModelKind::resnet50, 32, Recompute::on}, Case{ModelKind::inception_v3, 75, Recompute::on}}) {
+  // (Inception-v3 without recompute, fp32, with every dead byte poisoned: LivenessOfRealModels' FusedModels)
+  for (const Case& cs : {Case{ModelKind::resnet50, 32, Recompute::on}, Case{ModelKind::resnet50, 32, Recompute::off},
+                         Case{ModelKind::inception_v3, 75, Recompute::on}}) {
     SCOPED_TRACE(fmt::format("{} {}x{}, recompute {}", to_string(cs.k), cs.image, cs.image, to_string(cs.r)));
     auto off = model(*be, cs.k, cs.image, c.layout, c.dtype, Fuse::off, cs.r);
     auto on = model(*be, cs.k, cs.image, c.layout, c.dtype, Fuse::on, cs.r);

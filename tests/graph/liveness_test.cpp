@@ -157,13 +157,15 @@ template <class Build>
 MemoryPlan expect_liveness_holds(Layout l, std::int64_t batch, Build build, Recompute recompute = Recompute::automatic,
                                  bool only_what_died = false, Fuse fuse = Fuse::off) {
   auto be = make_cpu_backend();
+  // fused: the units' statistics, factors and reserve hold canaries, checked where they are read
+  be->set_fused_canaries(fuse == Fuse::on);
   Result r[2];
   MemoryPlan plan;
   for (const BufferSharing sharing : {BufferSharing::none, BufferSharing::by_liveness}) {
     GraphConfig cfg{batch, l, DType::f32, 3};
     cfg.sharing = sharing;
     cfg.recompute = recompute;
-    cfg.fuse = fuse;  // the unshared plan never fuses (fusion leaves outputs unstored: sharing by liveness only)
+    cfg.fuse = fuse;  // the unshared plan never fuses (GraphConfig::fuse needs sharing by liveness): the unfused step
     Graph g(*be, cfg);
     build(g);
     g.plan();
@@ -270,7 +272,8 @@ TEST(Liveness, RecomputedOutputsGiveTheSameStepBitForBit) {
   }
 }
 
-// Fused units (GraphConfig::fuse), poisoned, against the unshared unfused step: a chain of units
+// Fused units (GraphConfig::fuse), poisoned and with canaries in each unit's statistics, factors and
+// reserve (Backend::set_fused_canaries), against the unshared unfused step: a chain of units
 // whose outputs are loaded through their batch norm (one feeding two convolutions, one read by the
 // training-only head too), residual adds with one and with both inputs loaded so (ResNet's identity
 // and downsample blocks), and outputs that stay stored (read by a pool, by a concat's part, by an
@@ -351,8 +354,8 @@ INSTANTIATE_TEST_SUITE_P(Models, LivenessOfRealModels,
                                             ::testing::Values(Recompute::off, Recompute::on),
                                             ::testing::Values(Fuse::off)),
                          real_model_name);
-// Fused (against the unshared unfused step): recompute off, where every unstored output would have
-// been saved (FuseSteps runs recompute on, unpoisoned, in fp32 and bf16)
+// Fused, with canaries (against the unshared unfused step): recompute off, where every unstored output
+// would have been saved (FuseSteps runs recompute on and off, unpoisoned, in fp32 and bf16)
 INSTANTIATE_TEST_SUITE_P(FusedModels, LivenessOfRealModels,
                          ::testing::Combine(kRealModels, ::testing::Values(Layout::nchw, Layout::nhwc),
                                             ::testing::Values(Recompute::off), ::testing::Values(Fuse::on)),

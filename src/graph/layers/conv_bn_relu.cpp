@@ -36,12 +36,14 @@ void ConvBnReluLayer::plan(Graph::Impl& g) {
   if (fused) {
     ConvBnReluLayer* from = unit_at(0);
     SB_CHECK(!from || from->bnu, fmt::format("{}: the unit it loads is planned after it", name));
-    fconv =
-        with_fault(g.be.make_fused_conv(g.desc(x.shape), zdesc, {p, from ? from->bnu.get() : nullptr}, storage.get()),
-                   x.shape, cout, p, g.slow_conv);
     // not stored: what finalize and a reader's load write is dense, as z
     bnu = g.be.make_bn_unit(zdesc, stored ? g.values[out].t.desc : zdesc,
                             {BatchNormParams{spec.eps, 0.1, spec.relu}, stored});
+    fconv = with_fault(
+        g.be.make_fused_conv(g.desc(x.shape), zdesc, {p, from ? from->bnu.get() : nullptr, bnu.get()}, storage.get()),
+        x.shape, cout, p, g.slow_conv);
+    SB_CHECK(!fconv->makes_statistics() || bnu->stats_bytes() > 0,
+             fmt::format("{}: the convolution makes statistics its unit keeps no room for", name));
     bn_reserve.size = bnu->reserve_bytes();
     stats.size = bnu->stats_bytes();
     norm.size = bnu->norm_bytes();
@@ -101,6 +103,7 @@ void ConvBnReluLayer::declare_recompute(Uses& u) {
       .reads(bn_reserve, "bn reserve")
       .writes(out)
       .scratch(ws_bwd, "backward workspace");
+  if (fused) u.reads(norm, "bn factors");
 }
 
 void ConvBnReluLayer::recompute(Graph::Impl& g, Stream& s) {

@@ -79,9 +79,9 @@ void ConvBnReluLayer::forward_fused(Graph::Impl& g, Stream& s, bool training) {
   if (!stored && !training) return;  // the readers apply the running statistics
   ProbeScope ps(g, s, stored ? (spec.relu ? "bn_relu_fwd" : "bn_fwd") : "bn_stats");
   if (training)
-    bnu->finalize(s, zt, stats.get(), g.pdata(gamma), g.pdata(beta), g.pdata(rmean), g.pdata(rvar), saved.as<float>(),
-                  saved.as<float>() + cout, norm.get(), stored ? g.values[out].t : Tensor{}, ws_fwd.get(),
-                  bn_reserve.get());
+    bnu->finalize(s, zt, fconv->makes_statistics() ? stats.get() : nullptr, g.pdata(gamma), g.pdata(beta),
+                  g.pdata(rmean), g.pdata(rvar), saved.as<float>(), saved.as<float>() + cout, norm.get(),
+                  stored ? g.values[out].t : Tensor{}, ws_fwd.get(), bn_reserve.get());
   else
     bnu->apply(s, zt, unit_norm(g, false), g.values[out].t, ws_fwd.get());
 }
