@@ -11,6 +11,7 @@
 
 #include "graph/graph.hpp"
 #include "graph/graph_impl.hpp"
+#include "graph/layers/conv_bn_relu.hpp"
 
 namespace stepbench {
 namespace {
@@ -35,6 +36,20 @@ std::vector<float> host_values(Backend& be, Stream& s, const Tensor& t) {
       for (std::int64_t h = 0; h < d.shape.h; ++h)
         for (std::int64_t w = 0; w < d.shape.w; ++w) out.push_back(raw[static_cast<std::size_t>(d.offset(n, c, h, w))]);
   return out;
+}
+
+// Layer i's output as the step made it: its buffer, or for a fused unit's output that is not stored
+// (GraphConfig::fuse) the unit's batch norm applied to its z, as its readers load it, here into memory
+// of the check's own.
+std::vector<float> output_values(Graph::Impl& g, Stream& s, std::size_t i, bool training) {
+  const Layer& l = *g.layers[i];
+  const auto* unit = dynamic_cast<const ConvBnReluLayer*>(&l);
+  if (!unit || g.values[static_cast<std::size_t>(l.out)].stored)
+    return host_values(g.be, s, g.values[static_cast<std::size_t>(l.out)].t);
+  Buffer y(g.be, unit->zdesc.bytes()), ws(g.be, unit->bnu->apply_workspace_bytes());
+  const Tensor yt{y.get(), unit->zdesc};
+  unit->bnu->apply(s, Tensor{unit->z.get(), unit->zdesc}, unit->unit_norm(g, training), yt, ws.get());
+  return host_values(g.be, s, yt);
 }
 
 bool all_finite(const std::vector<float>& v) {
@@ -89,9 +104,9 @@ bool Graph::step_finite(Stream& s) const {
   return loss_scaler() || first_bad_param(impl_->be, s, params(), grad_arena(), param_arena_floats()).empty();
 }
 
-// Each layer's output is read right after its forward, and the gradients it passes back right
-// after its backward: the plan shares memory between buffers whose lifetimes do not overlap, so
-// after the pass they may hold something else.
+// Each layer's output is read right after its forward (a fused unit's unstored one made from its z),
+// and the gradients it passes back right after its backward: the plan shares memory between buffers
+// whose lifetimes do not overlap, so after the pass they may hold something else.
 std::string Graph::first_non_finite(Stream& s) {
   Backend& be = impl_->be;
   if (auto p = first_bad_param(be, s, params(), param_arena(), param_arena_floats()); !p.empty())
@@ -101,7 +116,7 @@ std::string Graph::first_non_finite(Stream& s) {
   for (const bool training : {false, true}) {  // inference (running statistics), then training (batch statistics)
     const char* pass = training ? "training" : "inference";
     impl_->run_forward(s, training, [&](std::size_t i) {
-      if (where.empty() && ls[i].out >= 0 && !all_finite(host_values(be, s, value(ls[i].out))))
+      if (where.empty() && ls[i].out >= 0 && !all_finite(output_values(*impl_, s, i, training)))
         where = fmt::format("the output of {} in the {} forward", label(ls[i], i), pass);
     });
     if (!where.empty()) return where;

@@ -1,5 +1,6 @@
 // Where a step's numbers first stop being finite (Graph::parameters_finite, first_non_finite):
-// planted NaNs in a parameter, a running statistic and the input are each found where they are.
+// planted NaNs in a parameter, a running statistic and the input are each found where they are, also
+// at a fused unit whose output is not stored (GraphConfig::fuse: the check makes it from its z).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,10 +15,16 @@
 namespace stepbench {
 namespace {
 
+GraphConfig tiny_config(Fuse f) {
+  GraphConfig c{4, Layout::nchw, DType::f32, 1};
+  c.fuse = f;
+  return c;
+}
+
 struct Tiny {
   std::unique_ptr<Backend> be = make_backend(BackendKind::cpu);
-  Graph g{*be, GraphConfig{4, Layout::nchw, DType::f32, 1}};
-  Tiny() {
+  Graph g;
+  explicit Tiny(Fuse f = Fuse::off) : g(*be, tiny_config(f)) {
     ModelOptions o;
     o.image_size = 32;
     build_model(g, ModelKind::tiny, o);
@@ -53,25 +60,34 @@ TEST(Health, ANonFiniteParameterIsNamed) {
 }
 
 TEST(Health, ARunningStatisticBreaksOnlyTheInferenceForwardAtItsLayer) {
-  Tiny t;
-  const ParamEntry* var = nullptr;
-  for (const auto& e : t.g.params())
-    if (!e.trainable && e.name.find("running_var") != std::string::npos && e.name.find("conv1") == std::string::npos)
-      var = var ? var : &e;
-  ASSERT_NE(var, nullptr);
-  t.g.data_of(*var)[0] = -1.0f;               // 1 / sqrt(-1 + eps): NaN in that unit's inference output
-  EXPECT_TRUE(t.g.parameters_finite(t.s()));  // not a trainable parameter
-  const std::string layer = var->name.substr(0, var->name.find(".bn."));
-  EXPECT_EQ(t.g.first_non_finite(t.s()), "the output of " + layer + " (conv_bn_relu) in the inference forward");
+  for (Fuse f : {Fuse::off, Fuse::on}) {
+    SCOPED_TRACE(to_string(f));
+    Tiny t(f);
+    // a unit past the first; fused, one whose output is not stored
+    std::string layer;
+    for (const auto& l : t.g.layers())
+      if (l.is_conv_bn() && l.label != "conv1" && layer.empty() && (f == Fuse::off || !l.stored)) layer = l.label;
+    ASSERT_FALSE(layer.empty());
+    const ParamEntry& var = t.g.param(layer + ".bn.running_var");
+    t.g.data_of(var)[0] = -1.0f;                // 1 / sqrt(-1 + eps): NaN in that unit's inference output
+    EXPECT_TRUE(t.g.parameters_finite(t.s()));  // not a trainable parameter
+    EXPECT_EQ(t.g.first_non_finite(t.s()), "the output of " + layer + " (conv_bn_relu) in the inference forward");
+  }
 }
 
 TEST(Health, ANonFiniteInputIsFoundAtTheFirstLayer) {
-  Tiny t;
-  std::vector<float> x(4 * 3 * 32 * 32, 0.5f);
-  x[100] = std::numeric_limits<float>::infinity();
-  t.g.set_input_nchw(x.data());
-  const std::string where = t.g.first_non_finite(t.s());
-  EXPECT_NE(where.find("the output of conv1 (conv_bn_relu) in the inference forward"), std::string::npos) << where;
+  for (Fuse f : {Fuse::off, Fuse::on}) {
+    SCOPED_TRACE(to_string(f));
+    Tiny t(f);
+    bool first_unstored = false;
+    for (const auto& l : t.g.layers()) first_unstored = first_unstored || (l.label == "conv1" && !l.stored);
+    EXPECT_EQ(first_unstored, f == Fuse::on) << "tiny's first unit feeds only convolutions";
+    std::vector<float> x(4 * 3 * 32 * 32, 0.5f);
+    x[100] = std::numeric_limits<float>::infinity();
+    t.g.set_input_nchw(x.data());
+    const std::string where = t.g.first_non_finite(t.s());
+    EXPECT_NE(where.find("the output of conv1 (conv_bn_relu) in the inference forward"), std::string::npos) << where;
+  }
 }
 
 }  // namespace
