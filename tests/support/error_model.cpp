@@ -193,8 +193,13 @@ Vec bn_inference_bound(const Shape& s, const Vec& x, const Vec& gamma, const Vec
         for (std::int64_t w = 0; w < s.w; ++w) {
           const auto i = ref::idx(s, n, c, h, w);
           const double d = x[i] - rmean[c];
+          // the kernel's form, y = a x + b with a = gamma / sr and b = beta - a mean, each rounded: where x
+          // is near a large mean, a x and b are large and cancel, and their roundings do not
+          const double a = gamma[c] / sr;
           b[i] = std::abs(gamma[c]) / sr * (e_rm + std::abs(d) * (e_rv / (2 * (rvar[c] + eps)) + 3 * ua)) +
-                 3 * ua * (std::abs(gamma[c] * d / sr) + std::abs(beta[c])) + m.u_out * std::abs(y[i]);
+                 3 * ua * (std::abs(gamma[c] * d / sr) + std::abs(beta[c])) +
+                 3 * ua * (std::abs(a * x[i]) + std::abs(beta[c] - a * rmean[c]) + std::abs(a * rmean[c])) +
+                 m.u_out * std::abs(y[i]);
         }
     }
   return b;
