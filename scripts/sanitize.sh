@@ -46,9 +46,11 @@ if [ "$what" != tsan ]; then
   export LSAN_OPTIONS=suppressions=$STEPBENCH_ROOT/tests/support/lsan.supp
   # every test but the two largest Inception-unit sweeps (65 s of the 2 minutes here) and the two
   # ResNet-50 ones (the same kernels, slices and views run in the aux-head units, the graph's
-  # residual net and the op tests), and half the real models' liveness cases (one layout of each)
+  # residual net and the op tests), half the real models' liveness cases (one layout of each), and
+  # the fused units' whole-model steps (their pieces run in the op tests, the small nets and
+  # Liveness.FusedUnits...)
   OMP_NUM_THREADS=2 "$BASE-asan/bin/stepbench_tests" --gtest_brief=1 \
-    --gtest_filter='-Layouts/InceptionUnits.EveryUnitMatchesTheOracleInPlace/*:Layouts/ResNet50Units.*:*LivenessOfRealModels.*/inception_v3_nchw*:*LivenessOfRealModels.*/resnet50_nhwc*' || rc=1
+    --gtest_filter='-Layouts/InceptionUnits.EveryUnitMatchesTheOracleInPlace/*:Layouts/ResNet50Units.*:*LivenessOfRealModels.*/inception_v3_nchw*:*LivenessOfRealModels.*/resnet50_nhwc*:FusedModels/*:*FuseSteps.*' || rc=1
   # two processes under mpirun: the towers test over MPI (STEPBENCH_TEST_RANKS: it fails, not skips,
   # when the two do not find each other), and each process must have run some of it
   if command -v mpirun >/dev/null && grep -q 'STEPBENCH_MPI:BOOL=ON' "$BASE-asan/CMakeCache.txt"; then
