@@ -174,8 +174,9 @@ int main(int argc, char** argv) {
     catch_interrupts();
     if (o.bench.sweep()) return run_sweep(o.bench, *group);
     return run_benchmarks(o.bench, *group, argv[0], peer_dirs());
-  } catch (const UsageError& e) {  // also UnsupportedError: an impossible combination here
-    fmt::print(stderr, "stepbench: {}\n", e.what());
+  } catch (const UsageError& e) {            // also UnsupportedError: an impossible combination here
+    const std::string_view what = e.what();  // a subcommand's ("stepbench launch: ...") names itself
+    fmt::print(stderr, "{}{}\n", what.rfind("stepbench ", 0) == 0 ? "" : "stepbench: ", what);
     if (group) group->abort(2);  // under mpirun: end the other processes instead of leaving them waiting
     return 2;
   } catch (const std::exception& e) {
