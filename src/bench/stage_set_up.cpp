@@ -2,6 +2,7 @@
 // Benchmark's flags, the files the run writes, the peer's Python), then the towers and the feeder.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -117,7 +118,15 @@ std::string towers_text(const Run& run) {
   const std::string per = gpu ? n(r.towers, "GPU", "GPUs") : n(r.towers, "tower", "towers");
   if (run.group.size() > 1) {
     const int nodes = run.group.nodes();  // "2 nodes x 2 processes": processes per node
-    const std::string procs = nodes > 1 ? fmt::format("{} x {}", n(nodes, "node", "nodes"),
+    // across hosts, each a node: their names ("2 nodes (gpu01, gpu02) x 8 processes"), at most three
+    std::vector<std::string> hosts;
+    for (const auto& p : run.group.peers())
+      if (std::find(hosts.begin(), hosts.end(), p.host) == hosts.end()) hosts.push_back(p.host);
+    std::string named;
+    if (nodes > 1 && static_cast<int>(hosts.size()) == nodes)
+      named = nodes <= 3 ? fmt::format(" ({})", fmt::join(hosts, ", "))
+                         : fmt::format(" ({}, {}, ... {})", hosts[0], hosts[1], hosts.back());
+    const std::string procs = nodes > 1 ? fmt::format("{}{} x {}", n(nodes, "node", "nodes"), named,
                                                       n(run.group.size() / nodes, "process", "processes"))
                                         : n(run.group.size(), "process", "processes");
     return fmt::format("{} ({}, started by {}) x {} x batch {}", procs, run.group.transport_name(),

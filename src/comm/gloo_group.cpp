@@ -310,10 +310,11 @@ std::string host_name() {
   return h;
 }
 
-// The address Gloo listens on: loopback when every process is on this node; else the local
-// address that routes to the store's host (a connected UDP socket sends nothing); else the host name.
-std::string gloo_address(const LaunchEnv& env) {
-  if (env.local_size == env.size) return "127.0.0.1";
+// The address Gloo listens on: loopback when every process is on this host (by the launcher's
+// variables and by the hosts they met from); else the local address that routes to the store's host
+// (a connected UDP socket sends nothing); else the host name.
+std::string gloo_address(const LaunchEnv& env, bool one_host) {
+  if (env.local_size == env.size && one_host) return "127.0.0.1";
   if (env.rendezvous.rfind("tcp://", 0) == 0) {
     const auto colon = env.rendezvous.rfind(':');
     const std::string host = env.rendezvous.substr(6, colon - 6);
@@ -374,8 +375,13 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
     if (env.rank == 0 && env.rendezvous.rfind("tcp://", 0) == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     throw;
   }
+  // across hosts each host is a node (comm/transport.hpp), whatever the launcher's variables said
+  LaunchEnv placed = env;
+  const bool one_host = !place_by_host(j.peers, placed);
+  j.local_rank = placed.local_rank;
+  j.local_size = placed.local_size;
   gloo::transport::tcp::attr attr;
-  attr.hostname = gloo_address(env);
+  attr.hostname = gloo_address(env, one_host);
   std::shared_ptr<gloo::transport::Device> dev;
   try {
     dev = gloo::transport::tcp::CreateDevice(attr);
@@ -405,17 +411,17 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   auto live = mesh("gloo-live/", env.rank, env.size);
   auto t = std::make_unique<GlooTransport>(ctx, live);
   if (point_to_point) t->set_p2p(mesh("gloo-p2p/", env.rank, env.size));
-  j.node = env.node;
-  j.nodes = env.nodes;
+  j.node = placed.node;
+  j.nodes = placed.nodes;
   // the two levels, each its own pair of meshes, where several nodes have several processes each
-  const std::vector<int> pairs = t->allgather_ints(env.rank, env.size, timeout_s, {env.node, env.local_rank});
-  auto [within, across] = level_members(pairs, env.node, env.local_rank, env.nodes, env.local_size, j.levels_why);
-  if (!within.empty() && env.local_size > 1 && env.nodes > 1) {
-    const std::string in = fmt::format("gloo-node{}", env.node), out = fmt::format("gloo-across{}", env.local_rank);
-    j.within = std::make_unique<GlooTransport>(mesh(in + "/", env.local_rank, env.local_size),
-                                               mesh(in + "-live/", env.local_rank, env.local_size));
-    j.across = std::make_unique<GlooTransport>(mesh(out + "/", env.node, env.nodes),
-                                               mesh(out + "-live/", env.node, env.nodes));
+  const LaunchEnv& e = placed;
+  const std::vector<int> pairs = t->allgather_ints(e.rank, e.size, timeout_s, {e.node, e.local_rank});
+  auto [within, across] = level_members(pairs, e.node, e.local_rank, e.nodes, e.local_size, j.levels_why);
+  if (!within.empty() && e.local_size > 1 && e.nodes > 1) {
+    const std::string in = fmt::format("gloo-node{}", e.node), out = fmt::format("gloo-across{}", e.local_rank);
+    j.within = std::make_unique<GlooTransport>(mesh(in + "/", e.local_rank, e.local_size),
+                                               mesh(in + "-live/", e.local_rank, e.local_size));
+    j.across = std::make_unique<GlooTransport>(mesh(out + "/", e.node, e.nodes), mesh(out + "-live/", e.node, e.nodes));
     j.within_ranks = std::move(within);
     j.across_ranks = std::move(across);
   }

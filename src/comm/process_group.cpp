@@ -116,6 +116,24 @@ std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<in
   return {within, across};
 }
 
+bool place_by_host(const std::vector<PeerInfo>& peers, LaunchEnv& env) {
+  std::vector<std::string> hosts;  // in the order of their first rank
+  for (const auto& p : peers)
+    if (std::find(hosts.begin(), hosts.end(), p.host) == hosts.end()) hosts.push_back(p.host);
+  if (hosts.size() < 2) return false;
+  if (env.nodes_given) return true;
+  const std::string& mine = peers[static_cast<std::size_t>(env.rank)].host;
+  env.node = static_cast<int>(std::find(hosts.begin(), hosts.end(), mine) - hosts.begin());
+  env.nodes = static_cast<int>(hosts.size());
+  env.local_rank = env.local_size = 0;
+  for (std::size_t r = 0; r < peers.size(); ++r)
+    if (peers[r].host == mine) {
+      if (static_cast<int>(r) < env.rank) ++env.local_rank;
+      ++env.local_size;
+    }
+  return true;
+}
+
 ProcessGroup::~ProcessGroup() = default;
 
 std::string ProcessGroup::transport_name() const { return t_ ? t_->name() : ""; }

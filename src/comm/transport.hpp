@@ -59,6 +59,13 @@ std::pair<std::vector<int>, std::vector<int>> level_members(const std::vector<in
                                                             int local_rank, int nodes, int local_size,
                                                             std::string& why);
 
+// Across hosts each host is a node: where the peers (rank order, from the rendezvous) run on more than
+// one host and --procs-per-node did not pose nodes (env.nodes_given), env's node is its host's place
+// among the hosts in the order of their first rank, its local rank its place among that host's ranks,
+// nodes the hosts and local_size this host's ranks (hosts holding different numbers of processes
+// then have no two levels: level_members says why). Returns whether the peers span several hosts.
+bool place_by_host(const std::vector<PeerInfo>& peers, LaunchEnv& env);
+
 // The store's rendezvous, then Gloo's full mesh over TCP (and the point-to-point mesh when asked);
 // UsageError when built without Gloo.
 Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point);

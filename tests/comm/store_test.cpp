@@ -366,6 +366,54 @@ TEST(Levels, MembersComeFromEachRanksNodeAndLocalRank) {
   EXPECT_EQ(why, "3 processes do not fill 2 nodes of 2");
 }
 
+// Across hosts each host is a node: its place in the order of the hosts' first ranks; the local rank
+// the rank's place on its host; not on one host (the launcher's nodes stay) nor where
+// --procs-per-node posed nodes.
+TEST(Levels, NodesComeFromTheHostsAcrossHosts) {
+  const auto peers = [](std::vector<std::string> hosts) {
+    std::vector<PeerInfo> p;
+    for (auto& h : hosts) p.push_back({h, 1});
+    return p;
+  };
+  LaunchEnv e;
+  e.size = 4;
+  e.rank = 2;
+  e.local_size = 4;  // what a launcher without local variables says: all on this node
+  e.local_rank = 2;
+  const auto cyclic = peers({"b", "a", "b", "a"});  // dealt in turn; b comes first
+  ASSERT_TRUE(place_by_host(cyclic, e));
+  EXPECT_EQ(e.node, 0);
+  EXPECT_EQ(e.nodes, 2);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 2);
+  e.rank = 1;
+  ASSERT_TRUE(place_by_host(cyclic, e));
+  EXPECT_EQ(e.node, 1);
+  EXPECT_EQ(e.local_rank, 0);
+  // three on one host, one on another: this host's size (no two levels: level_members refuses them)
+  e.rank = 3;
+  ASSERT_TRUE(place_by_host(peers({"a", "a", "b", "a"}), e));
+  EXPECT_EQ(e.node, 0);
+  EXPECT_EQ(e.local_rank, 2);
+  EXPECT_EQ(e.local_size, 3);
+  // one host: the launcher's placement (posing as nodes, --nodes) is kept
+  LaunchEnv one;
+  one.size = 4;
+  one.rank = 3;
+  one.node = 1;
+  one.nodes = 2;
+  one.local_rank = 1;
+  one.local_size = 2;
+  EXPECT_FALSE(place_by_host(peers({"a", "a", "a", "a"}), one));
+  EXPECT_EQ(one.node, 1);
+  EXPECT_EQ(one.local_size, 2);
+  // --procs-per-node: its nodes stay, across hosts too
+  one.nodes_given = true;
+  EXPECT_TRUE(place_by_host(cyclic, one));
+  EXPECT_EQ(one.node, 1);
+  EXPECT_EQ(one.local_rank, 1);
+}
+
 TEST(GlooGroup, TwoLevelsSumEveryElementAsTheFlatAllReduceDoes) {
   if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
   const std::string where = "file:" + temp_folder();
