@@ -1,9 +1,10 @@
-// A run cut short by SIGINT or SIGTERM, or halted because its numbers stopped being finite. The
-// command line's handler stores the signal in an atomic (BenchConfig::interrupt); the benchmarks
-// poll it, so that the phases already measured are reported and written to --json whole, and the
-// rest are marked "cut short" (or "not run") instead of being run. Under mpirun the processes agree
-// (a max over the group) before each benchmark, so that all of them stop at the same one and no
-// collective is left waiting.
+// A run cut short by SIGINT or SIGTERM, halted because its numbers stopped being finite, or ended by
+// a failed sync (a peer gone or silent: the group is spent). The command line's handler stores the
+// signal in an atomic (BenchConfig::interrupt); the benchmarks poll it, so that the phases already
+// measured are reported and written to --json whole, and the rest are marked "cut short" (or "not
+// run") instead of being run. Under mpirun the processes agree (a max over the group) before each
+// benchmark, so that all of them stop at the same one and no collective is left waiting; once the
+// group is spent nothing asks it again.
 #pragma once
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -24,6 +25,7 @@ class Interrupt {
   int local() const { return flag_ ? flag_->load() : 0; }
   // The signal any process received (0: none); a collective: every process calls it at the same point.
   int agreed() const {
+    if (spent_) return kHalted;  // the group cannot answer: its collectives fail or wait
     const int mine = local() ? local() : halted_.empty() ? 0 : kHalted;
     const int s = group_.size() > 1 ? static_cast<int>(group_.allreduce_max(mine)) : mine;
     if (s == kHalted && halted_.empty()) halted_ = "another process's numbers stopped being finite";
@@ -34,6 +36,13 @@ class Interrupt {
   // one are marked not run.
   void halt(std::string why) const { halted_ = std::move(why); }
   const std::string& halted() const { return halted_; }
+  // A sync failed (SyncError: a peer ended, stalled or went silent): halted, and the group spent, so
+  // that no benchmark or report after this one calls a collective; the run then ends with exit 1.
+  void spend(std::string why) const {
+    halted_ = std::move(why);
+    spent_ = true;
+  }
+  bool spent() const { return spent_; }
   // At a benchmark's start (every process): true, and the benchmark marked as not measured, once
   // a signal came.
   bool skip(benchmark::State& st) const {
@@ -67,6 +76,7 @@ class Interrupt {
   const ProcessGroup& group_;
   mutable int signal_ = 0;
   mutable std::string halted_;
+  mutable bool spent_ = false;
 };
 
 }  // namespace stepbench

@@ -117,6 +117,7 @@ Probes probe(Run& run, const Timings& t) {
   const BenchConfig& c = run.c;
   Probes p;
   p.fabric = fabric_of(c);
+  if (run.stop.spent()) return p;  // a failed sync: the group answers no collective
   p.stragglers = gather_stragglers(run);
   p.async = gather_async(run);
   if (p.async) add_json_section(run, t, "asynchronous", async_json(run, *p.async));

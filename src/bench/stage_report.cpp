@@ -77,12 +77,12 @@ Exit report_cut_short(Run& run, const Timings& t, const Probes& p) {
                 memory_report(*run.towers, run.resident_before));
   int cut = 0;
   for (const auto& [name, n] : rep.cut_short) cut += n;
-  std::cout << fmt::format(
+  std::cout << wrap(fmt::format(
       "{}. The rows above are the repetitions measured before it; {} repetitions of {} benchmarks were not run "
-      "(marked \"{}\"{}){}\n",
+      "(marked \"{}\"{}){}",
       stop.signal() ? "cut short by " + stop.name() : stop.halted(), cut, rep.cut_short.size(),
       stop.signal() ? stop.message() : "not run: ...", c.json.empty() ? "" : " in --json " + c.json,
-      c.history.empty() ? "" : "; nothing was appended to --history");
+      c.history.empty() ? "" : "; nothing was appended to --history"));
   return stop.signal() ? 128 + stop.signal() : 1;
 }
 

@@ -42,15 +42,22 @@ void register_fixture(Run& run, const std::string& name, Body body) {
       benchmark::RegisterBenchmark(
           name.c_str(),
           [&stop, &towers, &group, &progress, body = std::move(body), name, shown, repetitions](benchmark::State& st) {
-            if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
-            progress.repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
-            body(st);
-            // outside the timed loop: did this phase blow the numbers up?
-            const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
-            if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
-              const std::string why = bad.empty() ? "on another process" : bad;
-              st.SkipWithError(("not finite: " + why).c_str());
-              stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
+            try {
+              if (stop.skip(st)) return;  // after a signal or a blow-up: marked, not run
+              progress.repetition(shown, static_cast<long long>(st.max_iterations), repetitions);
+              body(st);
+              // outside the timed loop: did this phase blow the numbers up?
+              const std::string bad = st.error_occurred() ? "" : numeric_trouble(towers);
+              if (group.allreduce_max(bad.empty() ? 0.0 : 1.0) > 0 && !st.error_occurred()) {
+                const std::string why = bad.empty() ? "on another process" : bad;
+                st.SkipWithError(("not finite: " + why).c_str());
+                stop.halt(fmt::format("the numbers stopped being finite in {}: {}", name, why));
+              }
+            } catch (const SyncError& e) {  // a peer gone or silent: what was measured is kept, the rest not run
+              progress.clear();
+              std::cerr << "stepbench: error: " << e.what() << "\n";
+              if (!st.error_occurred()) st.SkipWithError(fmt::format("the sync failed: {}", e.what()).c_str());
+              stop.spend(e.what());
             }
           })
           ->UseManualTime()
@@ -269,7 +276,7 @@ Timings run_fixtures(Run& run) {
       partial.path.clear();
     }
   }
-  if (run.group.size() > 1) {  // the root alone writes --json: every process ends with it
+  if (run.group.size() > 1 && !run.stop.spent()) {  // the root alone writes --json: every process ends with it
     const double e = run.group.allreduce_max(t.exit ? *t.exit : 0);
     if (e > 0) t.exit = static_cast<int>(e);
   }
