@@ -21,6 +21,12 @@ namespace {
 
 using Reps = std::vector<SummaryReporter::Rep>;
 
+// A bandwidth in GB/s with two decimals, more below 0.1 (a shaped or slow link: 0.00244, not 0.00).
+std::string gbps(double x) {
+  const int extra = x > 0 && x < 0.1 ? static_cast<int>(-std::floor(std::log10(x))) : 0;
+  return fmt::format("{:.{}f}", x, 2 + std::min(extra, 6));
+}
+
 // The median of a counter over the repetitions ("": the device time).
 double med(const Reps& r, const std::string& counter = "") {
   std::vector<double> v;
@@ -166,10 +172,10 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
                                         t.sync_levels().empty() ? "this process's towers"
                                                                 : "each node's towers onto its first process"));
       else
-        out << labelled("", fmt::format("{:.1f} MB in {} bucket{}: algbw {:.2f} GB/s, busbw {:.2f} GB/s",
+        out << labelled("", fmt::format("{:.1f} MB in {} bucket{}: algbw {} GB/s, busbw {} GB/s",
                                         static_cast<double>(t.sync_bytes()) / 1e6, t.bucket_count(),
-                                        t.bucket_count() == 1 ? "" : "s", med(*gs->reps, "algbw_GB/s"),
-                                        med(*gs->reps, "busbw_GB/s")));
+                                        t.bucket_count() == 1 ? "" : "s", gbps(med(*gs->reps, "algbw_GB/s")),
+                                        gbps(med(*gs->reps, "busbw_GB/s"))));
       // each level's host time, the slowest process's: in the step, which runs every level (a parameter
       // server's pull is part of the update), else in grad_sync
       const Row* lr = step ? step : gs;
@@ -177,9 +183,9 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
         out << labelled(
             "", fmt::format("each level in {}, host time of the slowest process:", step ? "the step" : "grad_sync"));
       for (const SyncLevel& l : t.sync_levels())
-        out << labelled("", fmt::format("  {}: {:.3f} ms, algbw {:.2f} GB/s, busbw {:.2f} GB/s", l.name,
-                                        med(*lr->reps, l.key + "_ms"), med(*lr->reps, l.key + "_algbw_GB/s"),
-                                        med(*lr->reps, l.key + "_busbw_GB/s")));
+        out << labelled(
+            "", fmt::format("  {}: {:.3f} ms, algbw {} GB/s, busbw {} GB/s", l.name, med(*lr->reps, l.key + "_ms"),
+                            gbps(med(*lr->reps, l.key + "_algbw_GB/s")), gbps(med(*lr->reps, l.key + "_busbw_GB/s"))));
     }
   }
   if (step) {
