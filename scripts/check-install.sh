@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that the install list of scripts/common.sh brings everything a build used, so that a fresh
 # machine builds too, whatever was installed by hand on this one. For every Debian file the build
-# read (headers: ninja's dependency log; libraries: the binaries' ldd and the CMake cache) it asks
+# read (headers: ninja's dependency log; libraries: the binaries' ldd and the CMake cache; and the
+# programs scripts/hosts.sh runs for the tests) it asks
 # dpkg which package owns it, and fails, naming package and file, when that package is not in the
 # dependency closure of the install list (apt-cache depends --recurse, no recommends).
 # Files under /usr/local (the CUDA toolkit, a prerequisite) are not Debian's and not checked.
@@ -28,6 +29,8 @@ trap 'rm -f "$files" "$files.owners" "$files.closure"' EXIT
   for b in "$BUILD_DIR"/bin/*; do
     if [ -x "$b" ]; then ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' || true; fi
   done
+  # programs the tests run (scripts/hosts.sh: the cluster of namespace hosts)
+  for t in ip tc unshare; do command -v "$t" || true; done
 } | { grep -v -e '^/usr/local/' -e "^$BUILD_DIR" -e "^$STEPBENCH_ROOT" || true; } | sort -u |
   while read -r f; do
     if [ -f "$f" ]; then readlink -f "$f"; echo "$f"; fi  # files: a directory belongs to many packages

@@ -10,6 +10,7 @@ STEPBENCH_PACKAGES=(
   clang-format clang-tidy  # scripts/lint.sh: format and static checks in CI
   python3 python3-numpy python3-torch python3-torchvision python3-scipy python3-matplotlib
   python3-yaml        # tests/ci/workflow_test.py
+  iproute2 util-linux # scripts/hosts.sh: network-namespace hosts for tests/comm/test_hosts.py (ip, tc, unshare)
 )
 
 # sb_progress LABEL LOG: keeps a command's output (stdin) in LOG and shows how far it is on stderr:

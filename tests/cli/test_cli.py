@@ -1333,6 +1333,26 @@ class Launch(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("node 2 is outside the 2 nodes", p.stderr)
 
+    def test_multi_node_launch_refusals(self):
+        # --nnodes without a meeting place, a node rank outside them, --nodes across machines, both
+        # --master and --rendezvous, a master that does not parse or resolve, node 0 on another host
+        for args, say in ((["--nnodes", "2"], "needs where the machines meet"),
+                          (["--nnodes", "2", "--node-rank", "2", "--master", "localhost:29500"],
+                           "--node-rank 2 is outside --nnodes 2"),
+                          (["--nnodes", "2", "--nodes", "2", "--nproc", "4", "--master", "localhost:29500"],
+                           "--nodes poses nodes on one machine"),
+                          (["--master", "localhost:29500", "--rendezvous", "file:/tmp/x"], "not both"),
+                          (["--master", "localhost"], "give HOST:PORT"),
+                          (["--nnodes", "2", "--node-rank", "1", "--master", "nohost.invalid:29500"],
+                           "does not resolve"),
+                          (["--nnodes", "2", "--master", "192.0.2.1:29500"], "is not an address of this machine")):
+            nproc = [] if "--nproc" in args else ["--nproc", "2"]
+            p = subprocess.run([STEPBENCH, "launch", *nproc, *args, "--", *TINY], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(p.returncode, 2, f"{args}: {p.stdout}{p.stderr}")
+            self.assertIn(say, p.stderr, args)
+            self.assertNotIn("stepbench: stepbench", p.stderr)
+
     def test_two_levels_on_two_nodes_and_a_rank_of_the_second_killed(self):
         # distributed_all_reduce over 4 processes posing as 2 nodes: the summary times each level
         p = subprocess.run([STEPBENCH, "launch", "--nproc", "4", "--nodes", "2", "--", *TINY, "--phases",
