@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 
 #include <iostream>
 
@@ -41,7 +43,24 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
 }
 
+// Every flag that takes a number with a fraction (CLI11's FLOAT; X in stepbench --help) refuses NaN
+// and the infinities: CLI11's Range and PositiveNumber let NaN through (it compares false).
+void refuse_non_finite(CLI::App& app) {
+  static const CLI::Validator finite(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && *end == '\0' && !std::isfinite(v) ? "not a finite number: " + s : "";
+      },
+      "", "finite");
+  for (CLI::Option* o : app.get_options()) {
+    const std::string t = o->get_type_name();
+    if (t.rfind("FLOAT", 0) == 0 || t == "X" || t.rfind("X:", 0) == 0) o->check(finite);  // with validators: "X:..."
+  }
+}
+
 std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, int first, const std::string& name) {
+  refuse_non_finite(app);
   std::string config;                // the --config file, if any
   std::map<std::string, int> lines;  // its keys and their lines
   try {

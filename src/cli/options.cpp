@@ -45,10 +45,16 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   add_enum(app, "--optimizer", b.run.optimizer.kind, "momentum (0.9), sgd or rmsprop");
   app.add_option("--learning-rate", o.learning_rate, "optimizer learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return *end == '\0' && x > 0 && x <= 1e6 ? "" : "give a learning rate above 0 and at most 1e6, not " + v;
+          },
+          "", "positive"));
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--warmup", b.warmup, "untimed training steps (and inference passes) before any timing, >= 1")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));

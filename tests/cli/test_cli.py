@@ -116,6 +116,25 @@ class Flags(unittest.TestCase):
         self.bad(["--recompute", "maybe"], "--recompute", "maybe", "{auto,on,off}")
         self.bad(["--fuse", "yes"], "--fuse", "yes", "{off,on}")
 
+    def test_every_number_flag_refuses_non_finite_and_out_of_range_values(self):
+        # every flag of every subcommand that takes a number with a fraction (X in stepbench --help,
+        # FLOAT in the subcommands'), from their help: NaN, the infinities and absurd magnitudes are
+        # refused with exit 2 naming the flag (CLI11's ranges let NaN through)
+        def flags(help_text, kind):
+            return sorted(set(re.findall(rf"^  (--[a-z0-9-]+) {kind}\b", help_text, re.M)))
+        _, main_help, _ = run("--help")
+        _, compare_help, _ = run("compare", "--help")
+        _, launch_help, _ = run("launch", "--help")
+        cases = [([], f, ["--backend", "cpu", "--list"]) for f in flags(main_help, "X")]
+        cases += [(["compare"], f, ["/dev/null", "/dev/null"]) for f in flags(compare_help, "FLOAT")]
+        cases += [(["launch"], f, ["--nproc", "1", "--", "--list"]) for f in flags(launch_help, "FLOAT")]
+        self.assertGreaterEqual(len(cases), 12, cases)
+        for sub, flag, rest in cases:
+            for value in ("nan", "inf", "-inf", "1e300", "-1e300"):
+                rc, out, err = run(*sub, flag, value, *rest, timeout=60)
+                self.assertEqual(rc, 2, f"{sub} {flag} {value}: exit {rc}\n{out}{err}")
+                self.assertIn(flag, err, f"{sub} {flag} {value}")
+
     def test_unknown_flags_and_google_benchmark_flags(self):
         self.bad(["--batchsize", "8"], "--batchsize")
         rc, _, err = run("--backend", "cpu", "--model", "tiny", "--benchmark_no_such_flag=1", "--list")
