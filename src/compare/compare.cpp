@@ -251,38 +251,31 @@ Run load_history_unchecked(const std::string& path, const Run& head, int last) {
     matching.push_back(std::move(rec));
   }
   Run r;
-  // every matching run's median per benchmark, oldest first: the series behind the noise and the
-  // change points
+  r.history_last = static_cast<std::size_t>(last);
+  // every matching run's median and repetitions per benchmark, oldest first: the series behind the
+  // noise and the change points, and the base window (the runs since the last change point)
   for (std::size_t i = 0; i < matching.size(); ++i) {
     const json& rec = matching[i];
     r.history.push_back({rec.value("revision", std::string("?")), rec.value("time", std::string())});
+    r.context = rec["context"].get<std::map<std::string, std::string>>();
     if (!rec.contains("benchmarks") || !rec["benchmarks"].is_object()) continue;
     for (const auto& [key, b] : rec["benchmarks"].items()) {
       auto [it, fresh] = r.benchmarks.try_emplace(key);
       if (fresh) r.order.push_back(key);
-      auto& med = it->second.run_medians;
-      med.resize(matching.size(), NAN);
-      if (b.contains("median_ms") && b["median_ms"].is_number()) med[i] = b["median_ms"].get<double>();
+      Series& s = it->second;
+      s.run_medians.resize(matching.size(), NAN);
+      s.run_ms.resize(matching.size());
+      s.run_throttled.resize(matching.size(), 0);
+      if (b.contains("median_ms") && b["median_ms"].is_number()) s.run_medians[i] = b["median_ms"].get<double>();
+      for (const auto& v : b.value("ms", json::array())) s.run_ms[i].push_back(v.get<double>());
+      s.run_throttled[i] = b.value("throttled", 0);
+      s.layers = b.value("layers", 1.0);
+      s.label = b.value("label", std::string());
     }
   }
-  const std::size_t from = matching.size() > static_cast<std::size_t>(last) ? matching.size() - last : 0;
-  std::vector<std::string> revs;
-  for (std::size_t i = from; i < matching.size(); ++i) {
-    const json& rec = matching[i];
-    r.context = rec["context"].get<std::map<std::string, std::string>>();
-    revs.push_back(rec.value("revision", std::string("?")));
-    if (!rec.contains("benchmarks") || !rec["benchmarks"].is_object()) continue;
-    for (const auto& [key, b] : rec["benchmarks"].items()) {
-      auto it = r.benchmarks.find(key);
-      for (const auto& v : b.value("ms", json::array())) it->second.ms.push_back(v.get<double>());
-      it->second.throttled += b.value("throttled", 0);
-      it->second.layers = b.value("layers", 1.0);
-      it->second.label = b.value("label", std::string());
-    }
-  }
-  r.source = revs.empty() ? fmt::format("history {} (no earlier run on this machine and configuration)", path)
-                          : fmt::format("history {} ({} run{}: {})", path, revs.size(), revs.size() == 1 ? "" : "s",
-                                        fmt::join(revs, ", "));
+  r.source = matching.empty() ? fmt::format("history {} (no earlier run on this machine and configuration)", path)
+                              : fmt::format("history {} ({} earlier run{} on this machine and configuration)", path,
+                                            matching.size(), matching.size() == 1 ? "" : "s");
   return r;
 }
 

@@ -34,6 +34,11 @@ struct Series {
   std::string label;                // per-layer benchmarks: those layers' names
   std::vector<int> round;           // ab.sh's pooled files: each repetition's round (1..rounds); else empty
   std::vector<double> run_medians;  // a history: each earlier run's median (NaN: not in that run)
+  // a history: each earlier run's repetitions and throttled count, oldest first (empty: not in that
+  // run); `ms` and `throttled` are then the base window's (compare_runs: the runs since the series'
+  // last change point, the last few at most)
+  std::vector<std::vector<double>> run_ms;
+  std::vector<int> run_throttled;
 };
 
 struct HistoryRun {
@@ -47,6 +52,7 @@ struct Run {
   std::vector<std::string> order;              // keys in file order
   int rounds = 0;                              // ab.sh's pooled files: the rounds per side
   std::vector<HistoryRun> history;             // a history: every matching earlier run, oldest first
+  std::size_t history_last = 5;                // a history: the most runs its base window pools (--last)
 };
 
 // A benchmark's name without Google Benchmark's "/repeats:N" and "/manual_time" suffixes, so that
@@ -67,7 +73,8 @@ std::vector<std::string> context_differences(const std::map<std::string, std::st
                                              const std::vector<std::string>& keys);
 
 // The records of a --history file (JSON lines written by `stepbench --history`) whose fingerprint
-// and configuration equal `head`'s and whose revision differs from it, the last `last` of them,
+// and configuration equal `head`'s and whose revision differs from it: each benchmark's series, and
+// its base window for the within-run test (compare_runs) at most the last `last` of them,
 // pooled into one run. Throws CompareError when the file cannot be read; an empty run when no record
 // matches (every benchmark then has insufficient data).
 Run load_history(const std::string& path, const Run& head, int last);
@@ -129,7 +136,6 @@ struct HistoryChange {
   std::size_t run = 0;         // index of the first run after the change in the series
   std::string revision, time;  // that run's
   double change = 0, lo = 0, hi = 0, p = 1;
-  bool head = false;  // the change is at HEAD itself
 };
 
 struct Report {

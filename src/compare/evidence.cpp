@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace stepbench::compare {
 
@@ -114,6 +115,42 @@ RunEvidence runs_evidence(double base_ms, double head_ms, double alpha, std::siz
   return e;
 }
 
+// The indices of a series' finite positive medians, and their logs.
+std::pair<std::vector<std::size_t>, std::vector<double>> log_medians(const std::vector<double>& med) {
+  std::pair<std::vector<std::size_t>, std::vector<double>> r;
+  for (std::size_t i = 0; i < med.size(); ++i)
+    if (std::isfinite(med[i]) && med[i] > 0) r.first.push_back(i), r.second.push_back(std::log(med[i]));
+  return r;
+}
+
+std::map<std::string, std::string> pool_since_change(Run& base) {
+  std::map<std::string, std::string> windows;
+  const std::size_t n = base.history.size();
+  for (auto& [key, s] : base.benchmarks) {
+    const auto [at, x] = log_medians(s.run_medians);
+    if (at.empty()) continue;
+    const auto cps = change_points(x, kChangeAlpha);
+    const std::size_t since = cps.empty() ? 0 : cps.back().index;  // into at / x
+    const std::size_t from = std::max(since, at.size() > base.history_last ? at.size() - base.history_last : 0);
+    s.ms.clear();
+    s.throttled = 0;
+    for (std::size_t k = from; k < at.size(); ++k) {
+      const std::size_t run = at[k];
+      if (run < s.run_ms.size()) s.ms.insert(s.ms.end(), s.run_ms[run].begin(), s.run_ms[run].end());
+      if (run < s.run_throttled.size()) s.throttled += s.run_throttled[run];
+    }
+    const std::size_t first = at[from] + 1, last = at.back() + 1;  // 1-based, as the report's runs
+    const std::string runs =
+        first == last ? fmt::format("run {} of {}", first, n) : fmt::format("runs {}-{} of {}", first, last, n);
+    windows[key] = cps.empty()
+                       ? fmt::format("{}{}", runs, from > 0 ? fmt::format(", the last {}", at.size() - from) : "")
+                       : fmt::format("{}, since the change point at run {} ({}){}", runs, at[since] + 1,
+                                     base.history[at[since]].revision,
+                                     from > since ? fmt::format(", the last {}", at.size() - from) : "");
+  }
+  return windows;
+}
+
 // About how many ab.sh rounds would show a change of `threshold`, with rounds whose log ratios
 // spread by `sd`: the fewest n whose test reaches alpha over the family and whose MDC is at most it.
 std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family) {
@@ -153,15 +190,10 @@ std::vector<HistoryChange> history_changes(const Run& base, const Run& head, std
     for (std::size_t c = 0; c < cps.size(); ++c) {
       HistoryChange h;
       h.key = r.key;
-      h.run = at[cps[c].index];
-      h.head = h.run == base.history.size();
-      if (!h.head && h.run < base.history.size()) {
-        h.revision = base.history[h.run].revision;
-        h.time = base.history[h.run].time;
-      } else {
-        h.revision = head.context.count("revision") ? head.context.at("revision") : "HEAD";
-        h.time = head.context.count("date") ? head.context.at("date") : "";
-      }
+      h.run = at[cps[c].index];  // 3 runs on either side: never HEAD's own, the series' last
+      if (h.run >= base.history.size()) throw CompareError("a change point at HEAD (a bug: 3 runs must follow one)");
+      h.revision = base.history[h.run].revision;
+      h.time = base.history[h.run].time;
       h.change = cps[c].change;
       h.lo = cps[c].ratio.lo - 1;
       h.hi = cps[c].ratio.hi - 1;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ RunEvidence history_evidence(const Series& b, double head_ms, double alpha, std:
 // Two lone runs: their medians differ by the run-to-run noise of each, sqrt(2) sigma.
 RunEvidence runs_evidence(double base_ms, double head_ms, double alpha, std::size_t family, double sigma,
                           const std::string& source);
+// A history's base window (Run::history): each benchmark's runs since the last change point of its
+// medians (all its runs where there is none), the last base.history_last of them at most; their
+// repetitions become the Series' ms and throttled (for the within-run test). Returns, per key, the
+// window in words ("runs 9-12 of 12, since the change point at run 9 (rev8)").
+std::map<std::string, std::string> pool_since_change(Run& base);
 // About how many ab.sh rounds would show a change of `threshold`, with rounds whose log ratios
 // spread by `sd`: the fewest n whose test reaches alpha over the family and whose MDC is at most it.
 std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family);

@@ -174,18 +174,41 @@ std::vector<LayerMove> layers_that_moved(const Row& phase, const std::vector<Row
   return top;
 }
 
+// The base windows of a history's phases in words: "runs 8-12 of 12, the last 5 for forward, ...;
+// runs 9-12 of 12, since the change point at run 9 (rev8) for step".
+std::string windows_text(const std::map<std::string, std::string>& windows) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by;  // window, its phases in key order
+  for (const auto& [key, w] : windows) {
+    if (is_per_layer(key)) continue;
+    auto it = std::find_if(by.begin(), by.end(), [&](const auto& p) { return p.first == w; });
+    if (it == by.end()) it = by.insert(by.end(), {w, {}});
+    it->second.push_back(phase_of(key));
+  }
+  std::vector<std::string> parts;
+  for (const auto& [w, phases] : by) parts.push_back(fmt::format("{} for {}", w, fmt::join(phases, ", ")));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
 }  // namespace
 
-Report compare_runs(const Run& base, const Run& head, const Options& o) {
+Report compare_runs(const Run& base_in, const Run& head, const Options& o) {
+  // a history's base: each phase's runs since its last change point (evidence.cpp), said as such
+  const bool from_history = base_in.source.rfind("history ", 0) == 0;
+  Run pooled;
+  if (from_history) pooled = base_in;
+  const auto windows = from_history ? pool_since_change(pooled) : std::map<std::string, std::string>{};
+  const Run& base = from_history ? pooled : base_in;
   Report rep;
   rep.base_source = base.source;
+  if (!windows.empty())
+    rep.base_source +=
+        "; the base of each phase its runs since the series' last change point: " + windows_text(windows);
   rep.head_source = head.source;
   rep.options = o;
   const auto machine = context_differences(base.context, head.context, fingerprint_keys());
   const auto config = context_differences(base.context, head.context, configuration_keys());
   if (!machine.empty()) rep.notes.push_back(fmt::format("different machines: {}", fmt::join(machine, "; ")));
   if (!config.empty()) rep.notes.push_back(fmt::format("different configurations: {}", fmt::join(config, "; ")));
-  const bool from_history = base.source.rfind("history ", 0) == 0;
   const bool paired = !from_history && base.rounds > 0 && head.rounds > 0;
   const int rounds = std::min(base.rounds, head.rounds);
   const std::string evidence = paired ? "rounds" : from_history ? "history" : "runs";

@@ -162,9 +162,9 @@ std::string format_text(const Report& r) {
   }
   if (hidden) s += fmt::format("({} per-layer benchmarks without a change not shown)\n", hidden);
   for (const auto& c : r.changes)
-    s += wrap_words(fmt::format("change point: {} {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}){}, p {:.2g}",
+    s += wrap_words(fmt::format("change point: {} {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}), p {:.2g}",
                                 c.key.substr(prefix.size()), 100 * c.change, 100 * c.lo, 100 * c.hi, c.run + 1,
-                                c.revision, c.time.empty() ? "" : ", " + c.time, c.head ? ", HEAD" : "", c.p),
+                                c.revision, c.time.empty() ? "" : ", " + c.time, c.p),
                     2, kWidth, 0);
   if (const std::string h = r.rerun_hint(); !h.empty()) s += wrap_words(h, 0, kWidth, 0);
   return s;
@@ -187,9 +187,9 @@ std::string format_markdown(const Report& r) {
                      row.n_base ? pct(row.change) : "-", interval(row), mdc_text(row), row.reason);
   }
   for (const auto& c : r.changes)
-    s += fmt::format("\nchange point: `{}` {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}){}, p {:.2g}\n",
+    s += fmt::format("\nchange point: `{}` {:+.1f}% [{:+.1f}%, {:+.1f}%] from run {} ({}{}), p {:.2g}\n",
                      c.key.substr(prefix.size()), 100 * c.change, 100 * c.lo, 100 * c.hi, c.run + 1, c.revision,
-                     c.time.empty() ? "" : ", " + c.time, c.head ? ", HEAD" : "", c.p);
+                     c.time.empty() ? "" : ", " + c.time, c.p);
   if (const std::string h = r.rerun_hint(); !h.empty()) s += "\n" + h + "\n";
   for (const auto& row : r.rows) {
     if (row.layers.empty()) continue;
@@ -223,8 +223,7 @@ std::string format_json(const Report& r) {
                             {"time", c.time},
                             {"change", c.change},
                             {"interval", {c.lo, c.hi}},
-                            {"p", c.p},
-                            {"head", c.head}});
+                            {"p", c.p}});
   j["rerun"] = r.rerun_hint();
   auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   for (const auto& row : r.rows) {

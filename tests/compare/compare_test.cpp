@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "compare/compare.hpp"
+#include "compare/evidence.hpp"
 #include "compare/stats.hpp"
 #include "support/temp_dir.hpp"
 
@@ -702,6 +703,38 @@ TEST(CompareFiles, AHistoryGivesTheNoiseAndDatesTheChange) {
       << s2.noise_source;
 }
 
+// The base of a run against its history is each phase's runs since the last change point of its
+// series (the last --last of them at most), and the report names that window: 12 runs, the step 10%
+// slower from run 9 (rev8) on; the other phases flat.
+TEST(CompareFiles, TheBaseWindowIsTheRunsSinceTheLastChangePoint) {
+  test::TempDir d("compare");
+  std::mt19937_64 rng(14);
+  std::normal_distribution<double> z(0, 1);
+  std::string lines;
+  for (int i = 0; i < 12; ++i) {
+    CRun r = synthetic(rng, 5, 0.005, i >= 8 ? 1.10 : 1.0, "cpu0", std::exp(0.005 * z(rng)));
+    r.context["revision"] = "rev" + std::to_string(i);
+    lines += history_record(r, "t") + "\n";
+  }
+  const std::string f = d.write("h.jsonl", lines);
+  CRun head = synthetic(rng, 5, 0.005, 1.10, "cpu0");
+  head.context["revision"] = "head";
+  const CRun base = load_history(f, head, 5);
+  CRun pooled = base;
+  const auto windows = pool_since_change(pooled);
+  EXPECT_EQ(windows.at(kPrefix + "/step"), "runs 9-12 of 12, since the change point at run 9 (rev8)");
+  EXPECT_EQ(pooled.benchmarks.at(kPrefix + "/step").ms.size(), 4u * 5);  // not run 8, before the change
+  EXPECT_EQ(windows.at(kPrefix + "/forward"), "runs 8-12 of 12, the last 5");
+  const Report rep = compare_runs(base, head, Options{});
+  const std::string text = format_text(rep);
+  EXPECT_NE(rep.base_source.find("runs 9-12 of 12, since the change point at run 9 (rev8) for step"), std::string::npos)
+      << rep.base_source;
+  EXPECT_NE(rep.base_source.find("runs 8-12 of 12, the last 5 for forward"), std::string::npos) << rep.base_source;
+  // HEAD at the level since the change: the step's within-run test sees no difference from its base
+  const Row& step = rep.rows[3];
+  EXPECT_LT(std::abs(step.change), 0.03) << text;
+}
+
 TEST(CompareFiles, AbRoundsReadPairedAndBadRoundsAreRefused) {
   test::TempDir d("compare");
   const std::string ok = d.write("ab.json", R"({"context": {"ab_rounds": 2, "ab_side": "base"},
@@ -774,10 +807,15 @@ TEST(CompareFiles, HistoryPoolsTheLastMatchingRunsOfOtherRevisions) {
   const std::string f = d.write("h.jsonl", lines);
   CRun head = synthetic(rng, 5, 0.01, 1.0);
   head.context["revision"] = "rev3";  // the head's own record is not its baseline
-  const CRun base = load_history(f, head, 5);
-  EXPECT_EQ(base.benchmarks.at(kPrefix + "/step").ms.size(), 10u);  // rev0 and rev2: 5 + 5
-  EXPECT_NE(base.source.find("2 runs: rev0, rev2"), std::string::npos) << base.source;
-  EXPECT_EQ(load_history(f, head, 1).benchmarks.at(kPrefix + "/step").ms.size(), 5u);
+  CRun base = load_history(f, head, 5);
+  EXPECT_NE(base.source.find("2 earlier runs"), std::string::npos) << base.source;
+  EXPECT_EQ(base.benchmarks.at(kPrefix + "/step").run_ms.size(), 2u);  // rev0 and rev2
+  const auto windows = pool_since_change(base);
+  EXPECT_EQ(base.benchmarks.at(kPrefix + "/step").ms.size(), 10u);  // 5 + 5
+  EXPECT_EQ(windows.at(kPrefix + "/step"), "runs 1-2 of 2");
+  CRun last = load_history(f, head, 1);
+  EXPECT_EQ(pool_since_change(last).at(kPrefix + "/step"), "run 2 of 2, the last 1");
+  EXPECT_EQ(last.benchmarks.at(kPrefix + "/step").ms.size(), 5u);
   head.context["device"] = "new";
   const CRun none = load_history(f, head, 5);
   EXPECT_TRUE(none.benchmarks.empty());
