@@ -216,12 +216,20 @@ class Cluster(unittest.TestCase):
         rc, outs = finish([launch(i, 3, mp, 1, *TINY, "--repetitions", "5", "--phases", "step",
                                   *(["--json", path3] if i == 0 else [])) for i in range(3)])
         self.assertEqual(rc, [0, 0, 0], "\n".join(outs))
-        step3 = statistics.median(ms for ms, _ in rows(path3, "step")[0])
+        steps3 = [ms for ms, _ in rows(path3, "step")[0]]
+        step3 = statistics.median(steps3)
         error = projected / step3 - 1
+        # the bound: 10%, or three times the two runs' spread where the machine is busier (the relative
+        # spread of the step's repetitions at 3 hosts, of the synced steps at 2)
+        def spread(v):
+            m = statistics.median(v)
+            return 1.4826 * statistics.median(abs(x - m) for x in v) / m
+        steps2 = [ms for ms, _ in rows(path, "step")[0]]
+        bound = max(0.10, 3 * (spread(steps2) ** 2 + spread(steps3) ** 2) ** 0.5)
         print(f"\nshaped {mbit} Mbit/s: busbw {busbw * 8e3:.1f} Mbit/s at 2 hosts, the across-nodes level of 2 x 2 "
               f"{across * 8e3:.1f} Mbit/s in all; step at 3 hosts projected {projected:.2f} ms, measured "
-              f"{step3:.2f} ms: error {100 * error:+.1f}%", file=sys.stderr)
-        self.assertLess(abs(error), 0.25, f"the projection from 2 hosts is {100 * error:+.0f}% off at 3")
+              f"{step3:.2f} ms: error {100 * error:+.1f}% (bound {100 * bound:.0f}%)", file=sys.stderr)
+        self.assertLess(abs(error), bound, f"the projection from 2 hosts is {100 * error:+.0f}% off at 3")
         for p in (path, path22, path3):
             os.remove(p)
 
@@ -250,7 +258,7 @@ class Cluster(unittest.TestCase):
         for i in (0, 1):
             self.assertRegex(outs[i], rf"rank {1 - i} \(pid \d+ on {PREFIX}{1 - i}\) did not answer",
                              f"host {i}:\n{outs[i]}")
-        self.assertIn("The rows above are the repetitions measured before it", outs[0])
+        self.assertIn("The rows above are the repetitions measured before it", " ".join(outs[0].split()))
         measured, j = rows(path, "step")  # what was measured before it is kept, whole
         self.assertGreater(len(measured), 0)
         self.assertTrue(any("not run: " in b.get("error_message", "") for b in j["benchmarks"]))
