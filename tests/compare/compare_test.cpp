@@ -357,6 +357,93 @@ TEST(CompareGate, InterleavedRoundsArePairedAndFindATenPercentSlowdown) {
   EXPECT_NE(few.rerun_hint().find("--rounds"), std::string::npos) << few.rerun_hint();
 }
 
+// A history as load_history gives it, from the noise model's runs: every run's median and
+// repetitions per phase, oldest first.
+CRun model_history(std::mt19937_64& rng, int runs, int reps, const NoiseModel& m) {
+  CRun h;
+  h.source = "history (model)";
+  for (int i = 0; i < runs; ++i) {
+    const CRun r = model_run(rng, reps, m, 1.0);
+    h.context = r.context;
+    h.order = r.order;
+    h.history.push_back({fmt::format("rev{}", i), "t"});
+    for (const auto& [key, s] : r.benchmarks) {
+      Series& b = h.benchmarks[key];
+      b.run_medians.push_back(median(s.ms));
+      b.run_ms.push_back(s.ms);
+      b.run_throttled.push_back(0);
+    }
+  }
+  return h;
+}
+
+// A run against its history when nothing changed: HEAD and every earlier run drawn alike, each with
+// its own run offset (lognormal at the cpu's stated 35%, and the typical model's 4%): over 1000
+// series of 4, 6 and 10 earlier runs, at most alpha of them called a regression. Few runs
+// are where the prediction interval's width matters: with the mean's standard error sd / sqrt(n)
+// instead of the prediction's sd sqrt(1 + 1/n), or z's quantile instead of t's with n - 1 degrees of
+// freedom, the same series alarm two to ten times as often (the threshold, 2%, decides nothing at
+// this noise).
+TEST(CompareGate, ARunAgainstAnUnchangedHistoryIsARegressionAtMostAlphaOfTheTime) {
+  const NoiseModel cpu_runs{0.35, 0.01, 0.02};  // the cpu's stated run-to-run noise, lognormal
+  for (const NoiseModel* m : {&cpu_runs, &kTypical})
+    for (int runs : {4, 6, 10}) {
+      std::mt19937_64 rng(runs * 100 + (m == &kTypical ? 1 : 2));
+      int alarms = 0;
+      for (int t = 0; t < 1000; ++t) {
+        const Report rep = compare_runs(model_history(rng, runs, 5, *m), model_run(rng, 5, *m, 1.0), Options{});
+        alarms += rep.exit_code();
+      }
+      const char* name = m == &kTypical ? "typical" : "cpu (35%)";
+      std::cout << name << " run noise, " << runs << " earlier runs: " << alarms
+                << " of 1000 unchanged HEADs called a regression\n";
+      // alpha 5% of 1000 series, and 3 standard deviations of a binomial count for chance
+      EXPECT_LE(alarms, 50 + 3 * 7) << alarms << " of 1000 (" << name << ", " << runs << " runs)";
+    }
+}
+
+// ab.sh's rounds share their time slot: round k of both sides ran within seconds, on a machine whose
+// speed drifts by far more than the change between them (here each round's slot moves both sides by
+// a factor of spread 35%, the cpu's run-to-run noise; each side's own run adds 1%). Paired by round,
+// the slots cancel: unchanged sides are a regression in at most 5% of 1000 sets of 9 rounds, a 5%
+// slower step is found in at least 90%. Unpaired (the round medians as two samples), or paired with
+// the wrong round (base k with head k + 1), the slots' drift swamps the 5%.
+std::pair<CRun, CRun> slot_rounds(std::mt19937_64& rng, int rounds, double slot_sd, double head_step) {
+  const NoiseModel side{0.01, 0.002, 0.01};
+  std::normal_distribution<double> n(0, 1);
+  CRun base, head;
+  for (int k = 1; k <= rounds; ++k) {
+    const double slot = std::exp(slot_sd * n(rng));  // this round's speed, for both sides
+    for (auto* s : {&base, &head}) {
+      const CRun one = model_run(rng, 3, side, s == &head ? head_step : 1.0);
+      s->context = one.context;
+      s->order = one.order;
+      for (const auto& [key, series] : one.benchmarks)
+        for (double v : series.ms) {
+          s->benchmarks[key].ms.push_back(slot * v);
+          s->benchmarks[key].round.push_back(k);
+        }
+    }
+  }
+  base.rounds = head.rounds = rounds;
+  return {base, head};
+}
+
+TEST(CompareGate, PairedRoundsCancelTheirSlotsDrift) {
+  std::mt19937_64 rng(21);
+  int alarms = 0, found = 0;
+  for (int t = 0; t < 1000; ++t) {
+    const auto [b, h] = slot_rounds(rng, 9, 0.35, 1.0);
+    alarms += compare_runs(b, h, Options{}).exit_code();
+    const auto [b5, h5] = slot_rounds(rng, 9, 0.35, 1.05);
+    found += step_status(compare_runs(b5, h5, Options{})) == Status::regression;
+  }
+  std::cout << "rounds drifting by 35%: " << alarms << " of 1000 A/A sets called a regression, a 5% slower step "
+            << "found in " << found << "\n";
+  EXPECT_LE(alarms, 50 + 3 * 7);
+  EXPECT_GE(found, 900);
+}
+
 TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
   std::mt19937_64 rng(7);
   const CRun a = synthetic(rng, 10, 0.01, 1.0), b = synthetic(rng, 10, 0.01, 1.05);
