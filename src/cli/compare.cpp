@@ -36,7 +36,7 @@ int compare_main(int argc, char** argv) {
       "stepbench compare"};
   std::vector<std::string> files;
   compare::Options o;
-  double threshold_pct = 100 * o.threshold, run_noise_pct = -1;
+  double threshold_pct = 100 * o.threshold, run_noise_pct = -1, round_noise_pct = -1;
   std::string markdown, json_out, history;
   int last = 5;
   app.add_option("files", files, "BASE.json HEAD.json (stepbench --json output), or HEAD.json with --history")
@@ -52,8 +52,15 @@ int compare_main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(2, 1000000));
   app.add_option("--run-noise", run_noise_pct,
-                 "the run-to-run noise in percent (relative sd of a run's median) for two lone runs and a short "
-                 "history; default: 20 on the cpu backend, 5 on cuda")
+                 fmt::format("the run-to-run noise in percent (relative sd of a run's median) for two lone runs and "
+                             "a short history; default: {:g} on the cpu backend, {:g} on cuda",
+                             100 * compare::default_run_noise("cpu"), 100 * compare::default_run_noise("cuda")))
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--round-noise", round_noise_pct,
+                 fmt::format("ab.sh's paired noise in percent (the sd of its rounds' log ratios), which sizes the "
+                             "rounds the advice names after two lone runs or a history; default: {:g} on the cpu "
+                             "backend, {:g} on cuda",
+                             100 * compare::default_round_noise("cpu"), 100 * compare::default_round_noise("cuda")))
       ->check(CLI::Range(0.0, 100.0));
   app.add_flag("--fail-on-unknown", o.fail_on_unknown,
                "exit 1 when a phase's verdict is unknown (the evidence cannot tell a change of --threshold) or "
@@ -62,12 +69,15 @@ int compare_main(int argc, char** argv) {
   app.add_option("--json", json_out, "also write the report as JSON");
   app.add_option("--history", history, "compare HEAD.json with earlier runs in this file (stepbench --history)")
       ->check(CLI::ExistingFile);
-  app.add_option("--last", last, "with --history: pool the last N matching runs")
+  app.add_option("--last", last,
+                 "with --history: the within-run test's base pools at most the last N runs since the last change "
+                 "point")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   if (auto rc = parse_args(app, argc, argv, 2, "stepbench compare")) return *rc;
   o.threshold = threshold_pct / 100;
   if (run_noise_pct >= 0) o.run_noise = run_noise_pct / 100;
+  if (round_noise_pct >= 0) o.round_noise = round_noise_pct / 100;
   if (history.empty() && files.size() != 2)
     throw UsageError("compare takes BASE.json HEAD.json (or HEAD.json with --history FILE)");
   if (!history.empty() && files.size() != 1)

@@ -87,13 +87,21 @@ struct Options {
   double threshold = 0.02;  // the smallest relative change reported as a regression or improvement
   double alpha = 0.05;      // family-wise error rate (Holm) and 1 - the interval's confidence
   int min_repetitions = 3;
-  double run_noise = -1;         // the run-to-run noise (relative sd of a run's median); < 0: stated default
+  double run_noise = -1;  // the run-to-run noise (relative sd of a run's median); < 0: stated default
+  // ab.sh's paired noise: the sd of its rounds' log ratios (head / base medians of one time slot),
+  // for the rounds two lone runs or a history would need to decide; < 0: the stated default
+  double round_noise = -1;
   bool fail_on_unknown = false;  // exit 1 when a phase's verdict is unknown (or insufficient data)
 };
 
 // The stated run-to-run noise for two lone runs of a backend (relative sd of a run's median),
 // conservative: the largest measured between runs on a 2-core VM (cpu, 35%); 5% on cuda.
 double default_run_noise(const std::string& backend);
+// The stated paired noise of ab.sh's rounds for a backend (default_round_noise; evidence.cpp says
+// where it was measured): what the advice after two lone runs or a history sizes its rounds with.
+double default_round_noise(const std::string& backend);
+// The power the advice's rounds are sized for: a change of exactly --threshold found this often.
+constexpr double kAdvicePower = 0.8;
 
 enum class Status { regression, suspicious, no_change, improvement, insufficient, unstable, unknown };
 const char* to_string(Status s);
@@ -125,7 +133,11 @@ struct Row {
   double run_noise = 0;                      // the relative run-to-run sd used (runs, history)
   std::string noise_source;                  // where it came from
   double mdc = 0;                            // the smallest change (a fraction) this comparison could show
-  std::size_t rounds_needed = 0;             // unknown: about how many ab.sh rounds would decide --threshold
+  // unknown: about how many ab.sh rounds would find a change of --threshold with kAdvicePower, at the
+  // paired noise round_noise (the rounds' own spread, or a stated one) from round_noise_source
+  std::size_t rounds_needed = 0;
+  double round_noise = 0;
+  std::string round_noise_source;
 };
 
 // A change point in a benchmark's history (the series of its runs' medians, HEAD last if given). It

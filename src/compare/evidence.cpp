@@ -19,6 +19,14 @@ namespace stepbench::compare {
 // phase, 164% for two. cuda: not measured across runs yet; 5%.
 double default_run_noise(const std::string& backend) { return backend == "cuda" ? 0.05 : 0.35; }
 
+// cpu: ab.sh's A/A rounds of the default run (Inception-v3, batch 4, the reduced cpu run) on a 2-core
+// AMD EPYC VM, 9 rounds on 2026-12-01: the sd of the rounds' log ratios 11.4% forward, 11.9%
+// forward_train, 11.6% forward_backward, 12.6% step (20% the 10 ms update); their rounds' medians
+// spread by 6.4-11.6% from round to round, so pairing two runs 20 s apart cancelled nothing there
+// (sqrt(2) x the spread: uncorrelated). 13%: the step's, rounded up. cuda: not measured yet; a guess,
+// 2%, less than its stated run noise.
+double default_round_noise(const std::string& backend) { return backend == "cuda" ? 0.02 : 0.13; }
+
 namespace {
 
 std::vector<double> round_medians(const Series& s, int rounds) {
@@ -151,18 +159,24 @@ std::map<std::string, std::string> pool_since_change(Run& base) {
   return windows;
 }
 
-// About how many ab.sh rounds would show a change of `threshold`, with rounds whose log ratios
-// spread by `sd`: the fewest n whose test reaches alpha over the family and whose MDC is at most it.
-std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family) {
-  const double target = std::log1p(threshold);
-  // t's quantile is above the normal's: no n below (z sd / target)^2 will do
-  const double z = normal_quantile(1 - alpha / static_cast<double>(family));
+// About how many ab.sh rounds would find a change of `threshold` with probability `power`, with
+// rounds whose log ratios spread by `sd`: the fewest n whose test can reach alpha over the family and
+// for which the one-sided t test at alpha / family has that power against the threshold,
+// (t(1 - alpha / family) + t(power)) sd / sqrt(n) <= log(1 + threshold), n - 1 degrees of freedom;
+// then over the signed-rank test's efficiency against t under normal noise (3 / pi, Pitman), which
+// needs that many more rounds. 1000: more than that.
+std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family, double power) {
+  const double target = std::log1p(threshold), a = alpha / static_cast<double>(family);
+  const double z = normal_quantile(1 - a) + normal_quantile(power);  // t's quantiles are above: no n below
   const double n0 = std::ceil(z * sd / target * (z * sd / target));
   if (!(n0 <= 1000)) return 1000;
   for (auto n = std::max<std::size_t>(3, static_cast<std::size_t>(n0)); n <= 1000; ++n) {
-    if (static_cast<double>(family) * smallest_signed_rank_p(n) >= alpha) continue;
     const double nn = static_cast<double>(n);
-    if (student_t_quantile(1 - alpha / static_cast<double>(family), nn - 1) * sd / std::sqrt(nn) <= target) return n;
+    if ((student_t_quantile(1 - a, nn - 1) + student_t_quantile(power, nn - 1)) * sd / std::sqrt(nn) > target) continue;
+    constexpr double kSignedRankEfficiency = 3 / 3.14159265358979323846;
+    auto k = static_cast<std::size_t>(std::ceil(nn / kSignedRankEfficiency));
+    while (k <= 1000 && static_cast<double>(family) * smallest_signed_rank_p(k) >= alpha) ++k;
+    return std::min<std::size_t>(k, 1000);
   }
   return 1000;
 }

@@ -46,9 +46,10 @@ RunEvidence runs_evidence(double base_ms, double head_ms, double alpha, std::siz
 // repetitions become the Series' ms and throttled (for the within-run test). Returns, per key, the
 // window in words ("runs 9-12 of 12, since the change point at run 9 (rev8)").
 std::map<std::string, std::string> pool_since_change(Run& base);
-// About how many ab.sh rounds would show a change of `threshold`, with rounds whose log ratios
-// spread by `sd`: the fewest n whose test reaches alpha over the family and whose MDC is at most it.
-std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family);
+// About how many ab.sh rounds would find a change of `threshold` with probability `power` (the
+// advice's kAdvicePower), with rounds whose log ratios spread by `sd`, over a family of `family`
+// tests at alpha (evidence.cpp says how); 1000 means more than that.
+std::size_t rounds_for(double threshold, double sd, double alpha, std::size_t family, double power = kAdvicePower);
 // Change points of each phase's series: the history's run medians, then HEAD's. A slowdown beyond
 // the threshold that HEAD sits after (the last change of the series) makes HEAD's row a regression.
 std::vector<HistoryChange> history_changes(const Run& base, const Run& head, std::vector<Row>& rows, const Options& o);

@@ -44,16 +44,22 @@ std::string Report::rerun_hint() const {
       rounds = std::max(rounds, r.rounds_needed);
   }
   if (reps > 0) return fmt::format("to decide, rerun both runs with --repetitions {} (or more)", reps);
+  // the noise the most rounds were sized with
+  const Row* by = nullptr;
+  for (const auto& r : rows)
+    if (!r.per_layer && r.rounds_needed == rounds && rounds > 0 && !by) by = &r;
+  const std::string at =
+      by ? fmt::format("at a paired noise of {:.1f}% ({})", 100 * by->round_noise, by->round_noise_source) : "";
   if (rounds >= 1000)
     return fmt::format(
-        "to decide {:.1f}% at this noise would take more than 1000 interleaved rounds: quiet the "
+        "to find {:.1f}% {:.0f}% of the time {} would take more than 1000 interleaved rounds: quiet the "
         "machine, raise --threshold, or keep a --history",
-        100 * options.threshold);
+        100 * options.threshold, 100 * kAdvicePower, at);
   if (rounds > 0)
     return fmt::format(
-        "to decide {:.1f}%, run both revisions interleaved: scripts/ab.sh BASE HEAD --rounds {} -- <the "
-        "same flags>",
-        100 * options.threshold, rounds);
+        "to find {:.1f}% {:.0f}% of the time {}, run both revisions interleaved: scripts/ab.sh BASE HEAD "
+        "--rounds {} -- <the same flags>",
+        100 * options.threshold, 100 * kAdvicePower, at, rounds);
   return "";
 }
 
@@ -221,6 +227,10 @@ Report compare_runs(const Run& base_in, const Run& head, const Options& o) {
   const std::string sigma_source =
       o.run_noise >= 0 ? fmt::format("--run-noise {:.1f}%", 100 * sigma)
                        : fmt::format("the stated default for {}, {:.1f}% (--run-noise)", backend, 100 * sigma);
+  const double round_sigma = o.round_noise >= 0 ? o.round_noise : default_round_noise(backend);
+  const std::string round_source =
+      o.round_noise >= 0 ? std::string("--round-noise")
+                         : fmt::format("the stated default of ab.sh's rounds for {}, --round-noise", backend);
   std::vector<std::string> keys;
   for (const auto& k : head.order)
     if (base.benchmarks.count(k) || (from_history && base.benchmarks.empty())) keys.push_back(k);
@@ -309,6 +319,8 @@ Report compare_runs(const Run& base_in, const Run& head, const Options& o) {
       if (paired && static_cast<double>(m) * smallest_signed_rank_p(e.n_base) >= o.alpha) {
         r.status = Status::insufficient;
         r.rounds_needed = rounds_for(o.threshold, std::max(e.rounds_sd, 1e-9), o.alpha, m);
+        r.round_noise = e.rounds_sd;
+        r.round_noise_source = e.source;
         std::size_t n = 3;
         while (static_cast<double>(m) * smallest_signed_rank_p(n) >= o.alpha) ++n;
         r.rounds_needed = std::max(r.rounds_needed, n);
@@ -342,8 +354,11 @@ Report compare_runs(const Run& base_in, const Run& head, const Options& o) {
       Row& r = rep.rows[idx[j]];
       r.p_slower = as[j];
       r.p_faster = af[j];
-      const double sd_rounds = paired ? ev[j].rounds_sd : std::sqrt(2.0) * std::max(ev[j].noise, 1e-9);
-      r.rounds_needed = rounds_for(o.threshold, std::max(sd_rounds, 1e-9), o.alpha, idx.size());
+      // the rounds' own spread, or (two lone runs, a history: the pairing's noise is not measured) the
+      // stated paired noise of ab.sh's rounds, not the runs' noise: pairing cancels what a slot shares
+      r.round_noise = paired ? ev[j].rounds_sd : round_sigma;
+      r.round_noise_source = paired ? ev[j].source : round_source;
+      r.rounds_needed = rounds_for(o.threshold, std::max(r.round_noise, 1e-9), o.alpha, idx.size());
       if (paired && r.rounds_needed <= ev[j].n_base) r.rounds_needed = ev[j].n_base + 1;
       decide(r, o, aus[j] < o.alpha, auf[j] < o.alpha);
     }

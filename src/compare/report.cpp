@@ -247,6 +247,8 @@ std::string format_json(const Report& r) {
                         {"noise_source", row.noise_source},
                         {"min_detectable_change", num(row.mdc)},
                         {"rounds_needed", row.rounds_needed},
+                        {"round_noise", num(row.round_noise)},
+                        {"round_noise_source", row.round_noise_source},
                         {"throttled_base", row.throttled_base},
                         {"throttled_head", row.throttled_head}};
     for (const auto& m : row.layers)

@@ -455,8 +455,18 @@ TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
   // z(1 - 0.05 / 5) x sqrt(2) x 35%: what two lone runs can show
   EXPECT_NEAR(step.mdc, std::expm1(normal_quantile(0.99) * std::sqrt(2.0) * 0.35), 1e-9);
   EXPECT_NE(step.reason.find("the stated default for cpu, 35.0%"), std::string::npos) << step.reason;
-  // at 35% noise, 2% takes more rounds than anyone runs: the hint says so; at 2% noise, ab.sh decides
-  EXPECT_NE(rep.rerun_hint().find("more than 1000 interleaved rounds"), std::string::npos) << rep.rerun_hint();
+  // what would decide it: ab.sh's rounds at the stated paired noise of its rounds (13% on the cpu, from
+  // ab.sh A/A rounds; not the run noise times sqrt(2): 49%, which said "more than 1000"), sized for
+  // 80% power at 2% over the 5 phases: 457 rounds; at a given --round-noise of 2%, 14
+  EXPECT_NE(rep.rerun_hint().find("at a paired noise of 13.0% (the stated default of ab.sh's rounds for cpu"),
+            std::string::npos)
+      << rep.rerun_hint();
+  EXPECT_NE(rep.rerun_hint().find("--rounds 457 "), std::string::npos) << rep.rerun_hint();
+  Options given;
+  given.round_noise = 0.02;
+  const Report r14 = compare_runs(a, b, given);
+  EXPECT_NE(r14.rerun_hint().find("--rounds 14 "), std::string::npos) << r14.rerun_hint();
+  EXPECT_NE(r14.rerun_hint().find("at a paired noise of 2.0% (--round-noise)"), std::string::npos) << r14.rerun_hint();
   Options two;
   two.run_noise = 0.02;
   const Report r2 = compare_runs(a, synthetic(rng, 10, 0.01, 1.03), two);
@@ -489,6 +499,59 @@ TEST(CompareGate, LoneRunsSayUnknownWithWhatTheyCouldShowAndWhatToRun) {
   EXPECT_NE(text.find("benchmarks: " + kPrefix + "/..."), std::string::npos) << text;
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 100u + 2) << line;  // ± is 2 bytes
+}
+
+// The rounds the advice names (rounds_for): the one-sided t test's power at the threshold, over the
+// family, on t quantiles, then over the signed-rank test's efficiency; these counts are scipy's (its
+// t.ppf through the same formula).
+TEST(CompareGate, TheAdvisedRoundsArePinned) {
+  EXPECT_EQ(rounds_for(0.02, 0.02, 0.05, 5), 14u);
+  EXPECT_EQ(rounds_for(0.02, 0.03, 0.05, 5), 28u);
+  EXPECT_EQ(rounds_for(0.05, 0.03, 0.05, 5), 8u);
+  EXPECT_EQ(rounds_for(0.02, 0.05, 0.05, 3), 62u);
+  EXPECT_EQ(rounds_for(0.10, 0.35, 0.05, 5), 145u);
+  EXPECT_EQ(rounds_for(0.02, 0.13, 0.05, 5), 457u);
+  EXPECT_EQ(rounds_for(0.02, 0.35, 0.05, 5), 1000u);  // more than anyone runs: "more than 1000"
+}
+
+// Rounds whose paired log ratios are normal with sd 3% around a change of exactly the threshold (2%):
+// with the rounds the advice names for them (25 over 3 phases) the signed-rank test finds the change
+// (p below alpha after Holm) in at least 80% of sets; with the rounds at which the detectable change
+// only equals the threshold (14, the advice before) about half the time.
+TEST(CompareGate, TheAdvisedRoundsFindAChangeOfTheThresholdWithTheirPower) {
+  const auto rounds_with = [](std::mt19937_64& rng, int rounds, double sd, double change) {
+    std::normal_distribution<double> n(0, 1);
+    CRun base, head;
+    for (auto* s : {&base, &head}) s->context = {{"backend", "cpu"}, {"device", "cpu0"}, {"model", "tiny"}};
+    for (const char* ph : {"forward", "forward_backward", "step"}) {
+      const std::string key = kPrefix + "/" + ph;
+      base.order.push_back(key);
+      head.order.push_back(key);
+      for (int k = 1; k <= rounds; ++k) {
+        const double slot = 10 * std::exp(0.3 * n(rng));  // the round's own speed, shared
+        base.benchmarks[key].ms.push_back(slot);
+        head.benchmarks[key].ms.push_back(slot * std::exp(std::log1p(change) + sd * n(rng)));
+        base.benchmarks[key].round.push_back(k);
+        head.benchmarks[key].round.push_back(k);
+      }
+    }
+    base.rounds = head.rounds = rounds;
+    return std::make_pair(base, head);
+  };
+  const std::size_t advised = rounds_for(0.02, 0.03, 0.05, 3);
+  EXPECT_EQ(advised, 25u);
+  std::mt19937_64 rng(33);
+  for (const int rounds : {static_cast<int>(advised), 14}) {
+    int found = 0;
+    for (int t = 0; t < 400; ++t) {
+      const auto [b, h] = rounds_with(rng, rounds, 0.03, 0.02);
+      for (const auto& r : compare_runs(b, h, Options{}).rows) found += r.key == kPrefix + "/step" && r.p_slower < 0.05;
+    }
+    std::cout << rounds << " rounds: a change of exactly the threshold found in " << found << " of 400 sets\n";
+    if (rounds == static_cast<int>(advised)) {
+      EXPECT_GE(found, 320 - 3 * 8) << found << " of 400";  // 80%, less 3 sd of a binomial count
+    }
+  }
 }
 
 TEST(CompareGate, DifferentMachinesOrTooFewRepetitionsAreInsufficientData) {
