@@ -83,7 +83,10 @@ TEST(CompareStats, HolmSmallestPAndMedians) {
   EXPECT_DOUBLE_EQ(a[3], 0.06);
   EXPECT_DOUBLE_EQ(a[0], 0.08);
   EXPECT_DOUBLE_EQ(a[2], 0.30);
-  EXPECT_DOUBLE_EQ(holm({0.5, 0.6})[1], 1.0);  // capped at 1
+  EXPECT_DOUBLE_EQ(holm({0.5, 0.6})[1], 1.0);  // 0.5 x 2: exactly 1
+  const auto capped = holm({0.6, 0.7});        // 0.6 x 2 = 1.2: capped at 1, and the running maximum holds it
+  EXPECT_DOUBLE_EQ(capped[0], 1.0);
+  EXPECT_DOUBLE_EQ(capped[1], 1.0);
   EXPECT_DOUBLE_EQ(smallest_p(3, 3), 1.0 / 20);
   EXPECT_DOUBLE_EQ(smallest_p(5, 5), 1.0 / 252);
   EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
@@ -108,6 +111,8 @@ TEST(CompareStats, SignedRankTAndNormalAgreeWithScipy) {
   const std::vector<Case> cases = {
       {{0.031, 0.012, -0.004, 0.027, 0.045, 0.019, 0.008, -0.011, 0.022}, 41.0, 0.013671875, 0.990234375, true},
       {{0.01, -0.02, 0.03, -0.005, 0.015, -0.012, 0.002}, 16.0, 0.40625, 0.65625, true},
+      // tied |d| without a zero: still the exact distribution, at int(39.5) (scipy 1.10.1's choice)
+      {{0.02, -0.02, 0.03, 0.01, 0.02, -0.01, 0.04, 0.03, 0.05}, 39.5, 0.02734375, 0.98046875, true},
       // a zero (dropped) and ties: the normal approximation with the tie correction
       {{0.02, 0.02, -0.01, 0.03, 0.05, -0.02, 0.04, 0.01, 0.06, 0.0, 0.07, -0.03},
        54.0,
