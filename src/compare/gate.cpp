@@ -184,13 +184,16 @@ std::vector<LayerMove> layers_that_moved(const Row& phase, const std::vector<Row
 // runs 9-12 of 12, since the change point at run 9 (rev8) for step".
 std::string windows_text(const std::map<std::string, std::string>& windows) {
   std::vector<std::pair<std::string, std::vector<std::string>>> by;  // window, its phases in key order
-  for (const auto& [key, w] : windows) {
+  for (const auto& kv : windows) {
+    const std::string& key = kv.first;
+    const std::string& w = kv.second;
     if (is_per_layer(key)) continue;
-    auto it = std::find_if(by.begin(), by.end(), [&](const auto& p) { return p.first == w; });
+    auto it = std::find_if(by.begin(), by.end(), [&w](const auto& p) { return p.first == w; });
     if (it == by.end()) it = by.insert(by.end(), {w, {}});
     it->second.push_back(phase_of(key));
   }
   std::vector<std::string> parts;
+  parts.reserve(by.size());
   for (const auto& [w, phases] : by) parts.push_back(fmt::format("{} for {}", w, fmt::join(phases, ", ")));
   return fmt::format("{}", fmt::join(parts, "; "));
 }
