@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo_liveness.hpp"
 #include "comm/rendezvous.hpp"
 #include "comm/store.hpp"
 #include "comm/transport.hpp"
@@ -32,11 +33,6 @@
 
 namespace stepbench {
 namespace {
-
-std::chrono::milliseconds as_timeout(double s) {
-  // 0 waits forever: ten years is Gloo's forever
-  return s > 0 ? std::chrono::milliseconds(static_cast<std::int64_t>(s * 1e3) + 1) : std::chrono::hours(24 * 3650);
-}
 
 // Gloo's rendezvous keys on stepbench's store, under a prefix (one per context); a missing key after
 // the timeout names its rank.
@@ -52,7 +48,7 @@ class GlooStore final : public gloo::rendezvous::Store {
     const std::string v = *s_.try_get(prefix_ + key);
     return {v.begin(), v.end()};
   }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, as_timeout(timeout_s_)); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, gloo_live::as_timeout(timeout_s_)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> full;
     full.reserve(keys.size());
@@ -72,56 +68,24 @@ class GlooStore final : public gloo::rendezvous::Store {
   std::string prefix_;
 };
 
-// Every peer is sent a token on c and sends this rank one; those whose token did not come within
-// window_s stalled or ended (a closed connection fails at once). Waiting stops once all have
-// answered. A wait that times out closes every pair of c (Gloo's rule), so c is spent afterwards.
-std::vector<int> exchange_tokens(gloo::Context& c, double window_s) {
-  constexpr std::uint64_t kSlot = 0x5354455042454e43ull;  // a slot of its own
-  const int n = c.size, me = c.rank;
-  const auto N = static_cast<std::size_t>(n);
-  std::vector<int> in(N, 0), out(N, 1);
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rx(N), tx(N);
-  std::vector<bool> silent(N, false);
-  for (int r = 0; r < n; ++r) {
-    if (r == me) continue;
-    const auto i = static_cast<std::size_t>(r);
-    try {
-      rx[i] = c.createUnboundBuffer(&in[i], sizeof(int));
-      tx[i] = c.createUnboundBuffer(&out[i], sizeof(int));
-      rx[i]->recv(r, kSlot);
-      tx[i]->send(r, kSlot);
-    } catch (const std::exception&) {  // its connection is gone
-      silent[i] = true;
-    }
-  }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(window_s);
-  for (int r = 0; r < n; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    if (r == me || silent[i]) continue;
-    // a token that came is counted whatever happened since; one still missing at the deadline is silent
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    try {
-      if (!rx[i]->waitRecv(std::max(left, std::chrono::milliseconds(0)))) silent[i] = true;
-    } catch (const std::exception&) {
-      silent[i] = true;
-    }
-  }
-  std::vector<int> who;
-  for (int r = 0; r < n; ++r)
-    if (silent[static_cast<std::size_t>(r)]) who.push_back(r);
-  return who;
-}
-
-// Two full meshes: ctx_ carries the collectives; live_ only the tokens that name a silent rank after
-// one of them failed (a timed-out wait closes every pair of its context, so ctx_ cannot ask then).
+// Three full meshes: ctx_ carries the collectives, p2p_ (where asked) the messages, and live_ the
+// liveness asks that name a silent rank after a call failed; each process answers those on a thread.
 class GlooTransport final : public Transport {
  public:
   GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<gloo::rendezvous::Context> live)
-      : ctx_(std::move(ctx)), live_(std::move(live)) {}
+      : ctx_(std::move(ctx)), live_(std::make_unique<gloo_live::Liveness>(std::move(live), state_)) {}
   std::string name() const override { return "Gloo"; }
+  // Not under mu_, which a collective in flight holds: the others fail at once on the closed pairs,
+  // the call in flight here ends within its timeout (the process is ending).
   void abort(int) override {
-    std::lock_guard<std::mutex> l(mu_);
-    ctx_.reset();  // closes every pair: the others' next collective fails at once
+    std::shared_ptr<gloo::rendezvous::Context> c;
+    {
+      std::lock_guard<std::mutex> l(ptr_mu_);
+      c = std::move(ctx_);
+    }
+    state_.fail();
+    if (c) gloo_live::break_all(*c);  // the others' calls fail at once
+    if (p2p_) gloo_live::break_all(*p2p_);
   }
 
   void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) override {
@@ -180,24 +144,31 @@ class GlooTransport final : public Transport {
       gloo::barrier(o);
     });
   }
-  std::vector<int> silent_peers(const ProcessGroup&, double window_s) override { return silent(window_s); }
+  Silence silent_peers(const ProcessGroup&, double window_s) override {
+    state_.fail();  // it asks because a call failed here
+    return live_->ask(window_s);
+  }
+  void waiting(int delta) override { delta > 0 ? state_.enter() : state_.leave(); }
 
   // Point to point on p2p_, a mesh of its own (its users: a server's threads, which receive forever,
-  // and a worker's), never the collectives' context.
+  // and a worker's), never the collectives' context. A wait ends at its deadline without closing the
+  // mesh's other pairs (the server threads' own), and only the pair with the peer waited for closes.
   void set_p2p(std::shared_ptr<gloo::rendezvous::Context> p2p) { p2p_ = std::move(p2p); }
   void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot) override {
-    if (!p2p_) Transport::send(pg, to, data, bytes, slot);
-    p2p_call(pg, to, "a message", [&] {
+    if (!p2p_) return Transport::send(pg, to, data, bytes, slot);
+    const Call in(state_);
+    p2p_call(pg, {to}, "a message to", [&] {
       auto b = p2p_->createUnboundBuffer(const_cast<void*>(data), bytes);
       b->send(to, slot);
-      if (!b->waitSend(as_timeout(pg.sync_timeout()))) throw SyncError("a message was not sent");
+      return gloo_live::wait_send(deadlines_, *b, pg.sync_timeout());
     });
   }
   int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot,
            bool forever) override {
     if (!p2p_) return Transport::recv(pg, from, data, bytes, slot, forever);
+    const Call in(state_, !forever);  // a server waiting for work is not waiting on the group
     int who = -1;
-    p2p_call(pg, from.size() == 1 ? from[0] : -1, "a message", [&] {
+    p2p_call(pg, from, "a message from", [&] {
       auto b = p2p_->createUnboundBuffer(data, bytes);
       {
         std::lock_guard<std::mutex> l(p2p_mu_);
@@ -206,7 +177,7 @@ class GlooTransport final : public Transport {
       }
       bool got = false;
       try {
-        got = b->waitRecv(&who, forever ? as_timeout(0) : as_timeout(pg.sync_timeout()));
+        got = gloo_live::wait_recv(deadlines_, *b, forever ? 0 : pg.sync_timeout(), &who);
       } catch (...) {
         std::lock_guard<std::mutex> l(p2p_mu_);
         std::erase(pending_, b.get());
@@ -214,7 +185,8 @@ class GlooTransport final : public Transport {
       }
       std::lock_guard<std::mutex> l(p2p_mu_);
       std::erase(pending_, b.get());
-      if (!got) who = -1;  // cancelled
+      if (!got) who = -1;
+      return got || forever;  // a receive waiting forever that returns was cancelled
     });
     return who;
   }
@@ -225,8 +197,18 @@ class GlooTransport final : public Transport {
   }
 
  private:
-  // One collective at a time (the communication thread and the main thread share the group), its
-  // failures as SyncError saying whether it timed out or a peer went away.
+  // Inside a call (or not counted: a receive that waits for work) for as long as it lives.
+  struct Call {
+    explicit Call(gloo_live::CallState& s, bool counted = true) : s_(counted ? &s : nullptr) {
+      if (s_) s_->enter();
+    }
+    ~Call() {
+      if (s_) s_->leave();
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    gloo_live::CallState* s_;
+  };
   // An all-reduce of n values in place with Gloo's element-wise reduce function f.
   template <class T>
   void allreduce(const ProcessGroup& pg, const char* what, T* data, std::size_t n,
@@ -244,63 +226,85 @@ class GlooTransport final : public Transport {
     const std::string w = pg.level_name().empty() ? std::string(what) : fmt::format("{} {}", what, pg.level_name());
     run(w.c_str(), pg.world_rank(), pg.world_size(), pg.sync_timeout(), std::forward<F>(f), &pg);
   }
+  // One collective at a time (the communication thread and the main thread share the group), its
+  // failures as SyncError saying whether it timed out or a peer went away, and who.
   template <class F>
   void run(const char* what, int rank, int size, double limit, F&& f, const ProcessGroup* pg = nullptr) {
+    const Call in(state_);
     std::unique_lock<std::mutex> l(mu_);
-    if (!ctx_) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
+    std::shared_ptr<gloo::rendezvous::Context> c;
+    {
+      std::lock_guard<std::mutex> p(ptr_mu_);
+      c = ctx_;
+    }
+    if (!c) throw SyncError(fmt::format("{}: the group was ended after an earlier failure", what));
     std::string why;
     try {
-      f(std::static_pointer_cast<gloo::Context>(ctx_), as_timeout(limit));
+      f(std::static_pointer_cast<gloo::Context>(c), gloo_live::as_timeout(limit));
       return;
     } catch (const gloo::Exception& e) {
       why = e.what();
     } catch (const gloo::EnforceNotMet& e) {  // Gloo's own checks (a pair not connected) are not gloo::Exception
       why = e.what();
     }
-    ctx_.reset();  // a failed collective leaves its pairs in no known state
-    l.unlock();    // the tokens take seconds: abort() and the other thread need not wait for them
-    // who: the well ranks fail about now too (a timeout) or at once (a dropped connection), and answer.
-    // A rank named is one that did not answer, whatever this process's own failure was: a timeout
-    // here closes this process's pairs, so a well peer may see a dropped connection and still name
-    // the stalled rank rightly.
+    state_.fail();
+    {
+      std::lock_guard<std::mutex> p(ptr_mu_);
+      if (ctx_ == c) ctx_.reset();  // a failed collective leaves its pairs in no known state
+    }
+    c.reset();
+    l.unlock();  // the asks take up to seconds: abort() and the other thread need not wait for them
+    // who: the well ranks answer that they are in the call or failed in it too; a rank that is in
+    // its own work, stopped or gone is named (a timeout here closes this process's pairs, so a well
+    // peer may see a dropped connection and still name the stalled rank rightly)
     const double window = std::clamp(limit / 4, 2.0, 10.0);
-    const std::vector<int> quiet = silent(window);
-    const std::string who = pg ? pg->name_ranks(quiet) : ProcessGroup().name_ranks(quiet);
-    const std::string named =
-        fmt::format("{} did not answer within {:g} s (stalled or ended)", who.empty() ? "-" : who, window);
+    const ProcessGroup none;  // joining: no group yet, ranks named by number
+    const std::string who = say_silence(pg ? *pg : none, live_->ask(window), window);
     if (why.find("Timed out") != std::string::npos)
       throw SyncError(fmt::format(
           "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
           "--sync-timeout-s (0 waits forever)",
-          what, limit, rank, size, who.empty() ? "another process failed or stalled" : named));
+          what, limit, rank, size, who.empty() ? "another process failed or stalled" : who));
     throw SyncError(fmt::format("{} failed on process {} of {}: {} ({})", what, rank, size,
-                                who.empty() ? "another process ended or dropped its connection" : named, why));
+                                who.empty() ? "another process ended or dropped its connection" : who, why));
   }
-  std::vector<int> silent(double window_s) {
-    std::lock_guard<std::mutex> l(live_mu_);
-    std::vector<int> who;
-    if (!live_) return who;
-    who = exchange_tokens(*live_, window_s);
-    live_.reset();
-    return who;
-  }
-  // A point-to-point call's failure as SyncError naming the peer (-1: any of several).
+  // A message's failure, or its deadline (f returns false), as SyncError naming the peer after asking
+  // it: one that does not answer stalled or ended; one that does is running but did not keep up (or
+  // closed the connection: its own message says why). The peer's pair closes, so that nothing posted
+  // here lands late.
   template <class F>
-  void p2p_call(const ProcessGroup& pg, int peer, const char* what, F&& f) {
+  void p2p_call(const ProcessGroup& pg, const std::vector<int>& peers, const char* what, F&& f) {
+    std::string why;
     try {
-      f();
+      if (f()) return;
     } catch (const gloo::EnforceNotMet& e) {  // Gloo's own checks are not gloo::Exception
-      throw SyncError(fmt::format("{} {} {} failed on process {} of {} ({}): it ended or stalled", what,
-                                  peer >= 0 ? "with" : "from", peer >= 0 ? pg.name_ranks({peer}) : "another process",
-                                  pg.world_rank(), pg.world_size(), e.what()));
+      why = e.what();
     } catch (const gloo::Exception& e) {
-      throw SyncError(fmt::format("{} {} {} failed on process {} of {} ({}): it ended or stalled", what,
-                                  peer >= 0 ? "with" : "from", peer >= 0 ? pg.name_ranks({peer}) : "another process",
-                                  pg.world_rank(), pg.world_size(), e.what()));
+      why = e.what();
     }
+    state_.fail();
+    for (int r : peers) gloo_live::break_pair(*p2p_, r);
+    const double limit = pg.sync_timeout(), window = std::clamp(limit / 4, 2.0, 10.0);
+    const Silence quiet = live_->ask(window, peers);
+    std::string said = say_silence(pg, quiet, window);
+    if (quiet.gone.empty())  // every peer asked is there, and waiting in a call of its own
+      said = fmt::format(
+          "{} answered within {:g} s: it is running but {}", pg.name_ranks(peers), window,
+          why.empty() ? "did not keep up (a stalled thread?)" : "closed the connection (its own message says why)");
+    const std::string whom = peers.size() == 1 ? pg.name_ranks(peers) : "another process";
+    if (why.empty())
+      throw SyncError(fmt::format(
+          "{} {} did not complete within {:g} s on process {} of {}: {}. If that is legitimately slow, raise "
+          "--sync-timeout-s (0 waits forever)",
+          what, whom, limit, pg.world_rank(), pg.world_size(), said));
+    throw SyncError(fmt::format("{} {} failed on process {} of {}: {} ({})", what, whom, pg.world_rank(),
+                                pg.world_size(), said, why));
   }
-  std::shared_ptr<gloo::rendezvous::Context> ctx_, live_, p2p_;
-  std::mutex mu_, live_mu_, p2p_mu_;
+  gloo_live::CallState state_;  // before live_, which reads it
+  std::shared_ptr<gloo::rendezvous::Context> ctx_, p2p_;
+  std::unique_ptr<gloo_live::Liveness> live_;
+  gloo_live::Deadlines deadlines_;
+  std::mutex mu_, ptr_mu_, p2p_mu_;                       // mu_: one collective at a time; ptr_mu_: ctx_ itself
   std::vector<gloo::transport::UnboundBuffer*> pending_;  // receives waiting forever, for cancel_recv
 };
 
@@ -395,7 +399,7 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   // stalled peer ends the meeting within the timeout
   const auto mesh = [&](const std::string& prefix, int rank, int size) {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(timeout_s > 0 ? as_timeout(std::max(timeout_s / 5, 1.0)) : as_timeout(0));
+    ctx->setTimeout(timeout_s > 0 ? gloo_live::as_timeout(std::max(timeout_s / 5, 1.0)) : gloo_live::as_timeout(0));
     GlooStore gs(*store, timeout_s, prefix);
     try {
       ctx->connectFullMesh(gs, dev);
@@ -404,7 +408,7 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
     } catch (const gloo::EnforceNotMet& e) {
       throw SyncError(fmt::format("Gloo could not connect rank {} to the others ({})", env.rank, e.what()));
     }
-    ctx->setTimeout(as_timeout(timeout_s));
+    ctx->setTimeout(gloo_live::as_timeout(timeout_s));
     return ctx;
   };
   auto ctx = mesh("gloo/", env.rank, env.size);

@@ -39,13 +39,11 @@ class MpiTransport final : public Transport {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (limit > 0 && waited > limit) {
         const double window = std::clamp(limit / 4, 2.0, 10.0);
-        const std::string who = pg.name_ranks(silent_peers(pg, window));
+        const std::string who = say_silence(pg, silent_peers(pg, window), window);
         throw SyncError(fmt::format(
             "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
             "--sync-timeout-s (0 waits forever)",
-            what, limit, pg.world_rank(), pg.world_size(),
-            who.empty() ? "another process failed or stalled"
-                        : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
+            what, limit, pg.world_rank(), pg.world_size(), who.empty() ? "another process failed or stalled" : who));
       }
     }
   }
@@ -90,7 +88,7 @@ class MpiTransport final : public Transport {
       wait(pg, r, from == 0 ? "a broadcast from process 0 (MPI)" : "a broadcast (MPI)");
     });
   }
-  std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) override {
+  Silence silent_peers(const ProcessGroup& pg, double window_s) override {
     const int n = pg.size(), me = pg.rank();
     constexpr int kTag = 0x5342;  // a tag of its own
     std::vector<int> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 1);
@@ -102,13 +100,13 @@ class MpiTransport final : public Transport {
       MPI_Isend(&out[i], 1, MPI_INT, r, kTag, comm_, &tx[i]);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(window_s);
-    std::vector<int> silent;
+    Silence silent;
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       int done = 0;
       while (!done && std::chrono::steady_clock::now() < until)
         MPI_Test(&rx[static_cast<std::size_t>(r)], &done, MPI_STATUS_IGNORE);
-      if (!done) silent.push_back(r);  // its requests stay: MPI_Abort or MPI_Finalize ends them
+      if (!done) silent.gone.push_back(r);  // its requests stay: MPI_Abort or MPI_Finalize ends them
     }
     return silent;
   }

@@ -233,6 +233,7 @@ class NcclCollective final : public Collective {
   // Polls until every communicator is ready; SyncError (the caller's Comms abort them) after the
   // timeout or on an error.
   void wait_ready(const std::vector<ncclComm_t>& comms, const char* what) const {
+    const auto waiting = group_.waiting();  // on the others: a peer's liveness ask does not name this one
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {
       bool pending = false;
@@ -254,12 +255,11 @@ class NcclCollective final : public Collective {
       if (timeout_s_ > 0 && waited > timeout_s_) {
         const double window = std::clamp(timeout_s_ / 4, 2.0, 10.0);
         const std::string who = group_.silent_ranks(window);  // the others time out about now too
-        throw SyncError(
-            fmt::format("{} did not complete within {:g} s on process {} of {}: {}. Raise --sync-timeout-s if NCCL is "
-                        "legitimately that slow to start (0 waits forever)",
-                        what, timeout_s_, rank_, processes_,
-                        who.empty() ? "every process answered, so NCCL itself stalled (NCCL_DEBUG=INFO says where)"
-                                    : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
+        throw SyncError(fmt::format(
+            "{} did not complete within {:g} s on process {} of {}: {}. Raise --sync-timeout-s if NCCL is "
+            "legitimately that slow to start (0 waits forever)",
+            what, timeout_s_, rank_, processes_,
+            who.empty() ? "every process answered, so NCCL itself stalled (NCCL_DEBUG=INFO says where)" : who));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

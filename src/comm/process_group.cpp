@@ -171,13 +171,40 @@ void ProcessGroup::broadcast_bytes_from_root(void* data, std::size_t bytes) cons
 
 std::string ProcessGroup::silent_ranks(double window_s) const {
   if (!t_ || size_ == 1) return "";
-  std::vector<int> silent;
   try {
-    silent = t_->silent_peers(*this, window_s);
+    return say_silence(*this, t_->silent_peers(*this, window_s), window_s);
   } catch (const std::exception&) {
     return "";
   }
-  return name_ranks(silent);
+}
+
+ProcessGroup::Waiting::Waiting(Transport* t) : t_(t) {
+  if (t_) t_->waiting(+1);
+}
+
+ProcessGroup::Waiting::~Waiting() {
+  if (t_) t_->waiting(-1);
+}
+
+std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s) {
+  std::string out;
+  if (!s.gone.empty())
+    out = fmt::format("{} did not answer within {:g} s (stalled or ended)", pg.name_ranks(s.gone), window_s);
+  if (!s.idle.empty()) {
+    std::vector<int> who;
+    double least = s.idle[0].second;
+    for (const auto& [r, idle] : s.idle) {
+      who.push_back(r);
+      least = std::min(least, idle);
+    }
+    const bool one = who.size() == 1;
+    out += fmt::format(
+        "{}{} answered from outside the group's calls, where {} had been for {:.1f} s{} (stalled in {} "
+        "own work)",
+        out.empty() ? "" : "; ", pg.name_ranks(who), one ? "it" : "they", least, one ? "" : " or more",
+        one ? "its" : "their");
+  }
+  return out;
 }
 
 void Transport::send(const ProcessGroup&, int, const void*, std::size_t, std::uint64_t) {

@@ -51,8 +51,8 @@ class ProcessGroup {
 
   // Ends every process of the group (MPI_Abort; under Gloo this process's connections close, which
   // fails the others' next collective) so that one failing rank does not leave the others waiting;
-  // a no-op for a single process. Under Gloo it waits for a collective in flight on another thread,
-  // which ends within the sync timeout (never, with --sync-timeout-s 0).
+  // a no-op for a single process. Under Gloo it does not wait for a call in flight on another
+  // thread (which ends within its timeout, while the others' calls fail at once).
   void abort(int code) const;
 
   // Collectives over the group on host memory; identities for a single process. They throw SyncError
@@ -69,10 +69,25 @@ class ProcessGroup {
   std::vector<double> allgather(const std::vector<double>& mine) const;
   std::vector<std::string> allgather(const std::string& mine) const;
   // After a collective timed out on this process (NCCL's, whose peers the group cannot see): every
-  // rank still well exchanges a token with every other, and those whose token did not come within
-  // window_s are named (name_ranks), or "" when all answered. The group may be spent afterwards
-  // (the run is ending). Every well rank must call it at about the same time.
+  // other rank is asked whether it is there, and those that did not answer within window_s, or that
+  // answered from outside every call of the group (stalled in their own work), are named with what
+  // they did: "rank 1 (pid 7 on h) did not answer within 2 s (stalled or ended)"; "" when every rank
+  // answered from a call. The group may be spent afterwards (the run is ending). Under Gloo a thread
+  // of each process answers at any time; under MPI every well rank must call it at about the same time.
   std::string silent_ranks(double window_s) const;
+  // While one lives this process counts as waiting in a call of the group (a GPU collective polled,
+  // NCCL's start), so that a peer's silent_ranks does not name it.
+  class Waiting {
+   public:
+    explicit Waiting(Transport* t);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    Transport* t_;
+  };
+  Waiting waiting() const { return Waiting(t_.get()); }
   // Point to point on a connection of its own (the group made with point_to_point): send waits until
   // `bytes` went to rank `to`; recv waits for them from any rank of `from` (within the timeout, or
   // forever until cancel_recv) and returns which sent them. `slot` tells messages apart. UsageError

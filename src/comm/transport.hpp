@@ -15,11 +15,23 @@
 
 namespace stepbench {
 
+// What a liveness ask found: the ranks that sent nothing back within the window (stalled or ended),
+// and those that answered while outside every call of the group, with for how many seconds (stalled
+// in their own work: a well rank is waiting in the call, or failed in it too).
+struct Silence {
+  std::vector<int> gone;
+  std::vector<std::pair<int, double>> idle;
+  bool empty() const { return gone.empty() && idle.empty(); }
+};
+// "rank 1 (pid 7 on h) did not answer within 2 s (stalled or ended)", and the idle ones; "" for none.
+std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s);
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;  // "MPI", "Gloo"
-  // Ends the other processes too (MPI_Abort), or drops this one's connections so that they fail at once.
+  // Ends the other processes too (MPI_Abort), or drops this one's connections so that they fail at once
+  // (without waiting for a call in flight on another thread, which fails then too).
   virtual void abort(int code) = 0;
   virtual void allreduce_max(const ProcessGroup& pg, double* v, std::size_t n) = 0;
   virtual void allreduce_sum(const ProcessGroup& pg, float* data, std::size_t count) = 0;
@@ -27,9 +39,12 @@ class Transport {
   virtual void broadcast_bytes(const ProcessGroup& pg, void* data, std::size_t bytes, int root) = 0;
   // Every rank's `bytes` bytes, in rank order, into all (size() x bytes).
   virtual void allgather_bytes(const ProcessGroup& pg, const void* mine, std::size_t bytes, void* all) = 0;
-  // After a timeout: the ranks that did not answer a token within window_s (every rank that is still
-  // well calls it about then). The group may be spent afterwards.
-  virtual std::vector<int> silent_peers(const ProcessGroup& pg, double window_s) = 0;
+  // After a failure: who did not answer an ask within window_s (MPI: every rank that is still well
+  // calls it about then; Gloo: a thread of every process answers at any time). The group may be spent
+  // afterwards, and this process counts as failed in it.
+  virtual Silence silent_peers(const ProcessGroup& pg, double window_s) = 0;
+  // +1 / -1 around a wait on the group outside the transport's calls (ProcessGroup::Waiting).
+  virtual void waiting(int delta) { (void)delta; }
   // Point to point, on a connection of its own (a group made with point_to_point; ProcessGroup::send).
   virtual void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot);
   virtual int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes,

@@ -46,14 +46,16 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
     be.synchronize(s);
     return;
   }
-  // Poll, as nccl-tests does: a hung collective must end the run, not block it in the driver.
+  // Poll, as nccl-tests does: a hung collective must end the run, not block it in the driver. While
+  // it polls, this process is waiting on the group: a peer's liveness ask does not name it.
+  const auto waiting = t_.group.waiting();
   const auto t0 = std::chrono::steady_clock::now();
   while (!be.query(s)) {
     coll_->check();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (t_.sync_timeout_s > 0 && waited > t_.sync_timeout_s) {
-      // who is silent first: the well ranks time out about now too, and exchange their tokens in
-      // step; an abort that takes its time (bounded: Collective::abort) would put them out of step
+      // who is silent first (under MPI the well ranks time out about now too, and exchange their
+      // tokens in step; an abort that takes its time, bounded by Collective::abort, would put them out)
       const double window = std::clamp(t_.sync_timeout_s / 4, 2.0, 10.0);
       const std::string who = t_.group.silent_ranks(window);
       coll_->abort();
@@ -61,8 +63,7 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
           "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: {}. If the "
           "step is legitimately that slow, raise --sync-timeout-s (0 waits forever)",
           coll_->name(), t_.sync_timeout_s, t_.group.rank(), t_.group.size(),
-          who.empty() ? "a peer failed or stalled"
-                      : fmt::format("{} did not answer within {:g} s (stalled or ended)", who, window)));
+          who.empty() ? "a peer failed or stalled" : who));
     }
     std::this_thread::yield();
   }

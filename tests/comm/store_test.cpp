@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -258,10 +259,10 @@ TEST(GlooGroup, AStalledPeerTimesOut) {
           std::string(e.what()).find("did not complete within 0.5 s on process 0 of 2: rank 1 (pid " + pid + " on "),
           std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("did not answer within 2 s (stalled or ended)"), std::string::npos)
-          << e.what();
+      // it is there (its thread answers), but in its own work, not in the all-reduce
+      EXPECT_NE(std::string(e.what()).find("answered from outside the group's calls"), std::string::npos) << e.what();
     }
-    // the timeout, then the window for tokens (2 s), not rank 1's 5 s
+    // the timeout, then the answer (at most the window for it, 2 s), not rank 1's 5 s
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 4.5);
     gone.wait();
     EXPECT_THROW(g->allreduce_sum(v.data(), v.size()), SyncError);  // ended after the failure, says so
@@ -327,25 +328,146 @@ TEST(GlooGroup, ALostPeerFailsTheNextCollectiveAtOnce) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
-TEST(GlooGroup, SilentRanksNamesTheOneThatDoesNotAnswer) {
+// Four ranks: 0 asks who is silent, twice; 1 waits on the group meanwhile (ProcessGroup::Waiting, as
+// a GPU collective's poll does), then asks too; 2 is in its own work; 3 has gone. Every ask names 2
+// and 3 for what they are and neither 0 nor 1: the mesh answers every time (one that answered once
+// would say "" the second time), and a rank waiting on the group, or failed in it, is not blamed.
+TEST(GlooGroup, EveryLivenessAskIsAnsweredAndNamesWhoIsOutsideTheGroup) {
   if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
   const std::string where = "file:" + temp_folder();
-  std::promise<void> done;
-  auto over = done.get_future().share();
-  std::vector<std::string> named(3);
-  const auto errors = on_ranks(3, [&](int r) {
-    auto g = ProcessGroup::create(env_of(r, 3, where), 30);
-    if (r == 2) {  // stalls: takes no part
-      over.wait();
+  std::promise<void> three_gone, zero_asked, one_asked;
+  auto gone = three_gone.get_future().share();
+  auto zero = zero_asked.get_future().share();
+  auto one = one_asked.get_future().share();
+  std::vector<std::string> named;
+  const auto errors = on_ranks(4, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 4, where), 30);
+    if (r == 3) {
+      g.reset();
+      three_gone.set_value();
       return;
     }
-    named[static_cast<std::size_t>(r)] = g->silent_ranks(1.0);
-    if (r == 0) done.set_value();
+    if (r == 2) {  // in its own work: answers, from outside every call
+      one.wait();
+      return;
+    }
+    if (r == 1) {
+      {
+        const auto w = g->waiting();
+        zero.wait();
+      }
+      named.push_back(g->silent_ranks(2.0));
+      one_asked.set_value();
+      return;
+    }
+    gone.wait();
+    named.push_back(g->silent_ranks(2.0));
+    named.push_back(g->silent_ranks(2.0));
+    zero_asked.set_value();
+    one.wait();
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
-  const std::string two = fmt::format("rank 2 (pid {} on ", getpid());
-  EXPECT_EQ(named[0].substr(0, two.size()), two) << named[0];
-  EXPECT_EQ(named[1].substr(0, two.size()), two) << named[1];
+  ASSERT_EQ(named.size(), 3u);
+  const std::string pid = std::to_string(getpid());
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const std::string& m = named[i];
+    EXPECT_EQ(m.rfind("rank 3 (pid " + pid + " on ", 0), 0u) << m;
+    EXPECT_NE(m.find(") did not answer within 2 s (stalled or ended); rank 2 (pid " + pid), std::string::npos) << m;
+    EXPECT_NE(m.find(") answered from outside the group's calls, where it had been for "), std::string::npos) << m;
+    EXPECT_EQ(m.find(i < 2 ? "rank 1 " : "rank 0 "), std::string::npos) << "names a rank waiting or failed: " << m;
+  }
+}
+
+// An abort from another thread does not wait for the collective in flight (which holds the group's
+// lock until it fails at its timeout): it returns long before that timeout, and the peer's next
+// call fails at once on the closed connection instead of at its own timeout.
+TEST(GlooGroup, AnAbortDoesNotWaitForTheCollectiveInFlight) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  constexpr double kTimeout = 5;
+  std::promise<void> aborted;
+  auto after = aborted.get_future().share();
+  const auto errors = on_ranks(2, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 2, where), 30);
+    g->set_sync_timeout(kTimeout);
+    std::vector<float> v(1000, 1.0f);
+    if (r == 1) {  // joins nothing until rank 0 aborted, then finds its connection gone
+      after.wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_THROW(g->allreduce_sum(v.data(), v.size()), SyncError);
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kTimeout)
+          << "the peer's call waited for its timeout: the aborting process's connections stayed up";
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto in_flight = std::async(std::launch::async, [&] { g->allreduce_sum(v.data(), v.size()); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    g->abort(1);
+    const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    aborted.set_value();
+    EXPECT_LT(at, kTimeout) << "abort waited for the collective in flight to time out";
+    EXPECT_THROW(in_flight.get(), SyncError);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+// Point to point (distributed_replicated's pushes and pulls): a receive that times out names the
+// peer it waited for, after asking it (it answers: running, slow), and closes that peer's connection
+// alone. This process's other connections carry on (a Gloo timeout would close every pair of the
+// mesh, this process's server threads' too, and every other worker would then blame this process);
+// the slow peer's next message to it fails and names it as the one that closed the connection.
+TEST(GlooGroup, AMessageThatTimesOutClosesOnlyItsPeersConnection) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  std::promise<void> failed;
+  auto zero_failed = failed.get_future().share();
+  std::string said, slow_said;
+  const auto errors = on_ranks(3, [&](int r) {
+    auto g = ProcessGroup::create(env_of(r, 3, where), 30, true);
+    g->set_sync_timeout(0.5);
+    int x = 0;
+    if (r == 0) {
+      try {
+        g->recv({1}, &x, sizeof x, 7, false);  // rank 1 is slow: it sends nothing in time
+        ADD_FAILURE() << "a receive from a silent peer completed";
+      } catch (const SyncError& e) {
+        said = e.what();
+      }
+      failed.set_value();
+      x = 0;
+      EXPECT_EQ(g->recv({2}, &x, sizeof x, 8, false), 2);  // the other connection still works
+      EXPECT_EQ(x, 42);
+      x = 43;
+      g->send(2, &x, sizeof x, 9);
+      return;
+    }
+    zero_failed.wait();
+    if (r == 2) {
+      x = 42;
+      g->send(0, &x, sizeof x, 8);
+      EXPECT_EQ(g->recv({0}, &x, sizeof x, 9, false), 0);
+      EXPECT_EQ(x, 43);
+      EXPECT_EQ(g->recv({1}, &x, sizeof x, 10, false), 1);
+      EXPECT_EQ(x, 44);
+      return;
+    }
+    x = 44;
+    g->send(2, &x, sizeof x, 10);  // the slow rank's other connections work too
+    try {
+      g->send(0, &x, sizeof x, 7);  // too late: rank 0 closed this connection
+      ADD_FAILURE() << "a message on a connection the peer closed went";
+    } catch (const SyncError& e) {
+      slow_said = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  const std::string pid = std::to_string(getpid());
+  EXPECT_NE(said.find("a message from rank 1 (pid " + pid + " on "), std::string::npos) << said;
+  EXPECT_NE(said.find("did not complete within 0.5 s on process 0 of 3: rank 1 (pid " + pid), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("answered within 2 s: it is running but did not keep up"), std::string::npos) << said;
+  EXPECT_NE(slow_said.find("a message to rank 0 (pid " + pid), std::string::npos) << slow_said;
+  EXPECT_NE(slow_said.find("on process 1 of 3: rank 0 (pid " + pid), std::string::npos) << slow_said;
 }
 
 // ---- the two levels (distributed_all_reduce) -----------------------------------------------------

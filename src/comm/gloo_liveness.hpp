@@ -1,0 +1,115 @@
+// What the Gloo transport (comm/gloo_group.cpp) needs to wait without Gloo's own timeouts and to ask
+// who is alive at any time. Gloo ends a wait that times out by closing every pair of its context,
+// which would fail the other threads' messages on it too (a server's, in distributed_replicated);
+// here a wait is ended by a deadline thread instead (abortWaitRecv/abortWaitSend), and a peer's
+// connection is closed alone when it must be. Internal to src/comm, built with STEPBENCH_GLOO.
+#pragma once
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/transport.hpp"
+
+namespace stepbench::gloo_live {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo's timeout for a wait of `s` seconds; 0 waits forever (ten years is Gloo's forever).
+std::chrono::milliseconds as_timeout(double s);
+
+// A thread that ends waits at their deadlines: add() registers a buffer's receive (or send) wait,
+// cancel() takes it back. After cancel returns, that buffer's abort will not be called.
+class Deadlines {
+ public:
+  ~Deadlines();
+  std::uint64_t add(gloo::transport::UnboundBuffer* b, bool recv, Clock::time_point until);
+  void cancel(std::uint64_t ticket);
+
+ private:
+  struct Entry {
+    gloo::transport::UnboundBuffer* b;
+    bool recv;
+    Clock::time_point until;
+  };
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Entry> due_;
+  std::uint64_t next_ = 0;
+  bool stop_ = false;
+  std::thread th_;  // started by the first add
+};
+
+// b's posted receive (or send), waited for up to limit_s seconds (0: forever) without closing any
+// pair: true when it completed, false when the deadline ended it (the buffer must then stay alive:
+// its operation is still posted). Gloo's exceptions (a closed pair) pass through.
+bool wait_recv(Deadlines& d, gloo::transport::UnboundBuffer& b, double limit_s, int* who = nullptr);
+bool wait_send(Deadlines& d, gloo::transport::UnboundBuffer& b, double limit_s);
+
+// Closes the pair with `rank` (the peer sees its connection drop; nothing still posted on it here
+// is written to afterwards); the context's other pairs are untouched.
+void break_pair(gloo::Context& c, int rank);
+void break_all(gloo::Context& c);
+
+// What this process is doing with a transport, as a liveness answer says it: inside one of its calls
+// (a collective, a message, a GPU collective polled: ProcessGroup::Waiting), ended after a failure,
+// or outside every call since a time.
+class CallState {
+ public:
+  void enter();
+  void leave();
+  void fail() { failed_ = true; }
+  // <0: in a call or failed; else the seconds since the last call ended (or the transport began)
+  double idle_s() const;
+
+ private:
+  std::atomic<int> calls_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<Clock::rep> idle_since_{Clock::now().time_since_epoch().count()};
+};
+
+// A mesh of its own for liveness: a thread answers every ask from any peer with the CallState, and
+// ask() sends every peer given an ask and waits up to window_s for the answers. Answers that come
+// late go to buffers kept until the mesh goes, so that no late message lands in freed memory.
+class Liveness {
+ public:
+  Liveness(std::shared_ptr<gloo::Context> mesh, const CallState& state);
+  ~Liveness();
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+  // peers empty: every other rank
+  Silence ask(double window_s, std::vector<int> peers = {});
+
+ private:
+  struct Ping {
+    std::uint64_t seq = 0;
+  };
+  struct Pong {
+    std::uint64_t seq = 0;
+    double idle_s = 0;
+  };
+  struct Kept;  // an ask's or an answer's buffers
+  void answer();
+  std::shared_ptr<gloo::Context> mesh_;
+  const CallState& state_;
+  Deadlines deadlines_;
+  std::mutex ask_mu_;  // one ask at a time
+  std::mutex mu_;      // kept_, current_, stop_ (held briefly: the answering thread takes it too)
+  std::vector<std::unique_ptr<Kept>> kept_;
+  gloo::transport::UnboundBuffer* current_ = nullptr;  // the answering thread's posted receive
+  std::uint64_t seq_ = 0;
+  bool stop_ = false;
+  std::thread th_;  // last: it uses the members above
+};
+
+}  // namespace stepbench::gloo_live
