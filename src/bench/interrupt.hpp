@@ -43,6 +43,16 @@ class Interrupt {
     spent_ = true;
   }
   bool spent() const { return spent_; }
+  // spend(why) from inside a benchmark, which is marked as failed. A loop not yet begun (the sync
+  // failed before it: agreed()'s, say) begins and runs nothing, so that this repetition counts the
+  // iterations the others ran: Google Benchmark 1.7 aborts when the repetitions' counts differ.
+  void fail(benchmark::State& st, std::string why) const {
+    if (!st.error_occurred()) st.SkipWithError(fmt::format("the sync failed: {}", why).c_str());
+    if (st.iterations() == 0)  // not begun (once begun, a failed state counts every iteration)
+      for (auto _ : st) {
+      }
+    spend(std::move(why));
+  }
   // At a benchmark's start (every process): true, and the benchmark marked as not measured, once
   // a signal came.
   bool skip(benchmark::State& st) const {

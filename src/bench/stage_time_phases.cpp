@@ -56,8 +56,7 @@ void register_fixture(Run& run, const std::string& name, Body body) {
             } catch (const SyncError& e) {  // a peer gone or silent: what was measured is kept, the rest not run
               progress.clear();
               std::cerr << "stepbench: error: " << e.what() << "\n";
-              if (!st.error_occurred()) st.SkipWithError(fmt::format("the sync failed: {}", e.what()).c_str());
-              stop.spend(e.what());
+              stop.fail(st, e.what());
             }
           })
           ->UseManualTime()
