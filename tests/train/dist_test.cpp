@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "comm/collective.hpp"
 #include "comm/launch_env.hpp"
@@ -126,56 +127,6 @@ bool every_rank_holds(const ProcessGroup& pg, const std::vector<float>& p) {
   return true;
 }
 
-TEST(Dist, TwoLevelsEqualReplicated) {
-  auto& pg = test_group();
-  expect_the_launched_ranks(pg);
-  if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.two_nodes)";
-  ASSERT_TRUE(pg.has_levels()) << pg.levels_why();
-  if (const char* nodes = std::getenv("STEPBENCH_TEST_NODES")) {  // ctest's: the split must have happened
-    ASSERT_EQ(pg.nodes(), std::atoi(nodes));
-    ASSERT_EQ(pg.across_nodes().size(), pg.nodes());
-    ASSERT_EQ(pg.within_node().size(), pg.size() / pg.nodes());
-  }
-  const auto run = [&](VariableUpdate mode, int towers, ProcessGroup* group, int ps_ranks = 1) {
-    auto o = tiny_dist(BackendKind::cpu, towers, mode, false);
-    o.group = group;
-    o.ps_ranks = ps_ranks;
-    Towers t(o);
-    t.set_synthetic_batch(77);  // process r gets the batch of tower r
-    std::vector<float> before = tower_params(t, 0);
-    for (int k = 0; k < 2; ++k) t.step();
-    t.synchronize();
-    return std::make_pair(std::move(before), tower_params(t, group ? 0 : pg.rank()));
-  };
-  const auto [init, two_level] = run(VariableUpdate::distributed_all_reduce, 1, &pg);
-  const auto flat = run(VariableUpdate::replicated, 1, &pg).second;
-  const auto local = run(VariableUpdate::replicated, pg.size(), nullptr).second;
-  EXPECT_TRUE(every_rank_holds(pg, two_level)) << "the ranks' parameters differ";
-  // the same update to the rounding of its order of summation: far below what a rank's gradient
-  // missing or counted twice would move (a quarter of the update with 4 ranks)
-  double moved = 0;
-  for (std::size_t i = 0; i < init.size(); ++i) moved = std::max(moved, std::abs(double{flat[i]} - init[i]));
-  ASSERT_GT(moved, 0.0);
-  for (std::size_t i = 0; i < init.size(); ++i) {
-    ASSERT_LE(std::abs(double{two_level[i]} - flat[i]), 1e-3 * moved) << "parameter " << i;
-    ASSERT_LE(std::abs(double{two_level[i]} - local[i]), 1e-3 * moved) << "parameter " << i;
-  }
-  // 2 towers per process: their sum within the process first, the average over every tower
-  const auto two_each = run(VariableUpdate::distributed_all_reduce, 2, &pg).second;
-  const auto local2 = run(VariableUpdate::replicated, 2 * pg.size(), nullptr);
-  for (std::size_t i = 0; i < init.size(); ++i)
-    ASSERT_LE(std::abs(double{two_each[i]} - local2.second[i]), 1e-3 * moved) << "parameter " << i;
-  // distributed_replicated, with one server and with one per node, ends where parameter_server does
-  const auto server = run(VariableUpdate::parameter_server, 1, &pg).second;
-  for (int k : {1, pg.across_nodes().size()}) {
-    SCOPED_TRACE(fmt::format("distributed_replicated, --ps-ranks {}", k));
-    const auto dr = run(VariableUpdate::distributed_replicated, 1, &pg, k).second;
-    EXPECT_TRUE(every_rank_holds(pg, dr)) << "the ranks' parameters differ";
-    for (std::size_t i = 0; i < init.size(); ++i)
-      ASSERT_LE(std::abs(double{dr[i]} - server[i]), 1e-3 * moved) << "parameter " << i;
-  }
-}
-
 // The mean of this process's towers' gradients at their first variables `init`, and the mean of their
 // absolute values: from towers of its own (in one process, nothing synced) fed the batches that
 // set_synthetic_batch(seed) gives the process's towers (the batch of global tower r x towers + i is
@@ -203,6 +154,91 @@ std::vector<double> own_mean_gradient(TowerOptions o, int rank, std::uint64_t se
     }
   }
   return mean;
+}
+
+// Every element's mean |gradient| over every tower of the group at `init` (the towers of o, in each
+// process): the scale of element i's rounding in a sum over the towers.
+std::vector<double> group_mean_abs_gradient(const ProcessGroup& pg, const TowerOptions& o, std::uint64_t seed,
+                                            const std::vector<float>& init) {
+  const auto own = own_mean_gradient(o, pg.rank(), seed, init);
+  const std::vector<double> mine(own.begin() + static_cast<std::ptrdiff_t>(init.size()), own.end());
+  const auto all = pg.allgather(mine);
+  std::vector<double> a(init.size(), 0.0);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(pg.size()); ++r)
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] += all[r * a.size() + i] / pg.size();
+  return a;
+}
+
+// Two runs of the same two momentum steps whose sums over the K towers differ only in their order:
+// element i's average over the towers rounds by at most about K u a_i in each run (a_i its mean
+// |gradient|), which the momentum carries into the parameter with weight lr (1 + (1 + m)) after two
+// steps; 8x that covers the second step's gradient at parameters already apart, a_max's term the
+// couplings between elements, and two ulps the parameter's own rounding. A fault confined to one
+// element (its gradient missing a node's share, say) moves it by about lr a_i: far beyond, where a
+// bound from the largest move over every parameter lets through any element whose update is small.
+// Returns how many elements are beyond, each of the first few named.
+std::size_t beyond_rounding(const std::vector<float>& x, const std::vector<float>& y, const std::vector<double>& a,
+                            const OptimizerConfig& opt, int towers, const char* what) {
+  const double u = std::ldexp(1.0, -24), w = opt.lr * (2.0 + opt.momentum);
+  const double a_max = *std::max_element(a.begin(), a.end());
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float big = std::max(std::abs(x[i]), std::abs(y[i]));
+    const double ulp = std::nextafter(big, std::numeric_limits<float>::infinity()) - big;
+    const double bound = 2 * ulp + 8 * u * w * towers * a[i] + u * w * towers * a_max;
+    const double d = std::abs(double{x[i]} - y[i]);
+    if (d > bound && n++ < 5)
+      ADD_FAILURE() << what << ": parameter " << i << " differs by " << d << ", beyond its rounding " << bound
+                    << " (mean |gradient| " << a[i] << ")";
+  }
+  return n;
+}
+
+TEST(Dist, TwoLevelsEqualReplicated) {
+  auto& pg = test_group();
+  expect_the_launched_ranks(pg);
+  if (pg.size() < 2) GTEST_SKIP() << "run under a launcher with 2 or more processes (ctest: dist.two_nodes)";
+  ASSERT_TRUE(pg.has_levels()) << pg.levels_why();
+  if (const char* nodes = std::getenv("STEPBENCH_TEST_NODES")) {  // ctest's: the split must have happened
+    ASSERT_EQ(pg.nodes(), std::atoi(nodes));
+    ASSERT_EQ(pg.across_nodes().size(), pg.nodes());
+    ASSERT_EQ(pg.within_node().size(), pg.size() / pg.nodes());
+  }
+  const auto run = [&](VariableUpdate mode, int towers, ProcessGroup* group, int ps_ranks = 1) {
+    auto o = tiny_dist(BackendKind::cpu, towers, mode, false);
+    o.group = group;
+    o.ps_ranks = ps_ranks;
+    Towers t(o);
+    t.set_synthetic_batch(77);  // process r gets the batch of tower r
+    std::vector<float> before = tower_params(t, 0);
+    for (int k = 0; k < 2; ++k) t.step();
+    t.synchronize();
+    return std::make_pair(std::move(before), tower_params(t, group ? 0 : pg.rank()));
+  };
+  const auto [init, two_level] = run(VariableUpdate::distributed_all_reduce, 1, &pg);
+  const auto flat = run(VariableUpdate::replicated, 1, &pg).second;
+  const auto local = run(VariableUpdate::replicated, pg.size(), nullptr).second;
+  EXPECT_TRUE(every_rank_holds(pg, two_level)) << "the ranks' parameters differ";
+  // the same update, element by element, to the rounding of its order of summation
+  const OptimizerConfig opt = tiny_dist(BackendKind::cpu, 1, VariableUpdate::replicated, false).optimizer;
+  const auto a1 =
+      group_mean_abs_gradient(pg, tiny_dist(BackendKind::cpu, 1, VariableUpdate::replicated, false), 77, init);
+  EXPECT_EQ(beyond_rounding(two_level, flat, a1, opt, pg.size(), "against replicated"), 0u);
+  EXPECT_EQ(beyond_rounding(two_level, local, a1, opt, pg.size(), "against towers in one process"), 0u);
+  // 2 towers per process: their sum within the process first, the average over every tower
+  const auto two_each = run(VariableUpdate::distributed_all_reduce, 2, &pg).second;
+  const auto local2 = run(VariableUpdate::replicated, 2 * pg.size(), nullptr).second;
+  const auto a2 =
+      group_mean_abs_gradient(pg, tiny_dist(BackendKind::cpu, 2, VariableUpdate::replicated, false), 77, init);
+  EXPECT_EQ(beyond_rounding(two_each, local2, a2, opt, 2 * pg.size(), "2 towers each"), 0u);
+  // distributed_replicated, with one server and with one per node, ends where parameter_server does
+  const auto server = run(VariableUpdate::parameter_server, 1, &pg).second;
+  for (int k : {1, pg.across_nodes().size()}) {
+    SCOPED_TRACE(fmt::format("distributed_replicated, --ps-ranks {}", k));
+    const auto dr = run(VariableUpdate::distributed_replicated, 1, &pg, k).second;
+    EXPECT_TRUE(every_rank_holds(pg, dr)) << "the ranks' parameters differ";
+    EXPECT_EQ(beyond_rounding(dr, server, a1, opt, pg.size(), "against parameter_server"), 0u);
+  }
 }
 
 // --cross-replica-sync off with `servers` shards: every worker (a process, or with node_workers a node)
