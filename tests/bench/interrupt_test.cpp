@@ -30,7 +30,7 @@ TEST(Interrupt, ASyncFailingBeforeTheLoopKeepsTheRepetitionsCountsAlike) {
   benchmark::RegisterBenchmark("interrupt_test/fails_between_repetitions",
                                [&](benchmark::State& st) {
                                  if (stop.skip(st)) return;
-                                 if (++calls == 2) {  // as a SyncError from agreed() would come
+                                 if (++calls == 3) {  // as a SyncError from agreed() would come
                                    stop.fail(st, "rank 1 (pid 7 on h) did not answer");
                                    return;
                                  }
@@ -38,22 +38,23 @@ TEST(Interrupt, ASyncFailingBeforeTheLoopKeepsTheRepetitionsCountsAlike) {
                                })
       ->UseManualTime()
       ->Iterations(5)
-      ->Repetitions(3);
+      ->Repetitions(4);  // two measured before the failure: the statistics are computed
   Keep keep;
   benchmark::RunSpecifiedBenchmarks(&keep, "interrupt_test/.*");
   benchmark::ClearRegisteredBenchmarks();
   std::vector<benchmark::BenchmarkReporter::Run> reps;
   for (const auto& r : keep.all)
     if (r.run_type == benchmark::BenchmarkReporter::Run::RT_Iteration) reps.push_back(r);
-  ASSERT_EQ(reps.size(), 3u);
+  ASSERT_EQ(reps.size(), 4u);
   EXPECT_FALSE(reps[0].error_occurred);
-  EXPECT_TRUE(reps[1].error_occurred);
-  EXPECT_EQ(reps[1].error_message, "the sync failed: rank 1 (pid 7 on h) did not answer");
-  EXPECT_TRUE(reps[2].error_occurred);  // the group is spent: marked, not run
-  EXPECT_EQ(reps[2].error_message, "not run: rank 1 (pid 7 on h) did not answer");
+  EXPECT_FALSE(reps[1].error_occurred);
+  EXPECT_TRUE(reps[2].error_occurred);
+  EXPECT_EQ(reps[2].error_message, "the sync failed: rank 1 (pid 7 on h) did not answer");
+  EXPECT_TRUE(reps[3].error_occurred);  // the group is spent: marked, not run
+  EXPECT_EQ(reps[3].error_message, "not run: rank 1 (pid 7 on h) did not answer");
   for (const auto& r : reps) EXPECT_EQ(r.iterations, 5);
   EXPECT_TRUE(stop.spent());
-  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(calls, 3);
 }
 
 }  // namespace
