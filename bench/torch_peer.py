@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "tiny"])
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "tiny"])
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=299)
     ap.add_argument("--format", default="nchw", choices=["nchw", "nhwc"])
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads; 0: OMP_NUM_THREADS when set, else every core (as OpenMP's default)")
     ap.add_argument("--dropout", type=float, default=0.5,
-                    help="before the final fc in training, as stepbench's model (resnet50 has none)")
+                    help="before the final fc in training, as stepbench's model (the resnets have none)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
@@ -86,8 +86,8 @@ def main():
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
         model = Tiny(dropout=args.dropout)
-    elif args.model == "resnet50":  # v1.5, torchvision's initialisation (as src/models/resnet50.cpp)
-        model = torchvision.models.resnet50(weights=None)
+    elif args.model.startswith("resnet"):  # v1.5, torchvision's initialisation (as src/models/resnet.cpp)
+        model = getattr(torchvision.models, args.model)(weights=None)
         args.dropout = 0.0
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=args.aux_logits == "on",
@@ -196,7 +196,7 @@ def main():
     else:
         out["settings"] = (f"autocast(cpu, bfloat16) on the CPU, {out['threads']} threads" if amp is not None
                            else f"fp32 on the CPU, autocast=off, {out['threads']} threads")
-    dropout = "none (resnet50 has none)" if args.model == "resnet50" else f"{args.dropout:g}"
+    dropout = f"none ({args.model} has none)" if args.model.startswith("resnet") else f"{args.dropout:g}"
     out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
@@ -259,7 +259,7 @@ def layer_times(model, step, sync, steps, model_name):
                   if name and type(mod).__name__ not in leaves
                   and any(type(ch).__name__ == "BasicConv2d" for ch in mod.children())}
     handles, blocks = [], []
-    if model_name == "resnet50":
+    if model_name.startswith("resnet"):
         # the stem's conv1 + bn1 + relu is one unit; each bottleneck runs its units as ranges
         handles += [model.conv1.register_forward_pre_hook(enter("conv1")), model.relu.register_forward_hook(leave)]
         for name in ("maxpool", "avgpool", "fc"):

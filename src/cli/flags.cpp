@@ -22,7 +22,7 @@ CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool& v, const s
 
 void add_model_flags(CLI::App& app, ModelFlags& m) {
   add_enum(app, "--backend", m.backend, "auto (cuda when a GPU is visible, else cpu), cpu or cuda");
-  add_enum(app, "--model", m.model, "inception_v3, resnet50 or tiny", user_models());
+  add_enum(app, "--model", m.model, join_or(user_models()), user_models());
   add_enum(app, "--format", m.layout, "activation layout: nchw or nhwc", names_of<Layout>());
   add_enum(app, "--precision", m.precision, "fp32, tf32 (cuda), bf16 or fp16");
   app.add_flag_callback(
@@ -37,8 +37,8 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
            "not stored, its readers apply its batch norm as they load its pre-norm output (MLPerf's ResNet-50 on "
            "cuDNN); off: separate ops, every output stored");
   app.add_option("--image-size", m.image_size,
-                 "input height and width [default: 299 for inception_v3 (>= 75, 299 with the aux head), 224 for "
-                 "resnet50 (>= 32), 64 for tiny]")
+                 "input height and width [default: the model's training size, --list-models; inception_v3's aux "
+                 "head needs 299]")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "bench/text.hpp"
+#include "models/models.hpp"
 
 namespace stepbench::cli {
 namespace {
@@ -67,11 +68,11 @@ const FlagHelp kFlags[] = {
     {"--peer", "What to run", "pytorch|pytorch-compile", "also time the same in PyTorch: ratios in the summary"},
     {"--peer-python", "What to run", "PATH", "the Python whose torch runs --peer [the first that imports it]"},
     {"--list", "What to run", "", "print the benchmark names and run nothing"},
+    {"--list-models", "What to run", "", "print the models: image sizes, tf_cnn_benchmarks' names"},
     {"--config", "What to run", "FILE", "read flags from a TOML file (configs/*.toml); the command line wins"},
     {"--backend", "Model and precision", "auto|cpu|cuda", "where to run; auto: cuda when a GPU is visible"},
-    {"--model", "Model and precision", "inception_v3|resnet50|tiny", "the network (torchvision's)"},
-    {"--image-size", "Model and precision", "N",
-     "input height and width [299 inception_v3 (75 or more), 224 resnet50]"},
+    {"--model", "Model and precision", "", "the network (torchvision's; --list-models)"},  // names: models.hpp
+    {"--image-size", "Model and precision", "N", "input height and width [the model's training size: --list-models]"},
     {"--no-aux-logits", "Model and precision", "", "leave out Inception's auxiliary head (needed below 299)"},
     {"--precision", "Model and precision", "fp32|tf32|bf16|fp16", "the math (tf32: cuda only)"},
     {"--format", "Model and precision", "nchw|nhwc", "the activations' layout"},
@@ -132,6 +133,8 @@ void describe_flags(CLI::App& app) {
     o->group(f.group)->description(f.help);
     if (*f.value) o->type_name(f.value);
   }
+  if (CLI::Option* o = app.get_option_no_throw("--model"))  // the names from the models' one list
+    o->type_name(fmt::format("{}", fmt::join(user_models(), "|")));
 }
 
 const std::vector<std::string>& help_groups() {

@@ -27,6 +27,7 @@
 #include "comm/collective.hpp"
 #include "comm/launch_env.hpp"
 #include "comm/process_group.hpp"
+#include "models/models.hpp"
 #include "stepbench_revision.hpp"
 #include "tensor/error.hpp"
 
@@ -155,6 +156,10 @@ int main(int argc, char** argv) {
     if (auto rc = cli::parse(argc, argv, o)) return *rc;
     if (o.version) {
       print_version();
+      return 0;
+    }
+    if (o.list_models) {
+      fmt::print("{}", models_table());
       return 0;
     }
     LaunchEnv env = discover_launch([](const char* v) { return std::getenv(v); }, o.rendezvous, built_with_mpi());

@@ -174,6 +174,8 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
   app.add_flag("--list", b.list, "print the benchmark names this configuration registers, then exit");
   app.add_flag("--verbose", b.verbose, "also Google Benchmark's context (the machine, the libraries) and tables");
   app.add_flag("--version", o.version, "print the version and the backends this build has, then exit");
+  app.add_flag("--list-models", o.list_models,
+               "print the models, their image sizes and tf_cnn_benchmarks' names, then exit");
   use_grouped_help(app);  // every flag in its group with a short line (cli/help.cpp)
 
   if (auto rc = parse_args(app, argc, argv, 1, "stepbench")) return rc;

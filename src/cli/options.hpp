@@ -35,6 +35,7 @@ struct Options {
   std::string data = "synthetic";  // synthetic, synthetic-host, an image folder or a record file
   std::string peer_python;         // --peer-python: the only Python the peer tries
   bool version = false;            // --version: print it and exit
+  bool list_models = false;        // --list-models: print the models and exit
 
   std::vector<std::string> explicitly_set;  // flag names given on the command line or in --config
   bool given(const std::string& flag) const;

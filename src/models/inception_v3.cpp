@@ -86,8 +86,7 @@ ValueId inception_e(Graph& g, const std::string& name, ValueId x) {
 }  // namespace
 
 ModelInfo build_inception_v3(Graph& g, const ModelOptions& o) {
-  if (o.image_size < 75)
-    throw UsageError(fmt::format("--image-size {} is too small for inception_v3 (at least 75)", o.image_size));
+  require_image_size(ModelKind::inception_v3, o.image_size);
   auto x = g.input(3, o.image_size, o.image_size);
   x = g.conv_bn_relu("Conv2d_1a_3x3", x, 32, k(3, 3, 0, 0, 2));
   x = g.conv_bn_relu("Conv2d_2a_3x3", x, 32, k(3, 3));

@@ -3,25 +3,59 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/graph.hpp"
 
 namespace stepbench {
 
-enum class ModelKind { inception_v3, resnet50, tiny, pool_fc };
+enum class ModelKind { inception_v3, resnet50, resnet101, resnet152, tiny, pool_fc };
+
+// The one list of models: the name table, --model's choices and help, the image sizes, `stepbench
+// --list-models` (which docs/flags.md's table and the tests are checked against) follow from it.
+struct ModelEntry {
+  ModelKind kind;
+  std::string_view name;
+  std::int64_t image_size;      // its torchvision training size, unless told
+  std::int64_t min_image_size;  // the smallest its downsampling allows
+  bool offered;                 // on the command line (pool_fc is for the towers' tests)
+  std::string_view tf_cnn;      // tf_cnn_benchmarks' --model for the same network ("" : none)
+  std::string_view what;
+};
+inline constexpr std::array<ModelEntry, 6> kModels{{
+    {ModelKind::inception_v3, "inception_v3", 299, 75, true, "inception3", "torchvision's Inception-v3"},
+    {ModelKind::resnet50, "resnet50", 224, 32, true, "resnet50_v1.5", "torchvision's ResNet-50 (v1.5)"},
+    {ModelKind::resnet101, "resnet101", 224, 32, true, "resnet101 (v1: stride on the 1x1)",
+     "torchvision's ResNet-101 (v1.5)"},
+    {ModelKind::resnet152, "resnet152", 224, 32, true, "resnet152 (v1: stride on the 1x1)",
+     "torchvision's ResNet-152 (v1.5)"},
+    {ModelKind::tiny, "tiny", 64, 16, true, "", "a small CNN for quick checks"},
+    {ModelKind::pool_fc, "pool_fc", 64, 8, false, "", "pools and two fc layers (the towers' tests)"},
+}};
+constexpr const ModelEntry& model_entry(ModelKind k) {
+  for (const auto& m : kModels)
+    if (m.kind == k) return m;
+  return kModels[0];
+}
 constexpr auto enum_names(ModelKind) {
-  return std::array<EnumName<ModelKind>, 4>{{{ModelKind::inception_v3, "inception_v3"},
-                                             {ModelKind::resnet50, "resnet50"},
-                                             {ModelKind::tiny, "tiny"},
-                                             {ModelKind::pool_fc, "pool_fc"}}};
+  std::array<EnumName<ModelKind>, kModels.size()> names{};
+  for (std::size_t i = 0; i < kModels.size(); ++i) names[i] = {kModels[i].kind, kModels[i].name};
+  return names;
 }
-// The models the command line offers (pool_fc is for the towers' tests).
-inline std::vector<std::string> user_models() { return {"inception_v3", "resnet50", "tiny"}; }
+// The models the command line offers.
+inline std::vector<std::string> user_models() {
+  std::vector<std::string> out;
+  for (const auto& m : kModels)
+    if (m.offered) out.emplace_back(m.name);
+  return out;
+}
 // The image size a model runs at unless told: its torchvision training size (tiny: 64).
-constexpr std::int64_t default_image_size(ModelKind k) {
-  return k == ModelKind::inception_v3 ? 299 : k == ModelKind::resnet50 ? 224 : 64;
-}
+constexpr std::int64_t default_image_size(ModelKind k) { return model_entry(k).image_size; }
+// UsageError when image_size is below what the model's downsampling allows.
+void require_image_size(ModelKind k, std::int64_t image_size);
+// The offered models as `stepbench --list-models` prints them: one line each, in columns.
+std::string models_table();
 
 struct ModelOptions {
   std::int64_t num_classes = 1000;
@@ -39,10 +73,11 @@ struct ModelInfo {
 // Exactly torchvision.models.inception_v3 (transform_input=False): state_dict names, shapes,
 // initialisation. Adds the cross-entropy loss (aux weighted 0.4, torchvision's training reference).
 ModelInfo build_inception_v3(Graph& g, const ModelOptions& o);
-// Exactly torchvision.models.resnet50 (v1.5): state_dict names, shapes, initialisation; reports name
-// its units by torchvision's modules (layer1.0.conv1, layer1.0.downsample) and each residual
-// addition with its ReLU <block>.add_relu. image_size >= 32.
-ModelInfo build_resnet50(Graph& g, const ModelOptions& o);
+// Exactly torchvision.models.resnet50, resnet101 or resnet152 (v1.5): state_dict names, shapes,
+// initialisation; reports name its units by torchvision's modules (layer1.0.conv1,
+// layer1.0.downsample) and each residual addition with its ReLU <block>.add_relu. image_size >= 32.
+ModelInfo build_resnet(Graph& g, ModelKind depth, const ModelOptions& o);
+inline ModelInfo build_resnet50(Graph& g, const ModelOptions& o) { return build_resnet(g, ModelKind::resnet50, o); }
 // A tiny CNN for fast tests: conv-BN-ReLU units, one Inception-style block with fan-out and concat,
 // a pool and an FC. image_size >= 16.
 ModelInfo build_tiny(Graph& g, const ModelOptions& o);

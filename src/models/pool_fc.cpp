@@ -1,13 +1,9 @@
-#include <fmt/format.h>
-
 #include "models/models.hpp"
-#include "tensor/error.hpp"
 
 namespace stepbench {
 
 ModelInfo build_pool_fc(Graph& g, const ModelOptions& o) {
-  if (o.image_size < 8)
-    throw UsageError(fmt::format("--image-size {} is too small for the pool_fc model (at least 8)", o.image_size));
+  require_image_size(ModelKind::pool_fc, o.image_size);
   auto x = g.input(3, o.image_size, o.image_size);
   x = g.pool(x, {PoolKind::max, 3, 3, 2, 2, 0, 0});
   x = g.pool(x, {PoolKind::avg_exclude_pad, 3, 3, 1, 1, 1, 1});

@@ -1,13 +1,9 @@
-#include <fmt/format.h>
-
 #include "models/models.hpp"
-#include "tensor/error.hpp"
 
 namespace stepbench {
 
 ModelInfo build_tiny(Graph& g, const ModelOptions& o) {
-  if (o.image_size < 16)
-    throw UsageError(fmt::format("--image-size {} is too small for the tiny model (at least 16)", o.image_size));
+  require_image_size(ModelKind::tiny, o.image_size);
   auto x = g.input(3, o.image_size, o.image_size);
   x = g.conv_bn_relu("conv1", x, 16, {3, 3, 2, 2, 0, 0});
   x = g.conv_bn_relu("conv2", x, 24, {3, 3, 1, 1, 1, 1});

@@ -52,6 +52,39 @@ class Flags(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertRegex(out, r"^stepbench \d+\.\d+\.\d+ ")
 
+    def test_the_models_come_from_one_list(self):
+        """--list-models (models/models.hpp's one list) is what --help offers, what docs/flags.md maps from
+        tf_cnn_benchmarks' names and what both PyTorch scripts build; each of the deeper ResNets runs
+        every phase, and refuses an image below its downsampling."""
+        rc, out, err = run("--list-models")
+        self.assertEqual(rc, 0, err)
+        rows = [line.split(None, 3) for line in out.splitlines()[1:]]
+        names = [r[0] for r in rows]
+        self.assertEqual(names[:4], ["inception_v3", "resnet50", "resnet101", "resnet152"])
+        _, helptext, _ = run("--help")
+        self.assertIn("--model " + "|".join(names) + "\n", helptext)
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(src, "docs", "flags.md")) as f:
+            flags_md = f.read()
+        for name, _, _, rest in rows:
+            tf = rest.split()[0]
+            if tf != "-":
+                self.assertIn(f"| `--model={tf}` | `--model {name}` |", flags_md, f"docs/flags.md lacks {name}")
+        for script in ("bench/torch_peer.py", "tests/parity/torch_parity.py"):
+            with open(os.path.join(src, script)) as f:
+                choices = re.search(r'"--model", default="\w+", choices=\[([^]]*)\]', f.read()).group(1)
+            self.assertEqual(sorted(re.findall(r'"(\w+)"', choices)), sorted(names), script)
+        every = ("forward", "forward_train", "forward_backward", "step", "update")
+        for name, phases in (("resnet101", ("step",)), ("resnet152", every)):  # 101's blocks are 152's, fewer
+            rc, out, err = run("--backend", "cpu", "--model", name, "--image-size", "32", "--batch-size", "2",
+                               "--warmup", "1", "--repetitions", "1", "--phases", ",".join(phases), *FAST)
+            self.assertEqual(rc, 0, err)
+            for phase in phases:
+                self.assertRegex(out, rf"\n\s*{phase}\s+\d", f"{name}: no {phase} row\n{out}")
+            self.assertIn(f"{name} fp32 nchw 32x32", out.splitlines()[0])
+            self.bad(["--backend", "cpu", "--model", name, "--image-size", "31"], "--image-size 31", name,
+                     "at least 32")
+
     def test_booleans_are_bare_flags_and_the_old_switch_still_reads(self):
         for args in (["--no-aux-logits"], ["--aux-logits", "off"]):
             rc, out, err = run("--backend", "cpu", "--image-size", "150", *args, "--list")
@@ -104,7 +137,7 @@ class Flags(unittest.TestCase):
     def test_bad_values_name_the_flag_and_the_choices(self):
         self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
         self.bad(["--format", "nchwc"], "--format", "nhwc")
-        self.bad(["--model", "resnet101"], "--model", "inception_v3", "resnet50", "tiny")
+        self.bad(["--model", "vgg16"], "--model", "inception_v3", "resnet50", "resnet152", "tiny")
         self.bad(["--variable-update", "ring"], "--variable-update", "parameter_server")
         self.bad(["--optimizer", "adam"], "--optimizer", "rmsprop")
         self.bad(["--backend", "tpu"], "--backend", "cuda")

@@ -94,12 +94,47 @@ TEST(ResNet50, InitialisationIsTorchvisions) {
   for (const auto& x : read("layer1.0.bn3.bias")) ASSERT_EQ(x, 0.0);
 }
 
+// ResNet-101 and ResNet-152: torchvision's stage block counts, [3, 4, 23, 3] and [3, 8, 36, 3].
+// Figures from torchvision 0.14 as above: parameters, the convolutions' and fc's multiply-adds at
+// 224x224, and the count of parameter tensors (161, 314, 467 for 50, 101, 152).
+TEST(ResNet50, ResNet101And152MatchTorchvisionsCountsAndNames) {
+  struct Case {
+    ModelKind kind;
+    std::int64_t params, macs;
+    std::size_t tensors;
+    int blocks;
+    const char* last;
+  };
+  for (const Case& c : {Case{ModelKind::resnet101, 44549160, 7801405440, 314, 33, "layer3.22.conv3.weight"},
+                        Case{ModelKind::resnet152, 60192808, 11513626624, 467, 50, "layer3.35.conv3.weight"}}) {
+    SCOPED_TRACE(std::string(to_string(c.kind)));
+    auto be = make_cpu_backend();
+    Graph g(*be, GraphConfig{1});
+    ModelOptions o;
+    o.image_size = default_image_size(c.kind);
+    ASSERT_EQ(o.image_size, 224);
+    const ModelInfo info = build_model(g, c.kind, o);
+    EXPECT_EQ(info.name, to_string(c.kind));
+    EXPECT_EQ(g.num_parameters(), c.params);
+    EXPECT_EQ(g.forward_macs_per_image(false), c.macs);
+    EXPECT_EQ(g.params().size(), 3u * c.blocks * 5 + 4 * 5 + 5 + 2);  // 3 convs a block, 4 downsamples, the stem
+    std::map<std::string, int> kinds;
+    for (const auto& l : g.layers()) ++kinds[l.kind];
+    EXPECT_EQ(kinds["conv_bn_relu"], 1 + 2 * c.blocks);
+    EXPECT_EQ(kinds["conv_bn"], c.blocks + 4);
+    EXPECT_EQ(kinds["add_relu"], c.blocks);
+    EXPECT_EQ(g.param(c.last).shape, (std::vector<std::int64_t>{1024, 256, 1, 1}));
+    EXPECT_EQ(layer_named(g.layers(), "layer2.0.conv2").conv.stride_h, 2);  // v1.5
+  }
+}
+
 TEST(ResNet50, TooSmallImagesAreUsageErrors) {
   auto be = make_cpu_backend();
   Graph g(*be, GraphConfig{1});
   ModelOptions o;
   o.image_size = 31;
   EXPECT_THROW(build_resnet50(g, o), UsageError);
+  EXPECT_THROW(build_model(g, ModelKind::resnet152, o), UsageError);
 }
 
 // Every unit of the network in place, after one training step at 32x32 and batch 4 (the smallest

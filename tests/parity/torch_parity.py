@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Model parity: the same weights and input through torchvision's inception_v3 or resnet50 (PyTorch)
+"""Model parity: the same weights and input through torchvision's inception_v3, resnet50, resnet101 or
+resnet152 (PyTorch)
 and through `stepbench check`, in eval and train mode, NCHW and NHWC. Compares logits, aux logits,
 the loss and every parameter gradient by max|a - b| / max|b| per tensor. --also-isa SSE41:nhwc runs
 stepbench again under another oneDNN instruction set against the same reference.
@@ -97,7 +98,7 @@ def rel(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)
-    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "tiny"])
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "tiny"])
     ap.add_argument("--batch", type=int, default=0,
                     help="default: 8 for inception_v3 (its aux head normalises 1x1 maps: batch values per channel), 8 for "
                          "resnet50 and tiny (ctest runs resnet50 at batch 2, 112x112: layer4 at 4x4)")
@@ -147,8 +148,8 @@ def main():
     torch.set_num_threads(os.cpu_count() or 1)
     if args.model == "tiny":
         model = Tiny()
-    elif args.model == "resnet50":  # v1.5, torchvision's initialisation, zero_init_residual off
-        model = torchvision.models.resnet50(weights=None)
+    elif args.model.startswith("resnet"):  # v1.5, torchvision's initialisation, zero_init_residual off
+        model = getattr(torchvision.models, args.model)(weights=None)
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
     # non-trivial BN buffers and affine parameters, so eval mode tests the running statistics

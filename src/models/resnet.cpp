@@ -1,8 +1,10 @@
-// torchvision.models.resnet50 (ResNet-50 v1.5: the stride on each bottleneck's 3x3 convolution),
-// layer by layer: torchvision's state_dict names and initialisation (kaiming_normal_, fan_out, for
-// the convolutions; BN weight 1 and bias 0; the fc as nn.Linear's default; zero_init_residual off).
+// torchvision.models.resnet50, resnet101 and resnet152 (v1.5: the stride on each bottleneck's 3x3
+// convolution), layer by layer, the three differing only in their stages' block counts: torchvision's state_dict names
+// and initialisation (kaiming_normal_, fan_out, for the convolutions; BN weight 1 and bias 0; the fc as nn.Linear's
+// default; zero_init_residual off).
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -46,19 +48,23 @@ ValueId layer(Graph& g, const std::string& name, ValueId x, std::int64_t width, 
 
 }  // namespace
 
-ModelInfo build_resnet50(Graph& g, const ModelOptions& o) {
-  if (o.image_size < 32)
-    throw UsageError(fmt::format(
-        "--image-size {} is too small for resnet50 (at least 32: the network downsamples by 32)", o.image_size));
+ModelInfo build_resnet(Graph& g, ModelKind depth, const ModelOptions& o) {
+  // torchvision's resnet50/101/152: Bottleneck, [3, 4, 6, 3] / [3, 4, 23, 3] / [3, 8, 36, 3]
+  const std::array<int, 4> blocks = depth == ModelKind::resnet152   ? std::array<int, 4>{3, 8, 36, 3}
+                                    : depth == ModelKind::resnet101 ? std::array<int, 4>{3, 4, 23, 3}
+                                                                    : std::array<int, 4>{3, 4, 6, 3};
+  SB_CHECK(depth == ModelKind::resnet50 || depth == ModelKind::resnet101 || depth == ModelKind::resnet152,
+           "build_resnet: resnet50, resnet101 or resnet152");
+  require_image_size(depth, o.image_size);
   auto x = g.input(3, o.image_size, o.image_size);
   x = conv_bn(g, "conv1", "conv1", "bn1", x, 64, {7, 7, 2, 2, 3, 3}, true);
   x = g.pool(x, {PoolKind::max, 3, 3, 2, 2, 1, 1}, "maxpool");
-  x = layer(g, "layer1", x, 64, 3, 1);
-  x = layer(g, "layer2", x, 128, 4, 2);
-  x = layer(g, "layer3", x, 256, 6, 2);
-  x = layer(g, "layer4", x, 512, 3, 2);
+  x = layer(g, "layer1", x, 64, blocks[0], 1);
+  x = layer(g, "layer2", x, 128, blocks[1], 2);
+  x = layer(g, "layer3", x, 256, blocks[2], 2);
+  x = layer(g, "layer4", x, 512, blocks[3], 2);
   x = g.global_avg_pool(x, "avgpool");  // AdaptiveAvgPool2d((1, 1))
-  ModelInfo info{"resnet50", o.image_size};
+  ModelInfo info{std::string(model_entry(depth).name), o.image_size};
   info.logits = g.linear("fc", x, o.num_classes, 0, ParamInit::uniform_fan_in);
   g.cross_entropy(info.logits, 1.0f, "logits");
   return info;
