@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <string_view>
 
 #include "bench/projection.hpp"
@@ -16,6 +17,9 @@
 #include "tensor/error.hpp"
 
 namespace stepbench::cli {
+namespace {
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+}  // namespace
 
 bool Options::given(const std::string& flag) const {
   return std::find(explicitly_set.begin(), explicitly_set.end(), flag) != explicitly_set.end();
@@ -49,12 +53,15 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
           [](std::string& v) -> std::string {
             char* end = nullptr;
             const double x = std::strtod(v.c_str(), &end);
-            return *end == '\0' && x > 0 && x <= 1e6 ? "" : "give a learning rate above 0 and at most 1e6, not " + v;
+            // the optimizer keeps it in a float: a larger one would become infinity unsaid
+            return *end == '\0' && x > 0 && x <= kFloatMax
+                       ? ""
+                       : "give a learning rate above 0 and at most 3.4e38 (a float), not " + v;
           },
           "", "positive"));
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Range(0.0, kFloatMax));  // a float in the optimizer, as the learning rate
   app.add_option("--warmup", b.warmup, "untimed training steps (and inference passes) before any timing, >= 1")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
