@@ -8,8 +8,9 @@ namespace stepbench {
 void require_image_size(ModelKind k, std::int64_t image_size) {
   const ModelEntry& m = model_entry(k);
   if (image_size < m.min_image_size)
-    throw UsageError(fmt::format("--image-size {} is too small for {} (at least {}: the network downsamples by that)",
-                                 image_size, m.name, m.min_image_size));
+    throw UsageError(
+        fmt::format("--image-size {} is too small for {} (at least {}: below, its downsampling leaves no feature map)",
+                    image_size, m.name, m.min_image_size));
 }
 
 std::string models_table() {
