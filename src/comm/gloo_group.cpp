@@ -72,18 +72,23 @@ class GlooStore final : public gloo::rendezvous::Store {
 // liveness asks that name a silent rank after a call failed; each process answers those on a thread.
 class GlooTransport final : public Transport {
  public:
-  GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<gloo::rendezvous::Context> live)
-      : ctx_(std::move(ctx)), live_(std::make_unique<gloo_live::Liveness>(std::move(live), state_)) {}
+  // state: the process's one CallState, shared with its level transports
+  GlooTransport(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<gloo::rendezvous::Context> live,
+                std::shared_ptr<gloo_live::CallState> state)
+      : state_(std::move(state)),
+        ctx_(std::move(ctx)),
+        live_(std::make_unique<gloo_live::Liveness>(std::move(live), *state_)) {}
   std::string name() const override { return "Gloo"; }
   // Not under mu_, which a collective in flight holds: the others fail at once on the closed pairs,
-  // the call in flight here ends within its timeout (the process is ending).
+  // the call in flight here ends within its timeout (the process is ending; with --sync-timeout-s 0
+  // it does not end: its own wait is not woken by the closed pairs).
   void abort(int) override {
     std::shared_ptr<gloo::rendezvous::Context> c;
     {
       std::lock_guard<std::mutex> l(ptr_mu_);
       c = std::move(ctx_);
     }
-    state_.fail();
+    state_->fail();
     if (c) gloo_live::break_all(*c);  // the others' calls fail at once
     if (p2p_) gloo_live::break_all(*p2p_);
   }
@@ -145,10 +150,10 @@ class GlooTransport final : public Transport {
     });
   }
   Silence silent_peers(const ProcessGroup&, double window_s) override {
-    state_.fail();  // it asks because a call failed here
+    state_->fail();  // it asks because a call failed here
     return live_->ask(window_s);
   }
-  void waiting(int delta) override { delta > 0 ? state_.enter() : state_.leave(); }
+  void waiting(int delta) override { delta > 0 ? state_->enter() : state_->leave(); }
 
   // Point to point on p2p_, a mesh of its own (its users: a server's threads, which receive forever,
   // and a worker's), never the collectives' context. A wait ends at its deadline without closing the
@@ -156,7 +161,7 @@ class GlooTransport final : public Transport {
   void set_p2p(std::shared_ptr<gloo::rendezvous::Context> p2p) { p2p_ = std::move(p2p); }
   void send(const ProcessGroup& pg, int to, const void* data, std::size_t bytes, std::uint64_t slot) override {
     if (!p2p_) return Transport::send(pg, to, data, bytes, slot);
-    const Call in(state_);
+    const Call in(*state_);
     p2p_call(pg, {to}, "a message to", [&] {
       auto b = p2p_->createUnboundBuffer(const_cast<void*>(data), bytes);
       b->send(to, slot);
@@ -166,7 +171,7 @@ class GlooTransport final : public Transport {
   int recv(const ProcessGroup& pg, const std::vector<int>& from, void* data, std::size_t bytes, std::uint64_t slot,
            bool forever) override {
     if (!p2p_) return Transport::recv(pg, from, data, bytes, slot, forever);
-    const Call in(state_, !forever);  // a server waiting for work is not waiting on the group
+    const Call in(*state_, !forever);  // a server waiting for work is not waiting on the group
     int who = -1;
     p2p_call(pg, from, "a message from", [&] {
       auto b = p2p_->createUnboundBuffer(data, bytes);
@@ -230,7 +235,7 @@ class GlooTransport final : public Transport {
   // failures as SyncError saying whether it timed out or a peer went away, and who.
   template <class F>
   void run(const char* what, int rank, int size, double limit, F&& f, const ProcessGroup* pg = nullptr) {
-    const Call in(state_);
+    const Call in(*state_);
     std::unique_lock<std::mutex> l(mu_);
     std::shared_ptr<gloo::rendezvous::Context> c;
     {
@@ -247,7 +252,7 @@ class GlooTransport final : public Transport {
     } catch (const gloo::EnforceNotMet& e) {  // Gloo's own checks (a pair not connected) are not gloo::Exception
       why = e.what();
     }
-    state_.fail();
+    state_->fail();
     {
       std::lock_guard<std::mutex> p(ptr_mu_);
       if (ctx_ == c) ctx_.reset();  // a failed collective leaves its pairs in no known state
@@ -259,7 +264,7 @@ class GlooTransport final : public Transport {
     // peer may see a dropped connection and still name the stalled rank rightly)
     const double window = std::clamp(limit / 4, 2.0, 10.0);
     const ProcessGroup none;  // joining: no group yet, ranks named by number
-    const std::string who = say_silence(pg ? *pg : none, live_->ask(window), window);
+    const std::string who = say_silence(pg ? *pg : none, live_->ask(window), window, stalled_after(limit, window));
     if (why.find("Timed out") != std::string::npos)
       throw SyncError(fmt::format(
           "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
@@ -282,12 +287,11 @@ class GlooTransport final : public Transport {
     } catch (const gloo::Exception& e) {
       why = e.what();
     }
-    state_.fail();
+    state_->fail();
     for (int r : peers) gloo_live::break_pair(*p2p_, r);
     const double limit = pg.sync_timeout(), window = std::clamp(limit / 4, 2.0, 10.0);
-    const Silence quiet = live_->ask(window, peers);
-    std::string said = say_silence(pg, quiet, window);
-    if (quiet.gone.empty())  // every peer asked is there, and waiting in a call of its own
+    std::string said = say_silence(pg, live_->ask(window, peers), window, stalled_after(limit, window));
+    if (said.empty())  // every peer asked is there, in a call of its own or briefly between two
       said = fmt::format(
           "{} answered within {:g} s: it is running but {}", pg.name_ranks(peers), window,
           why.empty() ? "did not keep up (a stalled thread?)" : "closed the connection (its own message says why)");
@@ -300,7 +304,7 @@ class GlooTransport final : public Transport {
     throw SyncError(fmt::format("{} {} failed on process {} of {}: {} ({})", what, whom, pg.world_rank(),
                                 pg.world_size(), said, why));
   }
-  gloo_live::CallState state_;  // before live_, which reads it
+  std::shared_ptr<gloo_live::CallState> state_;  // before live_, which reads it
   std::shared_ptr<gloo::rendezvous::Context> ctx_, p2p_;
   std::unique_ptr<gloo_live::Liveness> live_;
   gloo_live::Deadlines deadlines_;
@@ -413,7 +417,8 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   };
   auto ctx = mesh("gloo/", env.rank, env.size);
   auto live = mesh("gloo-live/", env.rank, env.size);
-  auto t = std::make_unique<GlooTransport>(ctx, live);
+  const auto state = std::make_shared<gloo_live::CallState>();
+  auto t = std::make_unique<GlooTransport>(ctx, live, state);
   if (point_to_point) t->set_p2p(mesh("gloo-p2p/", env.rank, env.size));
   j.node = placed.node;
   j.nodes = placed.nodes;
@@ -424,8 +429,9 @@ Joined join_gloo(const LaunchEnv& env, double timeout_s, bool point_to_point) {
   if (!within.empty() && e.local_size > 1 && e.nodes > 1) {
     const std::string in = fmt::format("gloo-node{}", e.node), out = fmt::format("gloo-across{}", e.local_rank);
     j.within = std::make_unique<GlooTransport>(mesh(in + "/", e.local_rank, e.local_size),
-                                               mesh(in + "-live/", e.local_rank, e.local_size));
-    j.across = std::make_unique<GlooTransport>(mesh(out + "/", e.node, e.nodes), mesh(out + "-live/", e.node, e.nodes));
+                                               mesh(in + "-live/", e.local_rank, e.local_size), state);
+    j.across =
+        std::make_unique<GlooTransport>(mesh(out + "/", e.node, e.nodes), mesh(out + "-live/", e.node, e.nodes), state);
     j.within_ranks = std::move(within);
     j.across_ranks = std::move(across);
   }

@@ -100,7 +100,9 @@ void break_all(gloo::Context& c) {
 void CallState::enter() { ++calls_; }
 
 void CallState::leave() {
-  if (--calls_ == 0) idle_since_ = Clock::now().time_since_epoch().count();
+  // the time first: an answer read between the two must not see the idle time since an older call
+  idle_since_ = Clock::now().time_since_epoch().count();
+  --calls_;
 }
 
 double CallState::idle_s() const {
@@ -121,25 +123,28 @@ struct Liveness::Kept {
 };
 
 Liveness::Liveness(std::shared_ptr<gloo::Context> mesh, const CallState& state)
-    : mesh_(std::move(mesh)), state_(state), th_([this] { answer(); }) {}
+    : mesh_(std::move(mesh)), state_(state), current_(static_cast<std::size_t>(mesh_->size), nullptr) {
+  for (int r = 0; r < mesh_->size; ++r)
+    if (r != mesh_->rank) th_.emplace_back([this, r] { answer(r); });
+}
 
 Liveness::~Liveness() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
-    if (current_) current_->abortWaitRecv();
+    for (auto* b : current_)
+      if (b) b->abortWaitRecv();
   }
-  th_.join();
+  for (auto& t : th_) t.join();
   break_all(*mesh_);  // nothing pending may outlive its buffer
 }
 
-// The answering thread: a receive from any peer, answered with this process's state on the slot the
-// ask names. Its sends are not waited for (a peer that asked and went must not stop the answers); their
-// buffers are kept.
-void Liveness::answer() {
-  std::vector<int> others;
-  for (int r = 0; r < mesh_->size; ++r)
-    if (r != mesh_->rank) others.push_back(r);
+// The thread answering peer `from`: a receive from it, answered with this process's state on the slot
+// the ask names, even while the mesh is going (the asker waits for it). The sends are not waited for
+// (a peer that asked and went must not stop the answers); their buffers are kept. It ends when the
+// peer's connection goes, or with the mesh.
+void Liveness::answer(int from) {
+  const auto at = static_cast<std::size_t>(from);
   for (;;) {
     Kept* k = nullptr;
     {
@@ -149,35 +154,28 @@ void Liveness::answer() {
       k = kept_.back().get();
       try {
         k->rx = mesh_->createUnboundBuffer(&k->ping, sizeof k->ping);
-        k->rx->recv(others, kAsk);
-        current_ = k->rx.get();
+        k->rx->recv(from, kAsk);
+        current_[at] = k->rx.get();
       } catch (const std::exception&) {
-        k->gone = true;
+        return;  // its connection is gone: it asks nothing more
       }
     }
-    int who = -1;
     bool got = false;
-    if (!k->gone) {
-      try {
-        got = k->rx->waitRecv(&who, as_timeout(0));
-      } catch (const std::exception&) {  // the asker's connection went while it asked
-        got = false;
-      }
+    try {
+      got = k->rx->waitRecv(nullptr, as_timeout(0));
+    } catch (const std::exception&) {  // its connection went
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      current_ = nullptr;
-      if (stop_) return;
+      current_[at] = nullptr;
     }
-    if (!got || who < 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // no busy loop on a broken mesh
-      continue;
-    }
+    if (!got) return;  // gone, or the mesh is going (the wait was aborted)
     k->pong = {k->ping.seq, state_.idle_s()};
     try {
       k->tx = mesh_->createUnboundBuffer(&k->pong, sizeof k->pong);
-      k->tx->send(who, kAsk + 1 + k->ping.seq);
+      k->tx->send(from, kAsk + 1 + k->ping.seq);
     } catch (const std::exception&) {  // gone since it asked
+      return;
     }
   }
 }
@@ -216,7 +214,9 @@ Silence Liveness::ask(double window_s, std::vector<int> peers) {
       // an answer that came is counted whatever happened since; one still missing at the deadline is not
       const double left = std::chrono::duration<double>(until - Clock::now()).count();
       try {
-        k.gone = !wait_recv(deadlines_, *k.rx, std::max(left, 1e-3));
+        // at least 0.1 s: a deadline that fires before the wait takes the buffer would count an answer
+        // that had come as missing (Gloo's wait looks at the abort first)
+        k.gone = !wait_recv(deadlines_, *k.rx, std::max(left, 0.1));
       } catch (const std::exception&) {
         k.gone = true;
       }

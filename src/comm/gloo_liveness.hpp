@@ -51,8 +51,10 @@ class Deadlines {
 };
 
 // b's posted receive (or send), waited for up to limit_s seconds (0: forever) without closing any
-// pair: true when it completed, false when the deadline ended it (the buffer must then stay alive:
-// its operation is still posted). Gloo's exceptions (a closed pair) pass through.
+// pair: true when it completed, false when the deadline ended it. Its operation is then still
+// posted: keep the buffer until the pair is closed (break_pair), or close the pair before it goes
+// (Gloo's NonOwningPtr makes its destructor wait for the pair's use of it). Gloo's exceptions (a
+// closed pair) pass through.
 bool wait_recv(Deadlines& d, gloo::transport::UnboundBuffer& b, double limit_s, int* who = nullptr);
 bool wait_send(Deadlines& d, gloo::transport::UnboundBuffer& b, double limit_s);
 
@@ -61,9 +63,10 @@ bool wait_send(Deadlines& d, gloo::transport::UnboundBuffer& b, double limit_s);
 void break_pair(gloo::Context& c, int rank);
 void break_all(gloo::Context& c);
 
-// What this process is doing with a transport, as a liveness answer says it: inside one of its calls
+// What this process is doing with its groups, as a liveness answer says it: inside one of their calls
 // (a collective, a message, a GPU collective polled: ProcessGroup::Waiting), ended after a failure,
-// or outside every call since a time.
+// or outside every call since a time. One per process, shared by its world and level transports, so
+// that a rank waiting in a call of one level is not taken as idle by another's ask.
 class CallState {
  public:
   void enter();
@@ -78,9 +81,11 @@ class CallState {
   std::atomic<Clock::rep> idle_since_{Clock::now().time_since_epoch().count()};
 };
 
-// A mesh of its own for liveness: a thread answers every ask from any peer with the CallState, and
-// ask() sends every peer given an ask and waits up to window_s for the answers. Answers that come
-// late go to buffers kept until the mesh goes, so that no late message lands in freed memory.
+// A mesh of its own for liveness: a thread per peer answers each of its asks with the CallState (one
+// receive from any peer would, once a peer that asked went, pick that peer's queued ask first and
+// fail every time after), and ask() sends every peer given an ask and waits up to window_s for the
+// answers. Answers that come late go to buffers kept until the mesh goes, so that no late message
+// lands in freed memory.
 class Liveness {
  public:
   Liveness(std::shared_ptr<gloo::Context> mesh, const CallState& state);
@@ -99,17 +104,17 @@ class Liveness {
     double idle_s = 0;
   };
   struct Kept;  // an ask's or an answer's buffers
-  void answer();
+  void answer(int from);
   std::shared_ptr<gloo::Context> mesh_;
   const CallState& state_;
   Deadlines deadlines_;
   std::mutex ask_mu_;  // one ask at a time
-  std::mutex mu_;      // kept_, current_, stop_ (held briefly: the answering thread takes it too)
+  std::mutex mu_;      // kept_, current_, stop_ (held briefly: the answering threads take it too)
   std::vector<std::unique_ptr<Kept>> kept_;
-  gloo::transport::UnboundBuffer* current_ = nullptr;  // the answering thread's posted receive
+  std::vector<gloo::transport::UnboundBuffer*> current_;  // each answering thread's posted receive
   std::uint64_t seq_ = 0;
   bool stop_ = false;
-  std::thread th_;  // last: it uses the members above
+  std::vector<std::thread> th_;  // last: they use the members above
 };
 
 }  // namespace stepbench::gloo_live

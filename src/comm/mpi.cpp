@@ -39,7 +39,7 @@ class MpiTransport final : public Transport {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (limit > 0 && waited > limit) {
         const double window = std::clamp(limit / 4, 2.0, 10.0);
-        const std::string who = say_silence(pg, silent_peers(pg, window), window);
+        const std::string who = say_silence(pg, silent_peers(pg, window), window, stalled_after(limit, window));
         throw SyncError(fmt::format(
             "{} did not complete within {:g} s on process {} of {}: {}. If the step is legitimately that slow, raise "
             "--sync-timeout-s (0 waits forever)",

@@ -254,7 +254,8 @@ class NcclCollective final : public Collective {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (timeout_s_ > 0 && waited > timeout_s_) {
         const double window = std::clamp(timeout_s_ / 4, 2.0, 10.0);
-        const std::string who = group_.silent_ranks(window);  // the others time out about now too
+        // the others time out about now too
+        const std::string who = group_.silent_ranks(window, stalled_after(timeout_s_, window));
         throw SyncError(fmt::format(
             "{} did not complete within {:g} s on process {} of {}: {}. Raise --sync-timeout-s if NCCL is "
             "legitimately that slow to start (0 waits forever)",

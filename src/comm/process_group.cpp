@@ -169,10 +169,10 @@ void ProcessGroup::broadcast_bytes_from_root(void* data, std::size_t bytes) cons
   if (t_ && size_ > 1) t_->broadcast_bytes(*this, data, bytes, 0);
 }
 
-std::string ProcessGroup::silent_ranks(double window_s) const {
+std::string ProcessGroup::silent_ranks(double window_s, double stalled_s) const {
   if (!t_ || size_ == 1) return "";
   try {
-    return say_silence(*this, t_->silent_peers(*this, window_s), window_s);
+    return say_silence(*this, t_->silent_peers(*this, window_s), window_s, stalled_s);
   } catch (const std::exception&) {
     return "";
   }
@@ -186,17 +186,18 @@ ProcessGroup::Waiting::~Waiting() {
   if (t_) t_->waiting(-1);
 }
 
-std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s) {
+std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s, double stalled_s) {
   std::string out;
   if (!s.gone.empty())
     out = fmt::format("{} did not answer within {:g} s (stalled or ended)", pg.name_ranks(s.gone), window_s);
-  if (!s.idle.empty()) {
-    std::vector<int> who;
-    double least = s.idle[0].second;
-    for (const auto& [r, idle] : s.idle) {
+  std::vector<int> who;
+  double least = 0;
+  for (const auto& [r, idle] : s.idle)
+    if (idle >= stalled_s) {
+      least = who.empty() ? idle : std::min(least, idle);
       who.push_back(r);
-      least = std::min(least, idle);
     }
+  if (!who.empty()) {
     const bool one = who.size() == 1;
     out += fmt::format(
         "{}{} answered from outside the group's calls, where {} had been for {:.1f} s{} (stalled in {} "

@@ -22,6 +22,11 @@ struct PeerInfo {
   long pid = 0;
 };
 
+// How long outside the group's calls names a rank as stalled after a wait of limit_s failed: half of
+// it (a rank that stalled the wait has been outside about that long); with no limit (0), the asks'
+// window.
+inline double stalled_after(double limit_s, double window_s) { return limit_s > 0 ? limit_s / 2 : window_s; }
+
 class ProcessGroup {
  public:
   // This process alone: rank 0 of 1.
@@ -52,7 +57,8 @@ class ProcessGroup {
   // Ends every process of the group (MPI_Abort; under Gloo this process's connections close, which
   // fails the others' next collective) so that one failing rank does not leave the others waiting;
   // a no-op for a single process. Under Gloo it does not wait for a call in flight on another
-  // thread (which ends within its timeout, while the others' calls fail at once).
+  // thread (which ends within its timeout, never with --sync-timeout-s 0, while the others' calls
+  // fail at once).
   void abort(int code) const;
 
   // Collectives over the group on host memory; identities for a single process. They throw SyncError
@@ -70,11 +76,12 @@ class ProcessGroup {
   std::vector<std::string> allgather(const std::string& mine) const;
   // After a collective timed out on this process (NCCL's, whose peers the group cannot see): every
   // other rank is asked whether it is there, and those that did not answer within window_s, or that
-  // answered from outside every call of the group (stalled in their own work), are named with what
-  // they did: "rank 1 (pid 7 on h) did not answer within 2 s (stalled or ended)"; "" when every rank
-  // answered from a call. The group may be spent afterwards (the run is ending). Under Gloo a thread
-  // of each process answers at any time; under MPI every well rank must call it at about the same time.
-  std::string silent_ranks(double window_s) const;
+  // answered from outside every call of the group for stalled_s or more (stalled in their own work:
+  // stalled_after() in comm/transport.hpp), are named with what they did: "rank 1 (pid 7 on h) did
+  // not answer within 2 s (stalled or ended)"; "" when every rank answered from a call or had left
+  // one only briefly. The group may be spent afterwards (the run is ending). Under Gloo a thread of
+  // each process answers at any time; under MPI every well rank must call it at about the same time.
+  std::string silent_ranks(double window_s, double stalled_s) const;
   // While one lives this process counts as waiting in a call of the group (a GPU collective polled,
   // NCCL's start), so that a peer's silent_ranks does not name it.
   class Waiting {

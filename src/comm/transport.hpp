@@ -23,8 +23,11 @@ struct Silence {
   std::vector<std::pair<int, double>> idle;
   bool empty() const { return gone.empty() && idle.empty(); }
 };
-// "rank 1 (pid 7 on h) did not answer within 2 s (stalled or ended)", and the idle ones; "" for none.
-std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s);
+// "rank 1 (pid 7 on h) did not answer within 2 s (stalled or ended)", and the ones idle for stalled_s
+// or more; "" for none. A well rank between two calls (its own compute, or not yet in the next call
+// when a peer dropped) answers idle too, briefly: only a rank outside the calls for about as long as
+// the wait that failed explains it.
+std::string say_silence(const ProcessGroup& pg, const Silence& s, double window_s, double stalled_s);
 
 class Transport {
  public:

@@ -57,7 +57,7 @@ void CollectiveSync::wait_for(Backend& be, Stream& s) const {
       // who is silent first (under MPI the well ranks time out about now too, and exchange their
       // tokens in step; an abort that takes its time, bounded by Collective::abort, would put them out)
       const double window = std::clamp(t_.sync_timeout_s / 4, 2.0, 10.0);
-      const std::string who = t_.group.silent_ranks(window);
+      const std::string who = t_.group.silent_ranks(window, stalled_after(t_.sync_timeout_s, window));
       coll_->abort();
       throw SyncError(fmt::format(
           "the GPUs' work with the gradient sync ({}) did not complete within {:g} s on process {} of {}: {}. If the "
