@@ -27,10 +27,10 @@ std::vector<std::string> backends();
 
 // What to build. The names are the command line's (--model, --backend, --precision, --format).
 struct ModelSpec {
-  std::string model = "inception_v3";  // inception_v3 (torchvision's) or tiny
+  std::string model = "inception_v3";  // one of `stepbench --list-models`: inception_v3, resnet50, ...
   std::string backend = "cpu";         // cpu, cuda, or auto (cuda when a GPU is visible)
   std::int64_t batch = 8;              // images per step
-  std::int64_t image_size = 299;       // height and width; inception_v3: 75 or more (299 with aux_logits)
+  std::int64_t image_size = 0;         // height and width; 0: the model's training size (299, 224, ...)
   std::string precision = "fp32";      // fp32, tf32 (cuda), bf16 or fp16
   std::string layout = "nchw";         // nchw or nhwc
   bool aux_logits = true;              // Inception's auxiliary head (training only)

@@ -43,15 +43,19 @@ struct Model::Impl {
 
   explicit Impl(const ModelSpec& s) : spec(s) {
     if (spec.batch < 1) throw UsageError("ModelSpec::batch must be 1 or more");
+    if (spec.image_size < 0) throw UsageError("ModelSpec::image_size must be 0 (the model's own) or more");
     BackendOptions bo;
     bo.kind = resolve(parse_enum<BackendKind>(spec.backend, "backend"));
     bo.precision = parse_enum<Precision>(spec.precision, "precision");
     be = make_backend(bo);
-    options.image_size = spec.image_size;
-    options.aux_logits = spec.aux_logits;
+    const auto kind = parse_enum<ModelKind>(spec.model, "model");
+    if (!model_entry(kind).offered)
+      throw UsageError(std::string("unknown model '") + spec.model + "': use " + join_or(user_models()));
+    options.image_size = spec.image_size > 0 ? spec.image_size : default_image_size(kind);
+    options.aux_logits = spec.aux_logits && kind == ModelKind::inception_v3;
     g = std::make_unique<Graph>(
         *be, GraphConfig{spec.batch, parse_enum<Layout>(spec.layout, "layout"), storage_dtype(bo.precision), 0});
-    build_model(*g, parse_enum<ModelKind>(spec.model, "model"), options);
+    build_model(*g, kind, options);
   }
 
   // A fixed batch of normal noise and random labels, as the benchmark's synthetic data.

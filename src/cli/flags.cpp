@@ -39,8 +39,7 @@ void add_model_flags(CLI::App& app, ModelFlags& m) {
   app.add_option("--image-size", m.image_size,
                  "input height and width [default: the model's training size, --list-models; inception_v3's aux "
                  "head needs 299]")
-      ->capture_default_str()
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));  // no [299]: the default is the model's
 }
 
 // Every flag that takes a number with a fraction (CLI11's FLOAT; X in stepbench --help) refuses NaN

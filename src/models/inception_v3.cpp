@@ -103,7 +103,7 @@ ModelInfo build_inception_v3(Graph& g, const ModelOptions& o) {
   x = inception_c(g, "Mixed_6c", x, 160);
   x = inception_c(g, "Mixed_6d", x, 160);
   x = inception_c(g, "Mixed_6e", x, 192);
-  ModelInfo info{"inception_v3", o.image_size};
+  ModelInfo info{std::string(model_entry(ModelKind::inception_v3).name), o.image_size};
   if (o.aux_logits) {
     // The aux head pools 5x5 / stride 3, then runs a 5x5 conv without padding: Mixed_6e must be
     // at least 17x17, which takes a 299x299 image (torchvision fails the same way below it).

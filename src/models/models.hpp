@@ -38,6 +38,15 @@ constexpr const ModelEntry& model_entry(ModelKind k) {
     if (m.kind == k) return m;
   return kModels[0];
 }
+constexpr bool every_kind_has_a_row() {
+  for (int k = 0; k <= static_cast<int>(ModelKind::pool_fc); ++k) {
+    bool found = false;
+    for (const auto& m : kModels) found = found || m.kind == static_cast<ModelKind>(k);
+    if (!found) return false;
+  }
+  return true;
+}
+static_assert(every_kind_has_a_row(), "each ModelKind needs its row in kModels");
 constexpr auto enum_names(ModelKind) {
   std::array<EnumName<ModelKind>, kModels.size()> names{};
   for (std::size_t i = 0; i < kModels.size(); ++i) names[i] = {kModels[i].kind, kModels[i].name};

@@ -19,7 +19,7 @@ ModelInfo build_tiny(Graph& g, const ModelOptions& o) {
   x = g.concat({b1, b2, b3, b4});
   x = g.global_avg_pool(x, "avgpool");
   if (o.dropout > 0) x = g.dropout(x, o.dropout, "dropout");
-  ModelInfo info{"tiny", o.image_size};
+  ModelInfo info{std::string(model_entry(ModelKind::tiny).name), o.image_size};
   info.logits = g.linear("fc", x, o.num_classes);
   g.cross_entropy(info.logits, 1.0f, "logits");
   return info;

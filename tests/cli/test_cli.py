@@ -38,7 +38,7 @@ class Flags(unittest.TestCase):
                      "--no-aux-logits", "--precision", "--format", "--variable-update", "--optimizer", "--warmup",
                      "--repetitions", "--json", "--per-layer", "--config", "--phases", "--version", "--verbose"]:
             self.assertIn(flag, out)
-        for default in ["[auto]", "[inception_v3]", "[299]", "[fp32]", "[nchw]", "[replicated]", "[momentum]", "[10]",
+        for default in ["[auto]", "[inception_v3]", "[fp32]", "[nchw]", "[replicated]", "[momentum]", "[10]",
                         "[5]"]:
             self.assertIn(default, out)
         groups = ["What to run:", "Model and precision:", "Towers and sync:", "Data:", "Timing:", "Output:", "GPU:",
@@ -1449,8 +1449,8 @@ class Launch(unittest.TestCase):
         said = [l for l in out.splitlines() if l.startswith("stepbench launch: rank")]
         self.assertTrue(said, out)
         self.assertRegex(said[0], rf"rank 3 \(pid {victim}\) was killed by signal 9", out)
-        # (a well rank still busy in a level when the others exchange tokens is named too: the dead one
-        # must be among those named)
+        # (a rank that failed elsewhere first, and so never answered, may be named too: the dead one must
+        # be among those named)
         self.assertRegex(out, rf"on process [12] of 4: ranks? (?:[0-9]+ \(pid [0-9]+ on [^)]+\), )*3 \(pid {victim} "
                               rf"on [^)]+\) did not answer")
         self.assertEqual(p.returncode, 128 + 9, out)
@@ -1715,7 +1715,7 @@ class Launch(unittest.TestCase):
                 l.startswith("stepbench launch: then rank")]
         self.assertTrue(said, out)
         self.assertRegex(said[0], rf"rank 1 \(pid {victim}\) was killed by signal 9", out)
-        # and rank 0, whose sync failed, names the peer it lost (Gloo's pair knows it; the tokens confirm)
+        # and rank 0, whose sync failed, names the peer it lost (Gloo's pair knows it; its ask goes unanswered)
         self.assertRegex(out, rf"on process 0 of 2: rank 1 \(pid {victim} on [^)]+\) did not answer within 7.5 s")
         self.assertEqual(p.returncode, 128 + 9, out)  # the cause's status is the launcher's
         self.assertLess(time.monotonic() - t0, 90, out)

@@ -118,6 +118,9 @@ TEST(ResNet50, ResNet101And152MatchTorchvisionsCountsAndNames) {
     EXPECT_EQ(g.num_parameters(), c.params);
     EXPECT_EQ(g.forward_macs_per_image(false), c.macs);
     EXPECT_EQ(g.params().size(), 3u * c.blocks * 5 + 4 * 5 + 5 + 2);  // 3 convs a block, 4 downsamples, the stem
+    std::size_t learnt = 0;  // torchvision's parameters(): the BN's running statistics are buffers
+    for (const auto& p : g.params()) learnt += p.trainable ? 1 : 0;
+    EXPECT_EQ(learnt, c.tensors);
     std::map<std::string, int> kinds;
     for (const auto& l : g.layers()) ++kinds[l.kind];
     EXPECT_EQ(kinds["conv_bn_relu"], 1 + 2 * c.blocks);

@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "tiny"])
     ap.add_argument("--batch", type=int, default=0,
                     help="default: 8 for inception_v3 (its aux head normalises 1x1 maps: batch values per channel), 8 for "
-                         "resnet50 and tiny (ctest runs resnet50 at batch 2, 112x112: layer4 at 4x4)")
+                         "the resnets and tiny (ctest runs the resnets at batch 2, 112x112: layer4 at 4x4)")
     ap.add_argument("--image-size", type=int, default=299)
     ap.add_argument("--noise-factor", type=float, default=2.0)
     ap.add_argument("--max-grad-error", type=float, default=0.5)
