@@ -53,10 +53,11 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
           [](std::string& v) -> std::string {
             char* end = nullptr;
             const double x = std::strtod(v.c_str(), &end);
-            // the optimizer keeps it in a float: a larger one would become infinity unsaid
-            return *end == '\0' && x > 0 && x <= kFloatMax
+            // the optimizer keeps it in a float: a larger one would become infinity unsaid, one below
+            // the smallest float 0
+            return *end == '\0' && x <= kFloatMax && static_cast<float>(x) > 0
                        ? ""
-                       : "give a learning rate above 0 and at most 3.4e38 (a float), not " + v;
+                       : "give a learning rate above 0 that a float holds (1.4e-45 to 3.4e38), not " + v;
           },
           "", "positive"));
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
