@@ -549,6 +549,48 @@ TEST(Levels, NodesComeFromTheHostsAcrossHosts) {
   EXPECT_EQ(one.local_rank, 1);
 }
 
+// A process's levels share what it is doing: a rank waiting in a within-node call is in a call to an
+// across-nodes ask too (each level's transport with its own state would call it idle there, and
+// name it as stalled); once it leaves the call, the same ask names it.
+TEST(GlooGroup, ARankWaitingInOneLevelIsInACallToTheOther) {
+  if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
+  const std::string where = "file:" + temp_folder();
+  std::promise<void> asked_once, left_call, finished;
+  auto once = asked_once.get_future().share();
+  auto left = left_call.get_future().share();
+  auto done = finished.get_future().share();
+  std::string while_waiting, after;
+  const auto errors = on_ranks(4, [&](int r) {
+    LaunchEnv e = env_of(r, 4, where);
+    e.node = r % 2;
+    e.nodes = 2;
+    e.local_rank = r / 2;
+    e.local_size = 2;
+    auto g = ProcessGroup::create(e, 20);
+    ASSERT_TRUE(g->has_levels()) << g->levels_why();
+    if (r == 1) {  // node 1's first rank: in a call of its node's level, then outside every call
+      {
+        const auto w = g->within_node().waiting();
+        once.wait();
+      }
+      left_call.set_value();
+    } else if (r == 0) {  // node 0's: asks across the nodes, rank 1 its only peer there
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      while_waiting = g->across_nodes().silent_ranks(2.0, 0.3);
+      asked_once.set_value();
+      left.wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      after = g->across_nodes().silent_ranks(2.0, 0.3);
+      finished.set_value();
+    }
+    done.wait();  // no group goes before the asks are done
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(while_waiting, "") << "a rank in a within-node call was named from across the nodes";
+  EXPECT_EQ(after.rfind(fmt::format("rank 1 (pid {} on ", getpid()), 0), 0u) << after;
+  EXPECT_NE(after.find(") answered from outside the group's calls"), std::string::npos) << after;
+}
+
 TEST(GlooGroup, TwoLevelsSumEveryElementAsTheFlatAllReduceDoes) {
   if (!built_with_gloo()) GTEST_SKIP() << "built without Gloo";
   const std::string where = "file:" + temp_folder();
