@@ -45,8 +45,8 @@ void Deadlines::loop() {
     }
     const auto first = std::min_element(due_.begin(), due_.end(),
                                         [](const auto& a, const auto& b) { return a.second.until < b.second.until; });
-    if (Clock::now() < first->second.until) {
-      cv_.wait_until(l, first->second.until);
+    if (const Clock::time_point until = first->second.until; Clock::now() < until) {
+      cv_.wait_until(l, until);  // a copy: cancel() may erase the entry while this waits
       continue;
     }
     // under the lock: cancel() waits for it, so the buffer is still there
