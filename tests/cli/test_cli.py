@@ -54,8 +54,8 @@ class Flags(unittest.TestCase):
 
     def test_the_models_come_from_one_list(self):
         """--list-models (models/models.hpp's one list) is what --help offers, what docs/flags.md maps from
-        tf_cnn_benchmarks' names and what both PyTorch scripts build; each of the deeper ResNets runs
-        every phase, and refuses an image below its downsampling."""
+        tf_cnn_benchmarks' names and what both PyTorch scripts build; ResNet-152 runs every phase and
+        ResNet-101 the step, and each refuses an image below its downsampling."""
         rc, out, err = run("--list-models")
         self.assertEqual(rc, 0, err)
         rows = [line.split(None, 3) for line in out.splitlines()[1:]]
