@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -162,11 +163,37 @@ class PoolOp {
                         const void* reserve) = 0;
 };
 
+// y = min(max(x, 0), clip): the ReLU, and with clip 6 MobileNet-v2's ReLU6 (infinity: no clip).
+// Backward passes dy where 0 < y < clip (PyTorch's hardtanh backward; without a clip, where y > 0).
 class ReluOp {
  public:
   virtual ~ReluOp() = default;
   virtual void forward(Stream&, const Tensor& x, const Tensor& y) = 0;
   virtual void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) = 0;
+};
+constexpr float kNoClip = std::numeric_limits<float>::infinity();
+
+// A convolution's bias and the ReLU after it, in place on the convolution's output (VGG's and
+// AlexNet's Conv2d(bias=True) -> ReLU, no batch norm): y = relu(y + b[c]), or y + b[c] without the
+// ReLU. Backward: g = dy where y > 0 (every element without the ReLU); dx = g + beta dx (dx may be dy
+// itself, beta 0); db = the sum of g over n, h and w, overwritten. b and db are fp32 (C floats) in
+// every precision, as batch norm's parameters; y any strides.
+class BiasActOp {
+ public:
+  virtual ~BiasActOp() = default;
+  virtual void forward(Stream&, const Tensor& y, const float* b) = 0;
+  virtual void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta, float* db) = 0;
+};
+
+// Adaptive average pooling to y's size (PyTorch's AdaptiveAvgPool2d): output row oh averages input
+// rows [floor(oh H / OH), ceil((oh + 1) H / OH)), columns likewise, so windows overlap or repeat
+// where the output is larger than the input. Backward adds dy / window size to every input of the
+// window: dx = that + beta dx. Any strides.
+class AdaptiveAvgPoolOp {
+ public:
+  virtual ~AdaptiveAvgPoolOp() = default;
+  virtual void forward(Stream&, const Tensor& x, const Tensor& y) = 0;
+  virtual void backward(Stream&, const Tensor& dy, const Tensor& dx, float beta) = 0;
 };
 
 // A residual connection's sum and the ReLU after it, fused (ResNet's `relu(out + identity)`):
@@ -371,7 +398,10 @@ class Backend {
   virtual std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const TensorDesc& y,
                                                        const BatchNormParams& p) = 0;
   virtual std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) = 0;
-  virtual std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc& y) = 0;
+  // clip: ReluOp's (kNoClip: the plain ReLU)
+  virtual std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc& y, float clip) = 0;
+  virtual std::unique_ptr<BiasActOp> make_bias_act(const TensorDesc& y, bool relu) = 0;
+  virtual std::unique_ptr<AdaptiveAvgPoolOp> make_adaptive_avg_pool(const TensorDesc& x, const TensorDesc& y) = 0;
   virtual std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) = 0;
   // The fused unit's pieces (backend/fused.hpp): by default composed of this backend's ops (fused.cpp).
   // w: the filter's storage where conv_filter_storage gave one; a, b: the units of normalised inputs.

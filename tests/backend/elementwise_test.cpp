@@ -19,7 +19,7 @@ TEST_P(Ops, ReluAndAccumulate) {
       DX(*be, s, layout, dtype, 0, 2);
   X.upload(x);
   DY.upload(dy);
-  auto op = be->make_relu(X.t().desc, Y.t().desc);
+  auto op = be->make_relu(X.t().desc, Y.t().desc, kNoClip);
   auto& st = be->default_stream();
   op->forward(st, X, Y);
   ref::Vec y_ref(x.size()), dx_ref(x.size());
@@ -39,6 +39,36 @@ TEST_P(Ops, ReluAndAccumulate) {
   ref::Vec sum(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) sum[i] = dy[i] + acc[i];
   EXPECT_WITHIN(DX.download(), sum, test::plus_rounding(test::axpby(m.u_acc, test::absv(sum), 0, {}), sum, m.u_out));
+}
+
+// ReLU6 (MobileNet-v2): clipped at 6 forward; backward passes dy only where 0 < y < 6.
+TEST_P(Ops, Relu6ClipsAtSixBothWays) {
+  SB_BACKEND_OR_SKIP(be, GetParam());
+  const auto& [_, layout, dtype, tf32_] = GetParam();
+  const Shape s{2, 7, 4, 5};
+  auto x = random_vec(s.numel(), 13);
+  for (double& v : x) v *= 12;  // about a third beyond 6
+  x = test::round_to(dtype, x);
+  x[3] = 6.0;  // exactly at the clip: no gradient, as PyTorch's hardtanh
+  const auto dy = test::round_to(dtype, random_vec(s.numel(), 14));
+  DevTensor X(*be, s, layout, dtype, 0, 1), Y(*be, s, layout, dtype, 2, 0), DY(*be, s, layout, dtype),
+      DX(*be, s, layout, dtype, 1, 1);
+  X.upload(x);
+  DY.upload(dy);
+  auto op = be->make_relu(X.t().desc, Y.t().desc, 6.0f);
+  auto& st = be->default_stream();
+  op->forward(st, X, Y);
+  ref::Vec y_ref(x.size()), dx_ref(x.size());
+  std::size_t clipped = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    y_ref[i] = std::min(std::max(x[i], 0.0), 6.0);
+    dx_ref[i] = x[i] > 0 && x[i] < 6 ? dy[i] : 0.0;
+    clipped += x[i] >= 6;
+  }
+  ASSERT_GT(clipped, x.size() / 8) << "the data must reach the clip";
+  EXPECT_EQ(Y.download(), y_ref);  // exact: a copy, zero or six
+  op->backward(st, Y, DY, DX, 0.0f);
+  EXPECT_EQ(DX.download(), dx_ref);
 }
 
 TEST_P(Ops, Dropout) {

@@ -273,4 +273,68 @@ void optimizer_update(const OptimizerConfig& c, Vec& p, const Vec& g, Vec& s0, V
   }
 }
 
+void bias_act_forward(const Shape& s, const Vec& x, const Vec& b, bool relu, Vec& y) {
+  y.assign(x.size(), 0.0);
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) {
+          const std::size_t i = idx(s, n, c, h, w);
+          const double v = x[i] + b[static_cast<std::size_t>(c)];
+          y[i] = relu ? std::max(v, 0.0) : v;
+        }
+}
+
+void bias_act_backward(const Shape& s, const Vec& y, const Vec& dy, bool relu, Vec& g, Vec& db) {
+  g.assign(dy.size(), 0.0);
+  db.assign(static_cast<std::size_t>(s.c), 0.0);
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t c = 0; c < s.c; ++c)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t w = 0; w < s.w; ++w) {
+          const std::size_t i = idx(s, n, c, h, w);
+          g[i] = !relu || y[i] > 0 ? dy[i] : 0.0;
+          db[static_cast<std::size_t>(c)] += g[i];
+        }
+}
+
+namespace {
+// AdaptiveAvgPool2d's window of output o over an input of `in`: [floor(o in / out), ceil((o + 1) in / out))
+std::int64_t adaptive_lo(std::int64_t o, std::int64_t in, std::int64_t out) {
+  return static_cast<std::int64_t>(std::floor(static_cast<double>(o * in) / static_cast<double>(out)));
+}
+std::int64_t adaptive_hi(std::int64_t o, std::int64_t in, std::int64_t out) {
+  return static_cast<std::int64_t>(std::ceil(static_cast<double>((o + 1) * in) / static_cast<double>(out)));
+}
+}  // namespace
+
+void adaptive_avg_pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y) {
+  y.assign(static_cast<std::size_t>(ys.numel()), 0.0);
+  for (std::int64_t n = 0; n < ys.n; ++n)
+    for (std::int64_t c = 0; c < ys.c; ++c)
+      for (std::int64_t oh = 0; oh < ys.h; ++oh)
+        for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+          const std::int64_t h0 = adaptive_lo(oh, xs.h, ys.h), h1 = adaptive_hi(oh, xs.h, ys.h);
+          const std::int64_t w0 = adaptive_lo(ow, xs.w, ys.w), w1 = adaptive_hi(ow, xs.w, ys.w);
+          double sum = 0;
+          for (std::int64_t h = h0; h < h1; ++h)
+            for (std::int64_t w = w0; w < w1; ++w) sum += x[idx(xs, n, c, h, w)];
+          y[idx(ys, n, c, oh, ow)] = sum / static_cast<double>((h1 - h0) * (w1 - w0));
+        }
+}
+
+void adaptive_avg_pool_backward(const Shape& xs, const Shape& ys, const Vec& dy, Vec& dx) {
+  dx.assign(static_cast<std::size_t>(xs.numel()), 0.0);
+  for (std::int64_t n = 0; n < ys.n; ++n)
+    for (std::int64_t c = 0; c < ys.c; ++c)
+      for (std::int64_t oh = 0; oh < ys.h; ++oh)
+        for (std::int64_t ow = 0; ow < ys.w; ++ow) {
+          const std::int64_t h0 = adaptive_lo(oh, xs.h, ys.h), h1 = adaptive_hi(oh, xs.h, ys.h);
+          const std::int64_t w0 = adaptive_lo(ow, xs.w, ys.w), w1 = adaptive_hi(ow, xs.w, ys.w);
+          const double g = dy[idx(ys, n, c, oh, ow)] / static_cast<double>((h1 - h0) * (w1 - w0));
+          for (std::int64_t h = h0; h < h1; ++h)
+            for (std::int64_t w = w0; w < w1; ++w) dx[idx(xs, n, c, h, w)] += g;
+        }
+}
+
 }  // namespace stepbench::ref

@@ -32,6 +32,14 @@ void bn_backward(const Shape& s, const Vec& x, const Vec& y, const Vec& dy, cons
 void add_relu_forward(const Vec& a, const Vec& b, Vec& y);
 void add_relu_backward(const Vec& y, const Vec& dy, Vec& dx);
 
+// A convolution's bias and ReLU: y = relu(x + b[c]) (or x + b[c]); g = dy where y > 0 (everywhere
+// without the ReLU), db[c] = the sum of g over n, h, w.
+void bias_act_forward(const Shape& s, const Vec& x, const Vec& b, bool relu, Vec& y);
+void bias_act_backward(const Shape& s, const Vec& y, const Vec& dy, bool relu, Vec& g, Vec& db);
+// PyTorch's AdaptiveAvgPool2d to ys's H x W, and its backward.
+void adaptive_avg_pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y);
+void adaptive_avg_pool_backward(const Shape& xs, const Shape& ys, const Vec& dy, Vec& dx);
+
 void pool_forward(const Shape& xs, const Vec& x, const Shape& ys, Vec& y, const PoolParams& p);
 void pool_backward(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dx, const PoolParams& p);
 

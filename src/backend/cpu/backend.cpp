@@ -178,7 +178,15 @@ class CpuBackend final : public Backend {
     if (cpu::dnnl_pool_wins(x, y, p)) return cpu::make_dnnl_pool(eng_, strm_, x, y, p, cpu::make_pool(x, y, p));
     return cpu::make_pool(x, y, p);
   }
-  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return cpu::make_relu(x); }
+  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&, float clip) override {
+    return cpu::make_relu(x, clip);
+  }
+  std::unique_ptr<BiasActOp> make_bias_act(const TensorDesc& y, bool relu) override {
+    return cpu::make_bias_act(y, relu);
+  }
+  std::unique_ptr<AdaptiveAvgPoolOp> make_adaptive_avg_pool(const TensorDesc& x, const TensorDesc& y) override {
+    return cpu::make_adaptive_avg_pool(x, y);
+  }
   std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) override { return cpu::make_add_relu(y); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
     if (emulated(x)) return cpu::make_emulated_bf16_linear(eng_, strm_, x, y);

@@ -1,7 +1,7 @@
 // What several files of the cpu backend share: the op factories backend.cpp calls (one op per
-// file: batch_norm.cpp, pool.cpp, elementwise.cpp, add_relu.cpp, dropout.cpp, loss.cpp; convolution and linear in
-// onednn.hpp), the kernels more than one file calls, and the small helpers of the hand-written
-// kernels (their parallel loops are in loops.hpp; isa.hpp says why).
+// file: batch_norm.cpp, pool.cpp, elementwise.cpp, add_relu.cpp, dropout.cpp, loss.cpp, bias_act.cpp,
+// adaptive_pool.cpp; convolution and linear in onednn.hpp), the kernels more than one file calls, and the small helpers
+// of the hand-written kernels (their parallel loops are in loops.hpp; isa.hpp says why).
 //
 // The hand-written kernels cover the ops oneDNN 2.6 runs only on reference code when a tensor is a
 // strided channel slice (batch norm, pooling, elementwise), plus those it has no primitive for
@@ -25,6 +25,9 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 64) { return (v + a -
 // ---- ops (each in the file of its name) ----------------------------------------------------------
 std::unique_ptr<DropoutOp> make_dropout(const TensorDesc& x, double p);
 std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDesc& logits);  // loss.cpp
+std::unique_ptr<BiasActOp> make_bias_act(const TensorDesc& y, bool relu);
+std::unique_ptr<AdaptiveAvgPoolOp> make_adaptive_avg_pool(const TensorDesc& x,
+                                                          const TensorDesc& y);  // adaptive_pool.cpp
 
 // ---- ops and kernels built once per instruction set (isa.hpp) ------------------------------------
 // Declared in stepbench::cpu, where isa.cpp defines them to call the build kernel_isa() names, and
@@ -34,7 +37,7 @@ std::unique_ptr<SoftmaxCrossEntropyOp> make_softmax_cross_entropy(const TensorDe
   std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const BatchNormParams& p);               \
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p);          \
   /* elementwise.cpp */                                                                                      \
-  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x);                                                    \
+  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, float clip);                                        \
   /* add_relu.cpp */                                                                                         \
   std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y);                                             \
   void add(const Tensor& src, const Tensor& dst, float beta); /* dst = src + beta * dst */                   \

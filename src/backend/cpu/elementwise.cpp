@@ -2,6 +2,7 @@
 // fill and cast.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "backend/cpu/common.hpp"
@@ -41,38 +42,59 @@ void zip3(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
   dispatch_dtype(out.desc.dtype, [&](auto t) { zip3_typed<decltype(t)>(a, b, out, f); });
 }
 
-void relu_forward(const Tensor& x, const Tensor& y) {
+void relu_forward(const Tensor& x, const Tensor& y, float clip) {
   check_cpu_dtype(x, "relu");
-  zip3(x, x, y, [](float a, float, float) { return std::max(a, 0.0f); });
+  zip3(x, x, y, [clip](float a, float, float) { return std::min(std::max(a, 0.0f), clip); });
 }
 
-void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) {
+// dy passes where 0 < y < clip; without a clip wherever y > 0 (an infinite y included)
+void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, float beta, float clip) {
   check_cpu_dtype(y, "relu backward");
-  zip3(y, dy, dx, [beta](float yv, float g, float o) {
-    const float v = yv > 0.0f ? g : 0.0f;
+  zip3(y, dy, dx, [beta, clip](float yv, float g, float o) {
+    const float v = yv > 0.0f && (clip == kNoClip || yv < clip) ? g : 0.0f;
     return beta == 0.0f ? v : v + beta * o;
   });
 }
 
 class CpuRelu final : public ReluOp {
  public:
-  void forward(Stream&, const Tensor& x, const Tensor& y) override { relu_forward(x, y); }
+  explicit CpuRelu(float clip) : clip_(clip) {}
+  void forward(Stream&, const Tensor& x, const Tensor& y) override { relu_forward(x, y, clip_); }
   void backward(Stream&, const Tensor& y, const Tensor& dy, const Tensor& dx, float beta) override {
-    relu_backward(y, dy, dx, beta);
+    relu_backward(y, dy, dx, beta, clip_);
   }
+
+ private:
+  float clip_;
 };
 
 }  // namespace
 
-std::unique_ptr<ReluOp> make_relu(const TensorDesc& x) {
+std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, float clip) {
   if (x.dtype != DType::f32 && x.dtype != DType::bf16)
     throw UnsupportedError("relu: the cpu backend computes in fp32 or bf16");
-  return std::make_unique<CpuRelu>();
+  SB_CHECK(clip > 0.0f, "relu: the clip must be positive (kNoClip: none)");
+  return std::make_unique<CpuRelu>(clip);
 }
 
 void add(const Tensor& src, const Tensor& dst, float beta) {
   check_cpu_dtype(src, "add");
   SB_CHECK(src.shape() == dst.shape(), "add: shapes differ");
+  if (src.desc.layout != dst.desc.layout) {  // a layout change (the flatten of an NHWC map in NCHW order)
+    SB_CHECK(src.desc.dtype == dst.desc.dtype, "add: element types differ");
+    dispatch_dtype(dst.desc.dtype, [&](auto t) {
+      using T = decltype(t);
+      const Shape& s = dst.shape();
+      for_each_nchw_row(s, [&](std::int64_t n, std::int64_t c, std::int64_t h) {
+        for (std::int64_t w = 0; w < s.w; ++w) {
+          const float v = ld(src.as<T>()[src.desc.offset(n, c, h, w)]);
+          T& o = dst.as<T>()[dst.desc.offset(n, c, h, w)];
+          o = st<T>(beta == 0.0f ? v : v + beta * ld(o));
+        }
+      });
+    });
+    return;
+  }
   zip3(src, src, dst, [beta](float s, float, float o) { return beta == 0.0f ? s : s + beta * o; });
 }
 

@@ -66,7 +66,7 @@ std::unique_ptr<BatchNormOp> make_batch_norm(const TensorDesc& x, const BatchNor
 std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) {
   STEPBENCH_CPU_CALL(make_pool, x, y, p);
 }
-std::unique_ptr<ReluOp> make_relu(const TensorDesc& x) { STEPBENCH_CPU_CALL(make_relu, x); }
+std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, float clip) { STEPBENCH_CPU_CALL(make_relu, x, clip); }
 std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc& y) { STEPBENCH_CPU_CALL(make_add_relu, y); }
 void add(const Tensor& src, const Tensor& dst, float beta) { STEPBENCH_CPU_CALL(add, src, dst, beta); }
 void scale(float* x, float alpha, std::size_t n) { STEPBENCH_CPU_CALL(scale, x, alpha, n); }

@@ -311,7 +311,15 @@ class CudaBackend final : public Backend {
   std::unique_ptr<PoolOp> make_pool(const TensorDesc& x, const TensorDesc& y, const PoolParams& p) override {
     return make_cuda_pool(ctx(), x, y, p);
   }
-  std::unique_ptr<ReluOp> make_relu(const TensorDesc& x, const TensorDesc&) override { return make_cuda_relu(ctx()); }
+  std::unique_ptr<ReluOp> make_relu(const TensorDesc&, const TensorDesc&, float clip) override {
+    return make_cuda_relu(ctx(), clip);
+  }
+  std::unique_ptr<BiasActOp> make_bias_act(const TensorDesc&, bool relu) override {
+    return make_cuda_bias_act(ctx(), relu);
+  }
+  std::unique_ptr<AdaptiveAvgPoolOp> make_adaptive_avg_pool(const TensorDesc&, const TensorDesc&) override {
+    return make_cuda_adaptive_avg_pool(ctx());
+  }
   std::unique_ptr<AddReluOp> make_add_relu(const TensorDesc&) override { return make_cuda_add_relu(ctx()); }
   std::unique_ptr<LinearOp> make_linear(const TensorDesc& x, const TensorDesc& y) override {
     blas_.reserve(dev_);

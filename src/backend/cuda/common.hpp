@@ -125,7 +125,9 @@ std::unique_ptr<LinearOp> make_cuda_linear(const Ctx& c, const TensorDesc& x, co
 std::unique_ptr<BatchNormOp> make_cuda_batch_norm(const Ctx& c, const TensorDesc& x, const TensorDesc& y,
                                                   const BatchNormParams& p);
 std::unique_ptr<PoolOp> make_cuda_pool(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const PoolParams& p);
-std::unique_ptr<ReluOp> make_cuda_relu(const Ctx& c);
+std::unique_ptr<ReluOp> make_cuda_relu(const Ctx& c, float clip);
+std::unique_ptr<BiasActOp> make_cuda_bias_act(const Ctx& c, bool relu);
+std::unique_ptr<AdaptiveAvgPoolOp> make_cuda_adaptive_avg_pool(const Ctx& c);
 std::unique_ptr<AddReluOp> make_cuda_add_relu(const Ctx& c);
 std::unique_ptr<DropoutOp> make_cuda_dropout(const Ctx& c, const TensorDesc& x, double p);
 std::unique_ptr<SoftmaxCrossEntropyOp> make_cuda_softmax_cross_entropy(const Ctx& c, const TensorDesc& logits);

@@ -43,6 +43,14 @@ cudaError_t launch_scale(float* x, float alpha, std::size_t n, cudaStream_t s);
 cudaError_t launch_add(View src, View dst, float beta, cudaStream_t s);
 cudaError_t launch_relu_forward(View x, View y, cudaStream_t s);
 cudaError_t launch_relu_backward(View y, View dy, View dx, float beta, cudaStream_t s);
+// kernels_bias_act.cu: a convolution's bias and ReLU (in place forward; db[c] overwritten), the
+// clipped ReLU (ReLU6), adaptive average pooling to y's size
+cudaError_t launch_bias_act_forward(View y, const float* b, bool relu, cudaStream_t s);
+cudaError_t launch_bias_act_backward(View y, View dy, View dx, float beta, float* db, bool relu, cudaStream_t s);
+cudaError_t launch_relu_clip_forward(View x, View y, float clip, cudaStream_t s);
+cudaError_t launch_relu_clip_backward(View y, View dy, View dx, float beta, float clip, cudaStream_t s);
+cudaError_t launch_adaptive_avg_pool_forward(View x, View y, cudaStream_t s);
+cudaError_t launch_adaptive_avg_pool_backward(View dy, View dx, float beta, cudaStream_t s);
 // The residual add + ReLU: y = max(a + b, 0); backward g = dy where y > 0 (else 0),
 // da = g + beta_a * da and db = g + beta_b * db in one pass
 cudaError_t launch_add_relu_forward(View a, View b, View y, cudaStream_t s);
