@@ -15,6 +15,9 @@ Shape conv_output_shape(const Shape& x, std::int64_t cout, const ConvParams& p) 
   if (oh <= 0 || ow <= 0 || x.h + 2 * p.pad_h < p.kh || x.w + 2 * p.pad_w < p.kw)
     throw UsageError(
         fmt::format("a {}x{} convolution does not fit a {}x{} input; use a larger image size", p.kh, p.kw, x.h, x.w));
+  SB_CHECK(
+      p.groups >= 1 && x.c % p.groups == 0 && cout % p.groups == 0,
+      fmt::format("a convolution of {} groups from {} to {} channels: both must divide by it", p.groups, x.c, cout));
   return {x.n, cout, oh, ow};
 }
 

@@ -49,6 +49,10 @@ struct ConvParams {
   int kh = 1, kw = 1;
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;  // per dimension, so 1x7 with pad (0, 3) is expressible
+  // Grouped convolution (PyTorch's groups, cuDNN's group count, oneDNN's groups): the channels in
+  // and out split into `groups` equal parts, part g of the output from part g of the input only;
+  // the filter is O x I/groups x KH x KW. Depthwise: groups = I = O (MobileNet-v2).
+  int groups = 1;
 };
 Shape conv_output_shape(const Shape& x, std::int64_t cout, const ConvParams& p);
 

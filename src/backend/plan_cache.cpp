@@ -36,8 +36,10 @@ const char* to_string(ConvDirection d) {
 
 std::string conv_plan_key(const std::string& machine, ConvDirection d, const TensorDesc& x, const TensorDesc& y,
                           const ConvParams& p, const std::string& math, std::size_t workspace_limit) {
-  return fmt::format("{} | {} | x {} | y {} | k {}x{} s {}x{} p {}x{} | {} | ws {}", machine, to_string(d), describe(x),
-                     describe(y), p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, math, workspace_limit);
+  // a grouped convolution's count after the padding (keys of ungrouped ones as before)
+  return fmt::format("{} | {} | x {} | y {} | k {}x{} s {}x{} p {}x{}{} | {} | ws {}", machine, to_string(d),
+                     describe(x), describe(y), p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                     p.groups > 1 ? fmt::format(" g {}", p.groups) : "", math, workspace_limit);
 }
 
 std::optional<ConvPlan> ConvPlanCache::find(const std::string& key) {

@@ -5,8 +5,8 @@
 namespace stepbench {
 
 std::string conv_shape_name(const Shape& x, std::int64_t cout, const ConvParams& p) {
-  return fmt::format("conv:{}x{}x{}x{}>{}:k{}x{}:s{}x{}:p{}x{}", x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h,
-                     p.stride_w, p.pad_h, p.pad_w);
+  return fmt::format("conv:{}x{}x{}x{}>{}:k{}x{}:s{}x{}:p{}x{}{}", x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h,
+                     p.stride_w, p.pad_h, p.pad_w, p.groups > 1 ? fmt::format(":g{}", p.groups) : "");
 }
 
 namespace {

@@ -45,7 +45,7 @@ struct PerLayerBench::Rig {
                     fault);
     x = Buffer(be, xd.bytes());
     y = Buffer(be, yd.bytes());
-    const std::size_t logical = static_cast<std::size_t>(s.cout * s.x.c * s.p.kh * s.p.kw);
+    const std::size_t logical = static_cast<std::size_t>(s.cout * (s.x.c / s.p.groups) * s.p.kh * s.p.kw);
     const std::size_t wn = storage ? storage->floats() : logical;
     w = Buffer(be, wn * sizeof(float));
     dw = Buffer(be, wn * sizeof(float));
@@ -79,7 +79,8 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
   for (const auto& c : distinct_convs(g)) {
     rigs_.push_back(std::make_unique<Rig>(be, c, l, t, fault));
     Rig* rig = rigs_.back().get();
-    const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * c.x.c;
+    const double macs =
+        static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * (c.x.c / c.p.groups);
     const std::string label = fmt::format("{}", fmt::join(c.layers, ", "));  // the model's layers of this shape
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;

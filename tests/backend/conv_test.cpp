@@ -1,5 +1,5 @@
 // Convolution forward, backward data (overwriting and accumulating) and backward filter against the
-// oracle, over the kernel shapes Inception and ResNet use.
+// oracle, over the kernel shapes Inception, ResNet and MobileNet-v2 (grouped, depthwise) use.
 #include <fmt/format.h>
 
 #include "backend/ops_common.hpp"
@@ -28,6 +28,12 @@ const ConvCase kConvCases[] = {
     // and ResNet's: the 7x7 stem and the strided 1x1 downsample
     {"7x7_s2_p3_stem", {2, 3, 16, 16}, 8, {7, 7, 2, 2, 3, 3}},
     {"1x1_s2_downsample", {3, 4, 10, 10}, 5, {1, 1, 2, 2, 0, 0}},
+    // grouped, and MobileNet-v2's depthwise 3x3 (groups = channels), strided, and wide enough for the
+    // kernels' vectors over channels
+    {"3x3_p1_groups2", {2, 6, 7, 7}, 4, {3, 3, 1, 1, 1, 1, 2}},
+    {"depthwise_3x3_p1", {2, 8, 7, 7}, 8, {3, 3, 1, 1, 1, 1, 8}},
+    {"depthwise_3x3_s2_p1", {2, 5, 9, 9}, 5, {3, 3, 2, 2, 1, 1, 5}},
+    {"depthwise_3x3_p1_wide", {2, 32, 6, 6}, 32, {3, 3, 1, 1, 1, 1, 32}},
 };
 
 TEST_P(Ops, Convolution) {
@@ -43,7 +49,8 @@ TEST_P(Ops, Convolution) {
       const Shape ys = conv_output_shape(cc.x, cc.cout, cc.p);
       // the values the backend holds after the upload
       const auto x = test::round_to(dtype, random_vec(cc.x.numel(), 1));
-      const auto w = test::round_to(dtype, random_vec(cc.cout * cc.x.c * cc.p.kh * cc.p.kw, 2));
+      const std::int64_t cin = cc.x.c / cc.p.groups;  // the filter's input channels: its group's
+      const auto w = test::round_to(dtype, random_vec(cc.cout * cin * cc.p.kh * cc.p.kw, 2));
       const auto dy = test::round_to(dtype, random_vec(ys.numel(), 3));
       ref::Vec y_ref, dx_ref, dw_ref;
       ref::conv_forward(cc.x, x, w, ys, y_ref, cc.p);
@@ -56,14 +63,14 @@ TEST_P(Ops, Convolution) {
       if (stored && !storage) continue;
       stored_cases += stored;
       auto to_storage = [&](const ref::Vec& oihw) {
-        if (!storage) return test::filter_for(*be, layout, oihw, cc.cout, cc.x.c, cc.p.kh, cc.p.kw);
+        if (!storage) return test::filter_for(*be, layout, oihw, cc.cout, cin, cc.p.kh, cc.p.kw);
         const std::vector<float> f(oihw.begin(), oihw.end());
         std::vector<float> st(storage->floats());
         storage->to_storage(f.data(), st.data());
         return std::vector<double>(st.begin(), st.end());
       };
       auto from_storage = [&](const std::vector<double>& st) {
-        if (!storage) return test::filter_back(*be, layout, st, cc.cout, cc.x.c, cc.p.kh, cc.p.kw);
+        if (!storage) return test::filter_back(*be, layout, st, cc.cout, cin, cc.p.kh, cc.p.kw);
         const std::vector<float> f(st.begin(), st.end());
         std::vector<float> oihw(w.size());
         storage->from_storage(f.data(), oihw.data());

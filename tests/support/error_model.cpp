@@ -77,13 +77,13 @@ Vec conv_forward_bound(const Shape& xs, const Vec& x, const Vec& ex, const Vec& 
                        const ConvParams& p, const ErrorModel& m) {
   // m.conv(K) |x| + ex, through |w|
   Vec a;
-  ref::conv_forward(xs, axpby(m.conv(xs.c * p.kh * p.kw), absv(x), 1.0, ex), absv(w), ys, a, p);
+  ref::conv_forward(xs, axpby(m.conv(xs.c / p.groups * p.kh * p.kw), absv(x), 1.0, ex), absv(w), ys, a, p);
   return plus_rounding(std::move(a), y, m.u_out);
 }
 Vec conv_backward_data_bound(const Shape& ys, const Vec& dy, const Vec& edy, const Vec& w, const Shape& xs,
                              const Vec& dx, const ConvParams& p, const ErrorModel& m) {
   Vec a;
-  ref::conv_backward_data(ys, axpby(m.conv(ys.c * p.kh * p.kw), absv(dy), 1.0, edy), absv(w), xs, a, p);
+  ref::conv_backward_data(ys, axpby(m.conv(ys.c / p.groups * p.kh * p.kw), absv(dy), 1.0, edy), absv(w), xs, a, p);
   return plus_rounding(std::move(a), dx, m.u_out);
 }
 Vec conv_backward_filter_bound(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, const Vec& edy,

@@ -6,53 +6,68 @@
 
 namespace stepbench::ref {
 
+// Grouped (p.groups): output channel o reads input channels [g Ig, (g + 1) Ig) of its group g, the
+// filter O x Ig x KH x KW with Ig = I / groups.
+namespace {
+struct Groups {
+  std::int64_t in_per, out_per;
+  Groups(const Shape& xs, const Shape& ys, const ConvParams& p) : in_per(xs.c / p.groups), out_per(ys.c / p.groups) {}
+  std::int64_t first_in(std::int64_t o) const { return o / out_per * in_per; }
+};
+}  // namespace
+
 void conv_forward(const Shape& xs, const Vec& x, const Vec& w, const Shape& ys, Vec& y, const ConvParams& p) {
+  const Groups gr(xs, ys, p);
   y.assign(static_cast<std::size_t>(ys.numel()), 0.0);
   for (std::int64_t n = 0; n < ys.n; ++n)
     for (std::int64_t o = 0; o < ys.c; ++o)
       for (std::int64_t oh = 0; oh < ys.h; ++oh)
         for (std::int64_t ow = 0; ow < ys.w; ++ow) {
           double acc = 0;
-          for (std::int64_t i = 0; i < xs.c; ++i)
+          for (std::int64_t i = 0; i < gr.in_per; ++i)
             for (int kh = 0; kh < p.kh; ++kh)
               for (int kw = 0; kw < p.kw; ++kw) {
                 const std::int64_t ih = oh * p.stride_h - p.pad_h + kh, iw = ow * p.stride_w - p.pad_w + kw;
                 if (ih < 0 || ih >= xs.h || iw < 0 || iw >= xs.w) continue;
-                acc += x[idx(xs, n, i, ih, iw)] * w[static_cast<std::size_t>(((o * xs.c + i) * p.kh + kh) * p.kw + kw)];
+                acc += x[idx(xs, n, gr.first_in(o) + i, ih, iw)] *
+                       w[static_cast<std::size_t>(((o * gr.in_per + i) * p.kh + kh) * p.kw + kw)];
               }
           y[idx(ys, n, o, oh, ow)] = acc;
         }
 }
 
 void conv_backward_data(const Shape& ys, const Vec& dy, const Vec& w, const Shape& xs, Vec& dx, const ConvParams& p) {
+  const Groups gr(xs, ys, p);
   dx.assign(static_cast<std::size_t>(xs.numel()), 0.0);
   for (std::int64_t n = 0; n < ys.n; ++n)
     for (std::int64_t o = 0; o < ys.c; ++o)
       for (std::int64_t oh = 0; oh < ys.h; ++oh)
         for (std::int64_t ow = 0; ow < ys.w; ++ow)
-          for (std::int64_t i = 0; i < xs.c; ++i)
+          for (std::int64_t i = 0; i < gr.in_per; ++i)
             for (int kh = 0; kh < p.kh; ++kh)
               for (int kw = 0; kw < p.kw; ++kw) {
                 const std::int64_t ih = oh * p.stride_h - p.pad_h + kh, iw = ow * p.stride_w - p.pad_w + kw;
                 if (ih < 0 || ih >= xs.h || iw < 0 || iw >= xs.w) continue;
-                dx[idx(xs, n, i, ih, iw)] +=
-                    dy[idx(ys, n, o, oh, ow)] * w[static_cast<std::size_t>(((o * xs.c + i) * p.kh + kh) * p.kw + kw)];
+                dx[idx(xs, n, gr.first_in(o) + i, ih, iw)] +=
+                    dy[idx(ys, n, o, oh, ow)] *
+                    w[static_cast<std::size_t>(((o * gr.in_per + i) * p.kh + kh) * p.kw + kw)];
               }
 }
 
 void conv_backward_filter(const Shape& xs, const Vec& x, const Shape& ys, const Vec& dy, Vec& dw, const ConvParams& p) {
-  dw.assign(static_cast<std::size_t>(ys.c * xs.c * p.kh * p.kw), 0.0);
+  const Groups gr(xs, ys, p);
+  dw.assign(static_cast<std::size_t>(ys.c * gr.in_per * p.kh * p.kw), 0.0);
   for (std::int64_t n = 0; n < ys.n; ++n)
     for (std::int64_t o = 0; o < ys.c; ++o)
       for (std::int64_t oh = 0; oh < ys.h; ++oh)
         for (std::int64_t ow = 0; ow < ys.w; ++ow)
-          for (std::int64_t i = 0; i < xs.c; ++i)
+          for (std::int64_t i = 0; i < gr.in_per; ++i)
             for (int kh = 0; kh < p.kh; ++kh)
               for (int kw = 0; kw < p.kw; ++kw) {
                 const std::int64_t ih = oh * p.stride_h - p.pad_h + kh, iw = ow * p.stride_w - p.pad_w + kw;
                 if (ih < 0 || ih >= xs.h || iw < 0 || iw >= xs.w) continue;
-                dw[static_cast<std::size_t>(((o * xs.c + i) * p.kh + kh) * p.kw + kw)] +=
-                    dy[idx(ys, n, o, oh, ow)] * x[idx(xs, n, i, ih, iw)];
+                dw[static_cast<std::size_t>(((o * gr.in_per + i) * p.kh + kh) * p.kw + kw)] +=
+                    dy[idx(ys, n, o, oh, ow)] * x[idx(xs, n, gr.first_in(o) + i, ih, iw)];
               }
 }
 

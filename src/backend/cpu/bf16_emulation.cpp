@@ -132,7 +132,7 @@ std::unique_ptr<ConvOp> make_emulated_bf16_conv(dnnl::engine& eng, dnnl::stream&
   require_dense(x, "convolution");
   require_dense(y, "convolution");
   SB_CHECK(x.dtype == DType::bf16 && y.dtype == DType::bf16, "emulated bf16 convolution: bf16 tensors only");
-  const auto filter = static_cast<std::size_t>(y.shape.c * x.shape.c * p.kh * p.kw);
+  const auto filter = static_cast<std::size_t>(y.shape.c * (x.shape.c / p.groups) * p.kh * p.kw);
   return std::make_unique<EmulatedBf16Conv>(make_dnnl_conv(eng, strm, f32_desc(x), f32_desc(y), p, ff), x, y, filter);
 }
 

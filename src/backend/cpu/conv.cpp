@@ -35,15 +35,16 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
   const dt t = dnnl_type(x.dtype);  // bf16: oneDNN's bf16 kernels, fp32 accumulation
   c.xd = memory::desc(dims4(x.shape), t, act_tag(x.layout));
   c.yd = memory::desc(dims4(y.shape), t, act_tag(y.layout));
-  c.wd = memory::desc({y.shape.c, x.shape.c, p.kh, p.kw}, t, filter_tag(ff));
+  const memory::dims wdims = filter_dims(y.shape.c, x.shape.c, p);
+  c.wd = memory::desc(wdims, t, filter_tag(ff, p.groups));
   const memory::desc &xd = c.xd, &yd = c.yd, &wd = c.wd;
   const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
 #if STEPBENCH_PLANT_FAULT == 3
   // the same bytes read with the kernel's two spatial axes swapped
   const auto& bs = wd.data.format_desc.blocking.strides;
   memory::dims ws(bs, bs + 4);
-  if (p.kh == p.kw) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
-  const memory::desc wfd({y.shape.c, x.shape.c, p.kh, p.kw}, t, ws);
+  if (p.kh == p.kw && p.groups == 1) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
+  const memory::desc wfd(wdims, t, ws);
 #else
   const memory::desc& wfd = wd;
 #endif
@@ -62,7 +63,7 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
   // out (what PyTorch's NCHW convolutions do too). Where gemm takes the shape, the plain tensors
   // as they are (no reorders). NHWC activations stay plain: oneDNN's NHWC kernels (brgconv) read
   // them directly.
-  const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, t, tag::any);
+  const memory::desc wany(wdims, t, tag::any);
   auto forward_pd = [&](const memory::desc& src, const memory::desc& w, const memory::desc& dst) {
     return dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, w, dst, strides, pad_l, pad_r),
@@ -125,11 +126,11 @@ memory::desc as_f32(const memory::desc& d) {
 // It keeps that choice, which the convolution of its shapes reuses (one search per shape).
 class DnnlFilterStorage final : public FilterStorage {
  public:
-  DnnlFilterStorage(const dnnl::engine& eng, Choice c, const memory::dims& oihw, std::string key)
+  DnnlFilterStorage(const dnnl::engine& eng, Choice c, const memory::dims& oihw, int groups, std::string key)
       : eng_(eng),
         choice_(std::move(c)),
         stored_(as_f32(choice_.fwd.weights_desc())),
-        plain_(oihw, dt::f32, tag::oihw),
+        plain_(oihw, dt::f32, filter_tag(FilterFormat::oihw, groups)),
         key_(std::move(key)) {}
   std::size_t floats() const override { return stored_.get_size() / sizeof(float); }  // elements, padding included
   std::string name() const override { return format_name(stored_); }
@@ -177,7 +178,7 @@ class DnnlConv final : public ConvOp {
     const auto alg = dnnl::algorithm::convolution_direct;
     const memory::dims strides{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
     const dt t = dnnl_type(x.dtype);
-    const memory::desc wany({y.shape.c, x.shape.c, p.kh, p.kw}, t, tag::any);
+    const memory::desc wany(filter_dims(y.shape.c, x.shape.c, p), t, tag::any);
     const memory::desc any_x = act_blocked ? memory::desc(dims4(x.shape), t, tag::any) : xd;
     const memory::desc any_y = act_blocked ? memory::desc(dims4(y.shape), t, tag::any) : yd;
     const memory::desc& wk = blocked ? wany : wd;
@@ -339,9 +340,10 @@ std::unique_ptr<ConvOp> make_dnnl_conv(dnnl::engine& eng, dnnl::stream& strm, co
 }
 
 std::string dnnl_conv_key(const TensorDesc& x, const TensorDesc& y, const ConvParams& p) {
-  return fmt::format("{}{} {}x{}x{}x{} -> {}x{}x{} k{}x{} s{}x{} p{}x{}", to_string(x.layout),
+  return fmt::format("{}{} {}x{}x{}x{} -> {}x{}x{} k{}x{} s{}x{} p{}x{}{}", to_string(x.layout),
                      x.dtype == DType::bf16 ? " bf16" : "", x.shape.n, x.shape.c, x.shape.h, x.shape.w, y.shape.c,
-                     y.shape.h, y.shape.w, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+                     y.shape.h, y.shape.w, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                     p.groups > 1 ? fmt::format(" g{}", p.groups) : "");
 }
 
 std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng, const TensorDesc& x,
@@ -351,7 +353,7 @@ std::shared_ptr<const FilterStorage> dnnl_filter_storage(const dnnl::engine& eng
     return nullptr;  // make_conv says why
   Choice c = choose(eng, x, y, p, ff);
   if (!c.blocked) return nullptr;
-  return std::make_shared<DnnlFilterStorage>(eng, std::move(c), memory::dims{y.shape.c, x.shape.c, p.kh, p.kw},
+  return std::make_shared<DnnlFilterStorage>(eng, std::move(c), filter_dims(y.shape.c, x.shape.c, p), p.groups,
                                              dnnl_conv_key(x, y, p));
 }
 

@@ -50,13 +50,20 @@ std::unique_ptr<LinearOp> make_emulated_bf16_linear(dnnl::engine& eng, dnnl::str
                                                     const TensorDesc& y);
 
 inline tag act_tag(Layout l) { return l == Layout::nchw ? tag::nchw : tag::nhwc; }
-inline tag filter_tag(FilterFormat f) {
+// The filter's format; grouped, oneDNN's 5-D G x O/G x I/G x KH x KW in the same memory order as
+// PyTorch's O x I/G x KH x KW (goihw), and as its hwio and ohwi (hwigo, gohwi).
+inline tag filter_tag(FilterFormat f, int groups = 1) {
   switch (f) {
-    case FilterFormat::oihw: return tag::oihw;
-    case FilterFormat::hwio: return tag::hwio;
-    case FilterFormat::ohwi: return tag::ohwi;
+    case FilterFormat::oihw: return groups > 1 ? tag::goihw : tag::oihw;
+    case FilterFormat::hwio: return groups > 1 ? tag::hwigo : tag::hwio;
+    case FilterFormat::ohwi: return groups > 1 ? tag::gohwi : tag::ohwi;
   }
   return tag::oihw;
+}
+// A convolution's filter dimensions for oneDNN: O, I, KH, KW, or G, O/G, I/G, KH, KW.
+inline memory::dims filter_dims(std::int64_t cout, std::int64_t cin, const ConvParams& p) {
+  if (p.groups <= 1) return {cout, cin, p.kh, p.kw};
+  return {p.groups, cout / p.groups, cin / p.groups, p.kh, p.kw};
 }
 inline memory::dims dims4(const Shape& s) { return {s.n, s.c, s.h, s.w}; }
 

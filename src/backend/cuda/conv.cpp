@@ -33,6 +33,7 @@ struct ConvDescriptor {
     // fp32 accumulation for every storage type (bf16/fp16 data, fp32 compute: what autocast does)
     SB_CUDNN(cudnnSetConvolution2dDescriptor(d.get(), p.pad_h, p.pad_w, p.stride_h, p.stride_w, 1, 1,
                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    if (p.groups > 1) SB_CUDNN(cudnnSetConvolutionGroupCount(d.get(), p.groups));  // the filter is O x I/G x KH x KW
     // FMA math keeps fp32 exact (no TF32 tensor cores); TENSOR_OP math allows TF32, and is what
     // 16-bit data runs on.
     fma = !tf32 && t == DType::f32;
@@ -75,12 +76,12 @@ class CudnnConv final : public ConvOp {
   CudnnConv(const Ctx& c, const TensorDesc& x, const TensorDesc& y, const ConvParams& p)
       : c_(c),
         x_(x),
-        xp_(channel_padded(x)),
+        xp_(channel_padded(x, p.groups)),
         p_(p),
         cout_(y.shape.c),
         xd_(tensor_descriptor(xp_)),
         yd_(tensor_descriptor(y)),
-        wd_(filter_descriptor(y.shape.c, xp_.shape.c, p.kh, p.kw, x.layout, x.dtype)),
+        wd_(filter_descriptor(y.shape.c, xp_.shape.c / p.groups, p.kh, p.kw, x.layout, x.dtype)),
         fwd_cd_(p, c.tf32, x.dtype),
         data_cd_(p, c.tf32, x.dtype),
         filter_cd_(p, c.tf32, x.dtype) {

@@ -147,8 +147,8 @@ ValueId Graph::conv_bn(const std::string& name, ValueId x, std::int64_t cout, co
   l->name = name;
   l->cout = cout;
   l->cin = xs.c;
-  l->mac_count = ys.numel() * p.kh * p.kw * xs.c;
-  ParamEntry w{spec.weight, {cout, xs.c, p.kh, p.kw}};
+  l->mac_count = ys.numel() * p.kh * p.kw * (xs.c / p.groups);
+  ParamEntry w{spec.weight, {cout, xs.c / p.groups, p.kh, p.kw}};  // grouped: O x I/groups x KH x KW
   w.is_filter = true;
   w.format = g.be.filter_format(g.cfg.layout);
   // the backend's own format where its convolution runs faster on it (oneDNN's blocked weights):
