@@ -48,7 +48,9 @@ struct ParamEntry {
 
 // What a layer is, for listings and for checking a layer in place.
 struct LayerInfo {
-  std::string kind;   // conv_bn_relu, conv_bn (no ReLU), add_relu, pool, dropout, linear, cross_entropy
+  // conv_bn_relu, conv_bn (no ReLU), conv (no batch norm), bn_relu, bn, relu, relu6, add_relu, add, pool,
+  // adaptive_avg_pool, flatten, dropout, linear, cross_entropy
+  std::string kind;
   std::string name;   // the layer's module name (linear: its parameters' prefix); empty for layers without parameters
   std::string label;  // what reports call it: the name, else the builder's label, else <kind>_<index>
   std::vector<ValueId> in;
@@ -82,6 +84,24 @@ struct ConvBnSpec {
   double eps = 1e-3;   // BatchNorm2d's eps: 1e-3 in torchvision's BasicConv2d, PyTorch's default 1e-5
   ParamInit init = ParamInit::trunc_normal;  // the weight's: trunc_normal or normal, with init_std
   float init_std = 0.1f;
+};
+
+// A convolution without batch norm (Graph::conv): its parameters' names and initialisation, and
+// the bias and ReLU after it (VGG's, AlexNet's), or neither (DenseNet's, after BN + ReLU).
+struct ConvSpec {
+  std::string weight;                      // "features.0.weight"
+  std::string bias;                        // "features.0.bias"; "" : no bias
+  bool relu = false;                       // the ReLU after the bias (needs the bias)
+  ParamInit init = ParamInit::normal;      // the weight's: normal (kaiming_normal_'s std), or nn.Conv2d's uniform
+  float init_std = 0.1f;                   // normal, trunc_normal
+  ParamInit bias_init = ParamInit::zeros;  // zeros (VGG's), or uniform_fan_in (nn.Conv2d's default)
+};
+
+// A batch norm and the ReLU after it, alone (Graph::batch_norm: DenseNet's pre-activation).
+struct BnSpec {
+  std::string prefix;  // "features.denseblock1.denselayer1.norm1": .weight, .bias, .running_mean, .running_var
+  bool relu = true;
+  double eps = 1e-5;  // BatchNorm2d's default
 };
 
 // How the plan shares the arena between buffers (Graph::value and Graph::grad say what it means for
@@ -167,13 +187,28 @@ class Graph {
   ValueId pool(ValueId x, const PoolParams& p, const std::string& label = {});
   ValueId global_avg_pool(ValueId x, const std::string& label = {});
   // Concatenate along channels without copies: the parts become channel slices of the result.
-  // Each part must be produced by a layer and not already be part of a concat.
+  // Each part must be produced by a layer and not already be part of a concat, or be a concat
+  // itself, which then becomes a slice of this one (DenseNet's growing block: each layer reads the
+  // concatenation so far, a prefix of the block's).
   ValueId concat(const std::vector<ValueId>& parts);
+  // A convolution without batch norm, its bias and ReLU as spec says; name: torchvision's module.
+  ValueId conv(const std::string& name, ValueId x, std::int64_t cout, const ConvParams& p, const ConvSpec& spec);
+  // BatchNorm2d (+ ReLU): name, what reports call it; the input must take a gradient (not the image).
+  ValueId batch_norm(const std::string& name, ValueId x, const BnSpec& spec);
+  // min(max(x, 0), clip): kNoClip the ReLU, 6 ReLU6.
+  ValueId relu(ValueId x, float clip = kNoClip, const std::string& label = {});
+  // a + b, of one shape (two different values): a residual connection without a ReLU.
+  ValueId add(ValueId a, ValueId b, const std::string& label = {});
+  // N x C x H x W into N x (C H W) x 1 x 1 in PyTorch's order (torch.flatten(x, 1)), in both layouts.
+  ValueId flatten(ValueId x, const std::string& label = {});
+  // AdaptiveAvgPool2d((h, w)).
+  ValueId adaptive_avg_pool(ValueId x, std::int64_t h, std::int64_t w, const std::string& label = {});
   ValueId dropout(ValueId x, double p, const std::string& label = {});
   // Linear (with bias) over the flattened N x C x 1 x 1 input. <name>.weight, <name>.bias. The weight
-  // from a truncated normal of init_std, or as weight_init says (uniform_fan_in: nn.Linear's default).
+  // from a truncated normal of init_std, or as weight_init says (uniform_fan_in: nn.Linear's default;
+  // normal: N(0, init_std), VGG's and MobileNet-v2's); the bias uniform_fan_in (nn.Linear's) or zeros.
   ValueId linear(const std::string& name, ValueId x, std::int64_t out, float init_std = 0.1f,
-                 ParamInit weight_init = ParamInit::trunc_normal);
+                 ParamInit weight_init = ParamInit::trunc_normal, ParamInit bias_init = ParamInit::uniform_fan_in);
   // Adds weight * cross_entropy(logits, labels) to the loss and names the logits as an output.
   void cross_entropy(ValueId logits, float weight, const std::string& output_name);
   // Layers added while this is set run only in training (torchvision's aux head).

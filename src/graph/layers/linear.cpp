@@ -50,7 +50,8 @@ struct LinearLayer final : Layer {
 
 }  // namespace
 
-ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, float init_std, ParamInit weight_init) {
+ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, float init_std, ParamInit weight_init,
+                      ParamInit bias_init) {
   auto& g = *impl_;
   const Shape xs = g.values.at(x).shape;
   SB_CHECK(xs.h == 1 && xs.w == 1, "linear needs a N x C x 1 x 1 input (pool first)");
@@ -60,14 +61,17 @@ ValueId Graph::linear(const std::string& name, ValueId x, std::int64_t out, floa
   l->m = out;
   l->batch = xs.n;
   ParamEntry w{name + ".weight", {out, xs.c}};
-  SB_CHECK(weight_init == ParamInit::trunc_normal || weight_init == ParamInit::uniform_fan_in,
-           "linear: the weight is initialised from a truncated normal or nn.Linear's uniform");
+  SB_CHECK(weight_init == ParamInit::trunc_normal || weight_init == ParamInit::uniform_fan_in ||
+               weight_init == ParamInit::normal,
+           "linear: the weight is initialised from a (truncated) normal or nn.Linear's uniform");
+  SB_CHECK(bias_init == ParamInit::uniform_fan_in || bias_init == ParamInit::zeros,
+           "linear: the bias is initialised as nn.Linear's or zero");
   w.init = weight_init;
   w.init_std = init_std;
   w.fan_in = xs.c;
   l->w = g.add_param(w);
   ParamEntry b{name + ".bias", {out}};
-  b.init = ParamInit::uniform_fan_in;
+  b.init = bias_init;
   b.fan_in = xs.c;
   l->b = g.add_param(b);
   l->trainable = {l->w, l->b};
