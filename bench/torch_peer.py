@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "tiny"])
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "vgg16",
+                                                                 "alexnet", "densenet121", "mobilenet_v2", "tiny"])
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=299)
     ap.add_argument("--format", default="nchw", choices=["nchw", "nhwc"])
@@ -50,7 +51,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads; 0: OMP_NUM_THREADS when set, else every core (as OpenMP's default)")
     ap.add_argument("--dropout", type=float, default=0.5,
-                    help="before the final fc in training, as stepbench's model (the resnets have none)")
+                    help="in training, as stepbench's model: before inception_v3's final fc, in VGG's and AlexNet's "
+                         "classifiers (the resnets and densenet121 have none)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     ap.add_argument("--phases", default="forward,forward_train,forward_backward,step")
@@ -86,9 +88,14 @@ def main():
     if args.model == "tiny":
         from torch_parity import Tiny  # the same network as src/models/tiny.cpp
         model = Tiny(dropout=args.dropout)
-    elif args.model.startswith("resnet"):  # v1.5, torchvision's initialisation (as src/models/resnet.cpp)
-        model = getattr(torchvision.models, args.model)(weights=None)
+    elif args.model.startswith("resnet") or args.model == "densenet121":  # torchvision's initialisation; no dropout
+        model = getattr(torchvision.models, args.model)(weights=None)  # the resnets v1.5 (as src/models/resnet.cpp)
         args.dropout = 0.0
+    elif args.model in ("vgg16", "alexnet"):  # the classifier's two dropouts
+        model = getattr(torchvision.models, args.model)(weights=None, dropout=args.dropout)
+    elif args.model == "mobilenet_v2":  # torchvision's own 0.2 before the classifier, as stepbench's (0: none)
+        args.dropout = 0.2 if args.dropout > 0 else 0.0
+        model = torchvision.models.mobilenet_v2(weights=None, dropout=args.dropout)
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=args.aux_logits == "on",
                                                 init_weights=True, dropout=args.dropout)
@@ -196,7 +203,7 @@ def main():
     else:
         out["settings"] = (f"autocast(cpu, bfloat16) on the CPU, {out['threads']} threads" if amp is not None
                            else f"fp32 on the CPU, autocast=off, {out['threads']} threads")
-    dropout = f"none ({args.model} has none)" if args.model.startswith("resnet") else f"{args.dropout:g}"
+    dropout = f"none ({args.model} has none)" if args.model.startswith(("resnet", "densenet")) else f"{args.dropout:g}"
     out["settings"] += (f", dropout {dropout}, {'torch.compile' if args.compile else 'eager'}, "
                         f"calls per repetition {'/'.join(str(calls[p]) for p in phases)} ({','.join(phases)})")
     print(json.dumps(out))
@@ -241,6 +248,8 @@ def layer_times(model, step, sync, steps, model_name):
     """Per layer, {"forward_ms", "backward_ms"}: medians over `steps` profiled steps (host time of the
     CPU ops; on CUDA the launches, not the kernels)."""
     leaves = ("BasicConv2d", "MaxPool2d", "AdaptiveAvgPool2d", "Dropout", "Linear")
+    if model_name in ("vgg16", "alexnet", "densenet121", "mobilenet_v2"):  # their layers are plain modules
+        leaves += ("Conv2d", "BatchNorm2d", "ReLU", "ReLU6", "AvgPool2d")
     stack = []
 
     def enter(name):

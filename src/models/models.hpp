@@ -10,7 +10,18 @@
 
 namespace stepbench {
 
-enum class ModelKind { inception_v3, resnet50, resnet101, resnet152, tiny, pool_fc };
+enum class ModelKind {
+  inception_v3,
+  resnet50,
+  resnet101,
+  resnet152,
+  vgg16,
+  alexnet,
+  densenet121,
+  mobilenet_v2,
+  tiny,
+  pool_fc
+};
 
 // The one list of models: the name table, --model's choices and help, the image sizes, `stepbench
 // --list-models` (which docs/flags.md's table and the tests are checked against) follow from it.
@@ -23,13 +34,18 @@ struct ModelEntry {
   std::string_view tf_cnn;      // tf_cnn_benchmarks' --model for the same network ("" : none)
   std::string_view what;
 };
-inline constexpr std::array<ModelEntry, 6> kModels{{
+inline constexpr std::array<ModelEntry, 10> kModels{{
     {ModelKind::inception_v3, "inception_v3", 299, 75, true, "inception3", "torchvision's Inception-v3"},
     {ModelKind::resnet50, "resnet50", 224, 32, true, "resnet50_v1.5", "torchvision's ResNet-50 (v1.5)"},
     {ModelKind::resnet101, "resnet101", 224, 32, true, "resnet101 (v1: stride on the 1x1)",
      "torchvision's ResNet-101 (v1.5)"},
     {ModelKind::resnet152, "resnet152", 224, 32, true, "resnet152 (v1: stride on the 1x1)",
      "torchvision's ResNet-152 (v1.5)"},
+    {ModelKind::vgg16, "vgg16", 224, 32, true, "vgg16", "torchvision's VGG-16 (no batch norm)"},
+    {ModelKind::alexnet, "alexnet", 224, 63, true, "alexnet", "torchvision's AlexNet"},
+    {ModelKind::densenet121, "densenet121", 224, 32, true, "", "torchvision's DenseNet-121"},
+    {ModelKind::mobilenet_v2, "mobilenet_v2", 224, 32, true, "mobilenet (TensorFlow 1 only)",
+     "torchvision's MobileNet-v2"},
     {ModelKind::tiny, "tiny", 64, 16, true, "", "a small CNN for quick checks"},
     {ModelKind::pool_fc, "pool_fc", 64, 8, false, "", "pools and two fc layers (the towers' tests)"},
 }};
@@ -87,6 +103,15 @@ ModelInfo build_inception_v3(Graph& g, const ModelOptions& o);
 // layer1.0.downsample) and each residual addition with its ReLU <block>.add_relu. image_size >= 32.
 ModelInfo build_resnet(Graph& g, ModelKind depth, const ModelOptions& o);
 inline ModelInfo build_resnet50(Graph& g, const ModelOptions& o) { return build_resnet(g, ModelKind::resnet50, o); }
+// Exactly torchvision.models.vgg16 and alexnet (no batch norm; dropout in the classifier unless
+// o.dropout is 0): state_dict names, shapes, initialisation.
+ModelInfo build_vgg16(Graph& g, const ModelOptions& o);
+ModelInfo build_alexnet(Graph& g, const ModelOptions& o);
+// Exactly torchvision.models.densenet121: state_dict names, shapes, initialisation.
+ModelInfo build_densenet121(Graph& g, const ModelOptions& o);
+// Exactly torchvision.models.mobilenet_v2: state_dict names, shapes, initialisation; dropout 0.2
+// (torchvision's) before the classifier unless o.dropout is 0.
+ModelInfo build_mobilenet_v2(Graph& g, const ModelOptions& o);
 // A tiny CNN for fast tests: conv-BN-ReLU units, one Inception-style block with fan-out and concat,
 // a pool and an FC. image_size >= 16.
 ModelInfo build_tiny(Graph& g, const ModelOptions& o);

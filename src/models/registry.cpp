@@ -29,6 +29,10 @@ ModelInfo build_model(Graph& g, ModelKind kind, const ModelOptions& o) {
     case ModelKind::resnet50:
     case ModelKind::resnet101:
     case ModelKind::resnet152: return build_resnet(g, kind, o);
+    case ModelKind::vgg16: return build_vgg16(g, o);
+    case ModelKind::alexnet: return build_alexnet(g, o);
+    case ModelKind::densenet121: return build_densenet121(g, o);
+    case ModelKind::mobilenet_v2: return build_mobilenet_v2(g, o);
     case ModelKind::tiny: return build_tiny(g, o);
     case ModelKind::pool_fc: return build_pool_fc(g, o);
   }

@@ -54,8 +54,9 @@ class Flags(unittest.TestCase):
 
     def test_the_models_come_from_one_list(self):
         """--list-models (models/models.hpp's one list) is what --help offers, what docs/flags.md maps from
-        tf_cnn_benchmarks' names and what both PyTorch scripts build; ResNet-152 runs every phase and
-        ResNet-101 the step, and each refuses an image below its downsampling."""
+        tf_cnn_benchmarks' names and what both PyTorch scripts build; ResNet-152, AlexNet, DenseNet-121 and
+        MobileNet-v2 run every phase, ResNet-101 and VGG-16 the step, each at its smallest image, and each refuses one
+        pixel less."""
         rc, out, err = run("--list-models")
         self.assertEqual(rc, 0, err)
         rows = [line.split(None, 3) for line in out.splitlines()[1:]]
@@ -75,15 +76,19 @@ class Flags(unittest.TestCase):
                 choices = re.search(r'"--model", default="\w+", choices=\[([^]]*)\]', f.read()).group(1)
             self.assertEqual(sorted(re.findall(r'"(\w+)"', choices)), sorted(names), script)
         every = ("forward", "forward_train", "forward_backward", "step", "update")
-        for name, phases in (("resnet101", ("step",)), ("resnet152", every)):  # 101's blocks are 152's, fewer
-            rc, out, err = run("--backend", "cpu", "--model", name, "--image-size", "32", "--batch-size", "2",
+        smallest = {r[0]: int(r[2]) for r in rows}
+        # 101's blocks are 152's, fewer; VGG-16's layer kinds are AlexNet's (its 25088 x 4096 fc: the step only)
+        for name, phases in (("resnet101", ("step",)), ("resnet152", every), ("vgg16", ("step",)),
+                             ("alexnet", every), ("densenet121", every), ("mobilenet_v2", every)):
+            size = smallest[name]
+            rc, out, err = run("--backend", "cpu", "--model", name, "--image-size", str(size), "--batch-size", "2",
                                "--warmup", "1", "--repetitions", "1", "--phases", ",".join(phases), *FAST)
             self.assertEqual(rc, 0, err)
             for phase in phases:
                 self.assertRegex(out, rf"\n\s*{phase}\s+\d", f"{name}: no {phase} row\n{out}")
-            self.assertIn(f"{name} fp32 nchw 32x32", out.splitlines()[0])
-            self.bad(["--backend", "cpu", "--model", name, "--image-size", "31"], "--image-size 31", name,
-                     "at least 32")
+            self.assertIn(f"{name} fp32 nchw {size}x{size}", out.splitlines()[0])
+            self.bad(["--backend", "cpu", "--model", name, "--image-size", str(size - 1)], f"--image-size {size - 1}",
+                     name, f"at least {size}")
 
     def test_booleans_are_bare_flags_and_the_old_switch_still_reads(self):
         for args in (["--no-aux-logits"], ["--aux-logits", "off"]):
@@ -137,7 +142,7 @@ class Flags(unittest.TestCase):
     def test_bad_values_name_the_flag_and_the_choices(self):
         self.bad(["--precision", "fp64"], "--precision", "fp32", "bf16")
         self.bad(["--format", "nchwc"], "--format", "nhwc")
-        self.bad(["--model", "vgg16"], "--model", "inception_v3", "resnet50", "resnet152", "tiny")
+        self.bad(["--model", "vgg19"], "--model", "inception_v3", "resnet50", "resnet152", "tiny")
         self.bad(["--variable-update", "ring"], "--variable-update", "parameter_server")
         self.bad(["--optimizer", "adam"], "--optimizer", "rmsprop")
         self.bad(["--backend", "tpu"], "--backend", "cuda")

@@ -314,8 +314,8 @@ TEST(Liveness, FusedUnitsWithDeadBuffersPoisonedGiveTheUnfusedStep) {
 }
 
 // The real models, whose plans nothing else runs poisoned: Inception-v3 with its aux head (which
-// needs 299x299: Mixed_6e must be 17x17) and ResNet-50 at 64x64 (its downsample shortcuts, the
-// residual adds), batch 2, both layouts, recompute on and off. A buffer interval one step short
+// needs 299x299: Mixed_6e must be 17x17), ResNet-50 at 64x64 (its downsample shortcuts, the
+// residual adds) and the zoo's below, batch 2, both layouts, recompute on and off. A buffer interval one step short
 // anywhere (a concat part, the aux head's input, a shortcut) reads NaN and fails the comparison.
 struct RealModel {
   ModelKind kind;
@@ -344,11 +344,18 @@ TEST_P(LivenessOfRealModels, DeadBuffersPoisonedGiveTheUnsharedStepBitForBit) {
 
 std::string real_model_name(const testing::TestParamInfo<LivenessOfRealModels::ParamType>& info) {
   const RealModel m = std::get<0>(info.param);
-  return fmt::format("{}_{}_recompute_{}{}", m.kind == ModelKind::inception_v3 ? "inception_v3" : "resnet50",
-                     to_string(std::get<1>(info.param)), std::get<2>(info.param) == Recompute::on ? "on" : "off",
+  return fmt::format("{}_{}_recompute_{}{}", model_entry(m.kind).name, to_string(std::get<1>(info.param)),
+                     std::get<2>(info.param) == Recompute::on ? "on" : "off",
                      std::get<3>(info.param) == Fuse::on ? "_fused" : "");
 }
-const auto kRealModels = ::testing::Values(RealModel{ModelKind::inception_v3, 299}, RealModel{ModelKind::resnet50, 64});
+// The model zoo's: AlexNet at its smallest (the adaptive pool repeating a 1x1 map; VGG-16 has the same
+// layer kinds and takes 26 s a case here, its 25088 x 4096 fc), DenseNet-121 at 64x64 (every layer
+// reading its block's concatenation so far, the prefixes' BN + ReLU recomputed; at 32x32 block 4's
+// batch norms see 2 values a channel and the first step blows the weights up to infinity),
+// MobileNet-v2 at 64x64 (depthwise convolutions, ReLU6, residual adds without a ReLU)
+const auto kRealModels = ::testing::Values(RealModel{ModelKind::inception_v3, 299}, RealModel{ModelKind::resnet50, 64},
+                                           RealModel{ModelKind::alexnet, 63}, RealModel{ModelKind::densenet121, 64},
+                                           RealModel{ModelKind::mobilenet_v2, 64});
 INSTANTIATE_TEST_SUITE_P(Models, LivenessOfRealModels,
                          ::testing::Combine(kRealModels, ::testing::Values(Layout::nchw, Layout::nhwc),
                                             ::testing::Values(Recompute::off, Recompute::on),

@@ -30,7 +30,7 @@ TEST(InceptionV3, TooSmallImagesAreUsageErrors) {
   o.image_size = 74;
   EXPECT_THROW(build_inception_v3(g, o), UsageError);
   Graph g2(*be, GraphConfig{1});
-  EXPECT_THROW(parse_enum<ModelKind>("vgg16", "model"), UsageError);
+  EXPECT_THROW(parse_enum<ModelKind>("vgg19", "model"), UsageError);
   Graph g3(*be, GraphConfig{1});
   o.image_size = 298;  // the aux head's 5x5 conv needs Mixed_6e at 17x17 (torchvision fails too)
   EXPECT_THROW(build_inception_v3(g3, o), UsageError);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Model parity: the same weights and input through torchvision's inception_v3, resnet50, resnet101 or
-resnet152 (PyTorch)
+"""Model parity: the same weights and input through torchvision's inception_v3, resnet50, resnet101,
+resnet152, vgg16, alexnet, densenet121 or mobilenet_v2 (PyTorch)
 and through `stepbench check`, in eval and train mode, NCHW and NHWC. Compares logits, aux logits,
 the loss and every parameter gradient by max|a - b| / max|b| per tensor. --also-isa SSE41:nhwc runs
 stepbench again under another oneDNN instruction set against the same reference.
@@ -98,7 +98,8 @@ def rel(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stepbench", required=True)
-    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "tiny"])
+    ap.add_argument("--model", default="inception_v3", choices=["inception_v3", "resnet50", "resnet101", "resnet152", "vgg16",
+                                                                 "alexnet", "densenet121", "mobilenet_v2", "tiny"])
     ap.add_argument("--batch", type=int, default=0,
                     help="default: 8 for inception_v3 (its aux head normalises 1x1 maps: batch values per channel), 8 for "
                          "the resnets and tiny (ctest runs the resnets at batch 2, 112x112: layer4 at 4x4)")
@@ -148,7 +149,7 @@ def main():
     torch.set_num_threads(os.cpu_count() or 1)
     if args.model == "tiny":
         model = Tiny()
-    elif args.model.startswith("resnet"):  # v1.5, torchvision's initialisation, zero_init_residual off
+    elif args.model != "inception_v3":  # torchvision's initialisation (the resnets v1.5, zero_init_residual off)
         model = getattr(torchvision.models, args.model)(weights=None)
     else:
         model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
@@ -187,6 +188,9 @@ def main():
             m = m.to(memory_format=torch.channels_last)
         m.train()
         m.dropout = torch.nn.Identity()  # stepbench check runs train mode without dropout by default
+        for mod in m.modules():  # the classifiers' (VGG, AlexNet)
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
         with amp(autocast):
             out = m(x.to(dtype).contiguous(memory_format=torch.channels_last) if channels_last else x.to(dtype))
             ce = torch.nn.functional.cross_entropy
@@ -313,8 +317,16 @@ def main():
             # holds; each tensor within 4x autocast's error instead (a doubled gradient where the
             # yardstick is small; the op tests catch it everywhere)
             limit_err, limit_ratio = (float("inf"), 4.0) if bf16 else (args.max_grad_error, args.max_grad_ratio)
+            # a gradient that is zero in exact arithmetic (MobileNet-v2's projection BN biases: the
+            # next training-mode batch norm removes any constant, so their float64 gradient is ~1e-12
+            # of the others') is rounding noise in every implementation: where PyTorch fp32's own
+            # error exceeds the cap, the cap cannot judge it, and the ratio alone does
+            noise = [name for name, err, base in rows if base > limit_err]
+            if noise:
+                print(f"  {group}: {len(noise)} gradients where {yard}'s own error exceeds {limit_err:g} "
+                      f"(judged by the ratio alone), e.g. {noise[0]}")
             for (name, err, base), r in zip(rows, ratios):
-                if not (err <= limit_err and r <= limit_ratio):
+                if not ((err <= limit_err or base > limit_err) and r <= limit_ratio):
                     failed.append(f"{name}: {err:.3g}, {r:.3g} x {yard}'s {base:.3g} "
                                   f"(limits {limit_err:g}, {limit_ratio:g}x)")
     if failed:
