@@ -79,8 +79,8 @@ PerLayerBench::PerLayerBench(Backend& be, const Graph& g, Layout l, DType t, con
   for (const auto& c : distinct_convs(g)) {
     rigs_.push_back(std::make_unique<Rig>(be, c, l, t, fault));
     Rig* rig = rigs_.back().get();
-    const double macs =
-        static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel()) * c.p.kh * c.p.kw * (c.x.c / c.p.groups);
+    const std::int64_t cin = c.x.c / c.p.groups;  // each output's input channels
+    const double macs = static_cast<double>(conv_output_shape(c.x, c.cout, c.p).numel() * c.p.kh * c.p.kw * cin);
     const std::string label = fmt::format("{}", fmt::join(c.layers, ", "));  // the model's layers of this shape
     for (const std::string kind : {"fwd", "bwd_data", "bwd_filter"}) {
       const std::string name = prefix + "/" + c.name() + "/" + kind;

@@ -17,7 +17,7 @@ namespace {
 
 // The contiguous run of (n, c, h, w) in t: a row of w (NCHW), a pixel's channels (NHWC).
 template <class T>
-inline T* at(const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+inline T* run_at(const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
   return t.as<T>() + t.desc.offset(n, c, h, w);
 }
 
@@ -30,7 +30,7 @@ void forward_typed(const Tensor& y, const float* b, bool relu) {
     for (std::int64_t n = 0; n < s.n; ++n)
       for (std::int64_t c = 0; c < s.c; ++c)
         for (std::int64_t h = 0; h < s.h; ++h) {
-          T* p = at<T>(y, n, c, h, 0);
+          T* p = run_at<T>(y, n, c, h, 0);
           for (std::int64_t w = 0; w < s.w; ++w) p[w] = st<T>(std::max(ld(p[w]) + b[c], lo));
         }
     return;
@@ -39,7 +39,7 @@ void forward_typed(const Tensor& y, const float* b, bool relu) {
   for (std::int64_t n = 0; n < s.n; ++n)
     for (std::int64_t h = 0; h < s.h; ++h)
       for (std::int64_t w = 0; w < s.w; ++w) {
-        T* p = at<T>(y, n, 0, h, w);
+        T* p = run_at<T>(y, n, 0, h, w);
         for (std::int64_t c = 0; c < s.c; ++c) p[c] = st<T>(std::max(ld(p[c]) + b[c], lo));
       }
 }
@@ -55,9 +55,9 @@ void backward_typed(const Tensor& y, const Tensor& dy, const Tensor& dx, float b
     double* sum = part.data() + static_cast<std::size_t>(omp_get_thread_num() * s.c);
     // a run of len elements from (n, c, h, w), channel c + i * dc for element i
     auto run = [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t len, std::int64_t dc) {
-      const T* py = at<const T>(y, n, c, h, w);
-      const T* pg = at<const T>(dy, n, c, h, w);
-      T* pd = at<T>(dx, n, c, h, w);
+      const T* py = run_at<const T>(y, n, c, h, w);
+      const T* pg = run_at<const T>(dy, n, c, h, w);
+      T* pd = run_at<T>(dx, n, c, h, w);
       for (std::int64_t i = 0; i < len; ++i) {
         const float g = !relu || ld(py[i]) > 0.0f ? ld(pg[i]) : 0.0f;
         sum[dc ? i : 0] += g;
