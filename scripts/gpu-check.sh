@@ -24,6 +24,10 @@
 #   gpu-check.sh fused OUT    the fused conv + BN units (--fuse): their op and whole-net tests on the GPU,
 #                             then ResNet-50 bf16 NHWC batch 256 and Inception-v3 bf16 NHWC batch 128 with
 #                             --fuse off and on (the step replayed as a CUDA Graph), ResNet-50's --layer-times
+#   gpu-check.sh zoo OUT      the model zoo: the ops it added (bias + ReLU, adaptive pooling, ReLU6,
+#                             grouped and depthwise convolutions) on the GPU, then the step of
+#                             ResNet-101/152, VGG-16, AlexNet, DenseNet-121 and MobileNet-v2, bf16 NHWC
+#                             (configs/<model>-bf16-nhwc.toml's batches), as a CUDA Graph
 #   gpu-check.sh all OUT      tests, bench, peer in turn
 # STEPBENCH_CHECK_TESTS / STEPBENCH_CHECK_OWN_TESTS replace the tests stage's two gtest filters;
 # STEPBENCH_CHECK_IMAGES sets the input stage's folder size (default 512).
@@ -42,14 +46,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${STEPBENCH_PYTHON:-python3}
 
 usage() {
-  sed -n '2,39p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,43p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
 STAGE=$1
 OUT_DIR=$2
 BENCH_JSON=${3:-}
-case $STAGE in tests|bench|peer|layers|input|ranks|ranks-faults|fused|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
+case $STAGE in tests|bench|peer|layers|input|ranks|ranks-faults|fused|zoo|all) ;; *) echo "gpu-check: unknown stage '$STAGE'" >&2; usage ;; esac
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
@@ -702,6 +706,37 @@ for k in ("fuse", "fused_units", "fused_pieces", "batch_norm_kernels"): print(f"
   return $rc
 }
 
+stage_zoo() {
+  local rc=0 tmp=$OUT_DIR/zoo-files start=$SECONDS
+  mkdir -p "$tmp"
+  header zoo
+  echo "== the zoo's ops on the GPU (cuda)"
+  timeout 150 "$BIN/stepbench_tests" --gtest_brief=1 \
+    --gtest_filter='*Ops.BiasAct*cuda*:*Ops.AdaptiveAverage*cuda*:*Ops.Relu6*cuda*:*Ops.Convolution/cuda*' \
+    > "$tmp/tests.txt" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|groups|depthwise" "$tmp/tests.txt" | head -20
+  local run
+  for run in "resnet101 256" "resnet152 256" "vgg16 128" "alexnet 512" "densenet121 128" "mobilenet_v2 256"; do
+    set -- $run
+    local name="$1-bf16-nhwc-b$2"
+    if [ $((SECONDS - start)) -gt $((STAGE_S * 400 / 480)) ]; then
+      echo "== $name skipped: the zoo stage's $STAGE_S s budget"
+      continue
+    fi
+    echo "== $name"
+    if ! timeout 100 "$BIN/stepbench" --backend cuda --model "$1" --batch-size "$2" --precision bf16 --format nhwc \
+        --phases forward,step --cuda-graph --warmup 5 --repetitions 5 --plan-cache "$tmp/plans.json" \
+        --json "$tmp/$name.json" > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
+      rc=1
+      echo "failed:"; tail -5 "$tmp/$name.err"
+    fi
+    sed -n '/^phase/,/^images/p' "$tmp/$name.txt" | head -10
+  done
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/zoo.tar.gz" zoo-files && rm -rf "$tmp"
+  echo "== zoo: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+  return $rc
+}
+
 rc=0
 case $STAGE in
   tests) stage_tests 2>&1 | tee "$OUT_DIR/tests.log"; rc=${PIPESTATUS[0]} ;;
@@ -712,6 +747,7 @@ case $STAGE in
   ranks) stage_ranks 2>&1 | tee "$OUT_DIR/ranks.log"; rc=${PIPESTATUS[0]} ;;
   ranks-faults) stage_ranks_faults 2>&1 | tee "$OUT_DIR/ranks-faults.log"; rc=${PIPESTATUS[0]} ;;
   fused) stage_fused 2>&1 | tee "$OUT_DIR/fused.log"; rc=${PIPESTATUS[0]} ;;
+  zoo) stage_zoo 2>&1 | tee "$OUT_DIR/zoo.log"; rc=${PIPESTATUS[0]} ;;
   all)
     for s in tests bench peer; do
       "stage_$s" 2>&1 | tee "$OUT_DIR/$s.log"
