@@ -73,9 +73,10 @@ std::vector<std::pair<std::string, std::string>> run_context(const BenchConfig& 
     for (const auto& [impl, count] : n) v += fmt::format("{}{} x {}", v.empty() ? "" : "; ", count, impl);
     if (!v.empty()) add(key, v);
   };
-  const auto conv_bn = [](const LayerInfo& l) { return l.is_conv_bn(); };
-  tally("conv_algorithms", conv_bn, &LayerInfo::conv_algorithm);
-  tally("batch_norm_kernels", conv_bn, &LayerInfo::implementation);
+  const auto conv = [](const LayerInfo& l) { return l.is_conv_bn() || l.kind == "conv"; };
+  const auto bn = [](const LayerInfo& l) { return l.is_conv_bn() || l.kind == "bn_relu" || l.kind == "bn"; };
+  tally("conv_algorithms", conv, &LayerInfo::conv_algorithm);
+  tally("batch_norm_kernels", bn, &LayerInfo::implementation);
   tally(
       "pool_kernels", [](const LayerInfo& l) { return l.kind == "pool"; }, &LayerInfo::implementation);
   tally(

@@ -16,7 +16,7 @@ std::string ConvShape::name() const { return conv_shape_name(x, cout, p); }
 std::vector<ConvShape> distinct_convs(const Graph& g) {
   std::vector<ConvShape> v;
   for (const auto& l : g.layers()) {
-    if (!l.is_conv_bn()) continue;
+    if (!l.is_conv_bn() && l.kind != "conv") continue;  // every convolution: a unit's, or alone (VGG's)
     ConvShape s{g.shape_of(l.in[0]), g.shape_of(l.out).c, l.conv, 0, {}};
     auto it = std::find_if(v.begin(), v.end(), [&](const ConvShape& o) { return o.key() == s.key(); });
     if (it == v.end()) {

@@ -22,7 +22,7 @@ struct ConvShape {
   int count = 0;                    // layers of this shape
   std::vector<std::string> layers;  // their names
   auto key() const {
-    return std::make_tuple(x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+    return std::make_tuple(x.n, x.c, x.h, x.w, cout, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.groups);
   }
   std::string name() const;
 };

@@ -69,6 +69,14 @@ TEST_P(Ops, Relu6ClipsAtSixBothWays) {
   EXPECT_EQ(Y.download(), y_ref);  // exact: a copy, zero or six
   op->backward(st, Y, DY, DX, 0.0f);
   EXPECT_EQ(DX.download(), dx_ref);
+  // accumulated: one addition, rounded to the storage type
+  const auto acc = test::round_to(dtype, random_vec(s.numel(), 15));
+  DX.upload(acc);
+  op->backward(st, Y, DY, DX, 1.0f);
+  ref::Vec sum(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) sum[i] = dx_ref[i] + acc[i];
+  const auto m = test::error_model(GetParam());
+  EXPECT_WITHIN(DX.download(), sum, test::plus_rounding(test::axpby(m.u_acc, test::absv(sum), 0, {}), sum, m.u_out));
 }
 
 TEST_P(Ops, Dropout) {

@@ -42,7 +42,7 @@ Choice choose(const dnnl::engine& eng, const TensorDesc& x, const TensorDesc& y,
 #if STEPBENCH_PLANT_FAULT == 3
   // the same bytes read with the kernel's two spatial axes swapped
   const auto& bs = wd.data.format_desc.blocking.strides;
-  memory::dims ws(bs, bs + 4);
+  memory::dims ws(bs, bs + wd.data.ndims);
   if (p.kh == p.kw && p.groups == 1) std::swap(ws[2], ws[3]);  // square kernels only: a permutation within the block
   const memory::desc wfd(wdims, t, ws);
 #else

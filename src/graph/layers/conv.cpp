@@ -46,8 +46,12 @@ struct ConvLayer final : Layer {
     if (!training) return;
     if (into_slice) u.backward("grad_gather").reads_grad(out).writes(dz, "dz");
     if (has_bias()) {
-      u.backward(act_part(false)).reads_grad(out).writes_grad(out, 1.0f);  // in place on the output's gradient
-      if (spec.relu) u.reads(out);                                         // the mask
+      u.backward(act_part(false));
+      if (into_slice)
+        u.reads(dz, "dz").writes(dz, "dz");
+      else
+        u.reads_grad(out).writes_grad(out, 1.0f);  // in place on the output's gradient
+      if (spec.relu) u.reads(out);                 // the mask
     }
     u.backward("conv_bwd_filter").reads(in[0]).reads_grad(out).scratch(ws_bwd, "backward workspace");
     if (into_slice) u.reads(dz, "dz");
