@@ -1,4 +1,4 @@
-// Batch norm: training forward (with and without the fused ReLU, into a slice or a dense output),
+// Batch norm: training forward (with and without the fused ReLU, from and into a slice or dense),
 // its recompute from the saved statistics, the running statistics, backward, and the inference
 // forward, against the oracle.
 #include <fmt/format.h>
@@ -36,8 +36,9 @@ TEST_P(Ops, BatchNormTrainingInferenceBackward) {
         const auto eb = test::bn_bounds(s, x, {}, gamma, beta, bp.eps, relu, dy, saved, m);
 
         const int before = sliced ? 2 : 0, after = sliced ? 2 : 0;
-        DevTensor X(*be, s, layout, dtype), Y(*be, s, layout, dtype, before, after),
-            DY(*be, s, layout, dtype, sliced ? 1 : 0, sliced ? 3 : 0), DX(*be, s, layout, dtype);
+        // sliced: x and dx too, as DenseNet's pre-activation reads its block's prefix and adds into its gradient
+        DevTensor X(*be, s, layout, dtype, 0, sliced ? 3 : 0), Y(*be, s, layout, dtype, before, after),
+            DY(*be, s, layout, dtype, sliced ? 1 : 0, sliced ? 3 : 0), DX(*be, s, layout, dtype, 0, sliced ? 5 : 0);
         X.upload(x);
         DY.upload(dy);
         DevVec G(*be, gamma), B(*be, beta), RM(*be, std::vector<double>(s.c, 0.5)),
