@@ -86,7 +86,8 @@ struct Graph::Impl {
   std::int32_t* label_ptr() const { return bound_labels ? bound_labels : labels.as<std::int32_t>(); }
 
   TensorDesc desc(const Shape& s) const { return TensorDesc::dense(s, cfg.dtype, cfg.layout); }
-  ValueId new_value(const Shape& s, int producer) {
+  // s by value: callers pass another value's shape, which the push_back may move
+  ValueId new_value(Shape s, int producer) {
     values.push_back(Value{});
     values.back().shape = s;
     values.back().producer = producer;
