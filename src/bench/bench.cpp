@@ -23,7 +23,7 @@ int run_benchmarks(const BenchConfig& c, const ProcessGroup& group, const char* 
   calibrate_slow_tower(run);                   // --slow-tower
   const Timings t = time_phases(run);          // the Google Benchmark fixtures, one per phase
   if (t.exit) return *t.exit;
-  const Probes p = probe(run, t);                                       // --layer-times, --trace, --project-gpus
+  const Probes p = probe(run, t, measure_peak(run, t));                 // the peak; --layer-times, --trace, ...
   if (!run.root) return end_spent(run, other_process_exit(run, t, p));  // one report, from process 0
   if (Exit e = report_cut_short(run, t, p)) return end_spent(run, *e);  // a signal, a blow-up, a failed sync
   keep_run(run, t);                                      // --history, the plan cache, --suggest, input stages

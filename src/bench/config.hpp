@@ -47,6 +47,14 @@ constexpr auto enum_names(PeerKind) {
       {{PeerKind::none, "none"}, {PeerKind::pytorch, "pytorch"}, {PeerKind::pytorch_compile, "pytorch-compile"}}};
 }
 
+// --peak and --peak-cache (bench/peak.hpp): the device's GEMM peak the step's FLOP/s is a share of.
+enum class PeakMode { automatic, measure, off, given };
+struct PeakOptions {
+  PeakMode mode = PeakMode::automatic;  // the cached figure, else measured and cached
+  double given_tflops = 0;              // PeakMode::given (--peak 989.4: a data sheet's)
+  std::string cache;                    // the cache file ("": none, measured every run)
+};
+
 struct BenchConfig {
   TowerOptions run;  // backend (resolved), towers per process (--gpus), batch per tower, model, precision, sync
   int warmup = 10;
@@ -63,6 +71,7 @@ struct BenchConfig {
   bool suggest = false;                 // --suggest: try each remedy for the input pipeline (bench/suggest.hpp)
   std::string json;                     // Google Benchmark's JSON goes here ("": none)
   std::string history;                  // --history: one JSON line per run appended here ("": none)
+  PeakOptions peak;
   std::string plan_cache;               // --plan-cache: run.plans was loaded from it, and is written back ("": none)
   // The signal the command line's SIGINT/SIGTERM handler stored (0: none yet), polled between
   // benchmarks (bench/interrupt.hpp); null: never interrupted.

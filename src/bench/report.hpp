@@ -26,8 +26,9 @@ void append_history(const BenchConfig& c, const Towers& t, const SummaryReporter
 // --per-layer: every distinct convolution shape's fwd, bwd_data and bwd_filter medians.
 void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const std::string& prefix);
 // Medians per phase, the step's inside, the sync's bandwidths, the memory plan, the input verdict
-// and the peer's ratios.
+// and the peer's ratios; peak: the "of peak" line's text ("": none).
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory);
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory,
+                   const std::string& peak = "");
 
 }  // namespace stepbench

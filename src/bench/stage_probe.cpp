@@ -102,8 +102,11 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
     add_json_section(run, t, "projection", j);
   }
   if (c.layer_times) {
-    p.layer_times = summarize_layer_times(
-        steps, towers, device_peak_tflops(towers.backend(0).device_name(), std::string(to_string(c.run.precision))));
+    // the measured (or given) peak; the data sheet's where there is none
+    const double peak = p.peak.tflops > 0 ? p.peak.tflops
+                                          : device_peak_tflops(towers.backend(0).device_name(),
+                                                               std::string(to_string(c.run.precision)));
+    p.layer_times = summarize_layer_times(steps, towers, peak);
     p.layer_times->activity = note;
     summarize_activity(*p.layer_times, steps, towers);
     add_json_section(run, t, "layer_times", layer_times_json(*p.layer_times));
@@ -113,9 +116,10 @@ void probe_steps(Run& run, const Timings& t, Probes& p) {
 
 }  // namespace
 
-Probes probe(Run& run, const Timings& t) {
+Probes probe(Run& run, const Timings& t, Peak peak) {
   const BenchConfig& c = run.c;
   Probes p;
+  p.peak = std::move(peak);
   p.fabric = fabric_of(c);
   if (run.stop.spent()) return p;  // a failed sync: the group answers no collective
   p.stragglers = gather_stragglers(run);

@@ -109,7 +109,7 @@ int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) 
   memory.peer_peak = peer.peak_rss;
   memory.peer_cuda = peer.cuda_max_allocated;
   add_json_section(run, t, "memory_plan", memory_json(memory));
-  print_summary(c, *run.towers, *t.reporter, run.prefix, peer, *run.feeder, memory);
+  print_summary(c, *run.towers, *t.reporter, run.prefix, peer, *run.feeder, memory, peak_answer(run, t, p.peak));
   if (p.async) print_async(std::cout, run, *p.async);
   if (p.stragglers) print_stragglers(std::cout, run, *p.stragglers);
   if (p.layer_times) {

@@ -4,6 +4,7 @@
 //   warm_up           stage_warm_up.cpp       untimed steps; the non-finite check; the JSON context
 //   calibrate         stage_stragglers.cpp    --slow-tower: the delay that makes a tower that much slower
 //   time_phases       stage_time_phases.cpp   the Google Benchmark fixtures, one per phase
+//   measure_peak      stage_peak.cpp          the device's GEMM peak (cached), the step's share of it
 //   probe             stage_probe.cpp         the stragglers gathered; --layer-times, --trace,
 //                                             --project-gpus: probed steps
 //   report_cut_short  stage_report.cpp        a signal or a blow-up: what was measured, said as such
@@ -26,6 +27,7 @@
 #include "bench/interrupt.hpp"
 #include "bench/layer_times.hpp"
 #include "bench/memory_report.hpp"
+#include "bench/peak.hpp"
 #include "bench/peer.hpp"
 #include "bench/progress.hpp"
 #include "bench/projection.hpp"
@@ -133,6 +135,7 @@ struct Probes {
   Fabric fabric;                              // the fabric --project-gpus projects over
   std::optional<Stragglers> stragglers;       // two towers or more: on the root process
   std::optional<AsyncReport> async;           // --cross-replica-sync off: on the root process
+  Peak peak;                                  // measure_peak's, on the root process
   bool failed = false;                        // a probed step threw (said on stderr); the exit status is 1
 };
 
@@ -167,9 +170,16 @@ void print_stragglers(std::ostream& out, const Run& run, const Stragglers& s);
 std::optional<AsyncReport> gather_async(Run& run);
 void print_async(std::ostream& out, const Run& run, const AsyncReport& a);
 nlohmann::json async_json(const Run& run, const AsyncReport& a);
+// The root process's device peak (peak.hpp: --peak, --peak-cache) and --json's "peak" with the
+// step's and the forward's share of it; the other processes get none (they report nothing).
+Peak measure_peak(Run& run, const Timings& t);
+// The summary's "of peak" line ("": --peak off, or neither the step nor the forward was timed).
+std::string peak_answer(const Run& run, const Timings& t, const Peak& pk);
+// Model FLOP/s per device of a timed phase ("step", "forward"): the median repetition's (NaN: not timed).
+double phase_tflops_per_device(const Run& run, const Timings& t, const std::string& phase);
 // The stragglers gathered; --layer-times, --trace, --project-gpus: probed steps after the timed
 // repetitions (every process together), their results added to --json.
-Probes probe(Run& run, const Timings& t);
+Probes probe(Run& run, const Timings& t, Peak peak);
 // After a signal or a blow-up: the summary of what was measured, what was not, and the exit status.
 Exit report_cut_short(Run& run, const Timings& t, const Probes& p);
 // A whole run: appended to --history, the plan cache saved, --suggest's remedies measured, the

@@ -136,7 +136,7 @@ const Row* find_row(const std::vector<Row>& rows, const std::string& name) {
 
 // The answer: what the step is made of, backward:forward, the sync, images/s, the peer's ratio.
 void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, const std::vector<Row>& rows,
-                   double images, const PeerResult& peer) {
+                   double images, const PeerResult& peer, const std::string& peak) {
   const Row* step = find_row(rows, "step");
   const Row* fb = find_row(rows, "forward_backward");
   const bool sync = t.sync_bytes() > 0;
@@ -197,6 +197,7 @@ void print_answers(std::ostream& out, const BenchConfig& c, const Towers& t, con
       v += fmt::format("; {:.1f} replayed as a CUDA Graph", 1000.0 * images / g->ms);
     out << labelled("images/s", v);
   }
+  if (!peak.empty()) out << labelled("of peak", peak);
   if (!peer.empty() && t.global_size() == 1) {
     std::vector<std::string> ratios;
     for (const char* ph : {"step", "forward"}) {
@@ -275,7 +276,8 @@ void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const 
 }
 
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory) {
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory,
+                   const std::string& peak) {
   const auto& r = c.run;
   const int gpus = t.global_size();
   // asynchronous workers each time their own steps: the rows are process 0's, with its images
@@ -301,7 +303,7 @@ void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter&
                       2)
               << "\n";
   }
-  print_answers(std::cout, c, t, rows, images, peer);
+  print_answers(std::cout, c, t, rows, images, peer, peak);
   const std::string mem = memory_lines(memory);
   for (std::size_t at = 0, end; (end = mem.find('\n', at)) != std::string::npos; at = end + 1)
     std::cout << wrap(std::string_view(mem).substr(at, end - at), 6);

@@ -111,6 +111,8 @@ const FlagHelp kFlags[] = {
     {"--suggest", "Data", "", "after the benchmarks, measure the remedies for a slow input pipeline"},
     {"--warmup", "Timing", "N", "untimed training steps first"},
     {"--repetitions", "Timing", "N", "repetitions of every benchmark (the summary's medians)"},
+    {"--peak", "Timing", "auto|measure|off|TFLOPS", "the device's GEMM peak the step's FLOP/s are a share of [auto]"},
+    {"--peak-cache", "Timing", "FILE|none", "where measured peaks are kept [~/.cache/stepbench/peak.json]"},
     {"--json", "Output", "FILE", "write every repetition, counter and the context as JSON"},
     {"--history", "Output", "FILE", "append this run as one line, for stepbench compare --history"},
     {"--trace", "Output", "FILE", "write probed steps as a Chrome trace (Perfetto, chrome://tracing)"},

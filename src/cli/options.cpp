@@ -104,6 +104,7 @@ std::optional<int> parse(int argc, const char* const* argv, Options& o) {
                  "--project-gpus: a link preset with nominal figures instead of --link-gbps/--link-latency-us")
       ->check(CLI::IsMember(fabric_names()));
   add_straggler_flags(app, o);
+  add_peak_flags(app, o);
   add_fabric_flags(app, o);
   app.add_option("--plan-cache", b.plan_cache,
                  "cuda: keep cuDNN's algorithm choices (cudnnFind) in this file between runs on this machine: a "
@@ -347,6 +348,7 @@ void resolve(Options& o, int local_processes, bool share_gpus) {
                                    cuda_device_count(), cuda_device_count()));
   }
   resolve_stragglers(o);
+  resolve_peak_flags(o);
   const bool fitted = resolve_fabric(o);
   const bool link_given = o.given("--link-gbps") || o.given("--link-latency-us");
   if (b.project_gpus.empty() && (link_given || o.given("--fabric")))

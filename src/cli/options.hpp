@@ -28,6 +28,8 @@ struct Options {
   double sync_timeout_s = 600.0;
   std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
   int procs_per_node = 0;  // --procs-per-node: consecutive ranks that act as one node; 0: the launcher's nodes
+  std::string peak = "auto";  // --peak auto|measure|off|TFLOPS; resolve() types it into bench.peak
+  std::string peak_cache;     // --peak-cache ("": the default file; "none": no cache)
   std::string slow_tower;  // --slow-tower T:FACTOR or T:Nms ("": none); resolve() types it into bench
   int ranks_per_gpu = 0;   // --ranks-per-gpu; 0: not given
   int workspace_mb = 512;
@@ -57,6 +59,10 @@ void add_sync_flags(CLI::App& app, Options& o);
 // options_stragglers.cpp: --straggler-top and --slow-tower, registered and validated.
 void add_straggler_flags(CLI::App& app, Options& o);
 void resolve_stragglers(Options& o);
+// options_peak.cpp: --peak and --peak-cache, registered and validated (the default cache file from
+// XDG_CACHE_HOME or HOME).
+void add_peak_flags(CLI::App& app, Options& o);
+void resolve_peak_flags(Options& o);
 // options_fabric.cpp: --gpus-per-node, --node-*, --fabric-from; resolve_fabric returns whether
 // --fabric-from gave the flat (between nodes) link.
 void add_fabric_flags(CLI::App& app, Options& o);
