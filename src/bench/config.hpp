@@ -72,7 +72,7 @@ struct BenchConfig {
   std::string json;                     // Google Benchmark's JSON goes here ("": none)
   std::string history;                  // --history: one JSON line per run appended here ("": none)
   PeakOptions peak;
-  std::string plan_cache;               // --plan-cache: run.plans was loaded from it, and is written back ("": none)
+  std::string plan_cache;  // --plan-cache: run.plans was loaded from it, and is written back ("": none)
   // The signal the command line's SIGINT/SIGTERM handler stored (0: none yet), polled between
   // benchmarks (bench/interrupt.hpp); null: never interrupted.
   const std::atomic<int>* interrupt = nullptr;

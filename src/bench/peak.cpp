@@ -3,15 +3,19 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
-#include "bench/layer_times.hpp"  // write_json_file
 #include "bench/stats.hpp"
 #include "tensor/error.hpp"
 
@@ -112,18 +116,20 @@ std::map<std::string, nlohmann::json> load_peak_cache(const std::string& path) {
   try {
     in >> j;
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(fmt::format("--peak-cache {}: not a peak cache ({}); delete it or give another file", path,
-                                 e.what()));
+    throw UsageError(
+        fmt::format("--peak-cache {}: not a peak cache ({}); delete it or give another file", path, e.what()));
   }
   if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("peaks") || !j["peaks"].is_object())
-    throw UsageError(fmt::format("--peak-cache {}: not a peak cache (no \"format\": \"{}\" with \"peaks\"); delete "
-                                 "it or give another file",
-                                 path, kFormat));
+    throw UsageError(
+        fmt::format("--peak-cache {}: not a peak cache (no \"format\": \"{}\" with \"peaks\"); delete "
+                    "it or give another file",
+                    path, kFormat));
   for (const auto& [k, v] : j["peaks"].items()) {
     if (!v.is_object() || !v.contains("tflops") || !v["tflops"].is_number() || !(v["tflops"].get<double>() > 0))
-      throw UsageError(fmt::format("--peak-cache {}: the entry \"{}\" has no positive \"tflops\"; delete the file or "
-                                   "run with --peak measure",
-                                   path, k));
+      throw UsageError(
+          fmt::format("--peak-cache {}: the entry \"{}\" has no positive \"tflops\"; delete the file or "
+                      "run with --peak measure",
+                      path, k));
     out[k] = v;
   }
   return out;
@@ -135,7 +141,21 @@ void save_peak_cache(const std::string& path, const std::map<std::string, nlohma
   std::error_code ec;  // the default file's folder may not exist yet
   if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
     std::filesystem::create_directories(dir, ec);
-  write_json_file(path, j);
+  // a temporary file of this process's own: runs at once on one machine each rename a whole file
+  const std::string tmp = fmt::format("{}.{}.partial", path, ::getpid());
+  {
+    std::ofstream f(tmp);
+    f << j.dump(1) << "\n";
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("could not write {} ({})", tmp, std::strerror(errno)));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("could not write {} ({})", path, why));
+  }
 }
 
 Peak resolve_peak(Backend& b, Precision p, const PeakOptions& o) {
@@ -174,10 +194,8 @@ Peak resolve_peak(Backend& b, Precision p, const PeakOptions& o) {
     return pk;
   }
   if (o.cache.empty()) return pk;
-  entries[pk.machine] = {{"tflops", pk.tflops},
-                         {"median_tflops", pk.median_tflops},
-                         {"how", pk.how},
-                         {"measured_at", pk.measured_at}};
+  entries[pk.machine] = {
+      {"tflops", pk.tflops}, {"median_tflops", pk.median_tflops}, {"how", pk.how}, {"measured_at", pk.measured_at}};
   try {
     save_peak_cache(o.cache, entries);
     pk.file = o.cache;

@@ -55,25 +55,23 @@ std::string peak_answer(const Run& run, const Timings& t, const Peak& pk) {
   std::vector<std::string> parts;
   for (const auto& [name, v] : {std::pair<const char*, double>{"step", step}, {"forward", fwd}}) {
     if (std::isnan(v)) continue;
-    parts.push_back(pk.tflops > 0 ? fmt::format("{} {:.3f} TFLOP/s{}, {:.1f}%", name, v, per, 100.0 * v / pk.tflops)
-                                  : fmt::format("{} {:.3f} TFLOP/s{}", name, v, per));
+    const std::string rate = fmt::format("{:.3g} TFLOP/s{}", v, parts.empty() ? per : "");
+    parts.push_back(pk.tflops > 0 ? fmt::format("{} {:.1f}% ({})", name, 100.0 * v / pk.tflops, rate)
+                                  : fmt::format("{} {}", name, rate));
   }
-  const double gflop = 3.0 * run.flops.train_forward / 1e9;
-  if (pk.tflops <= 0)
-    return fmt::format("{} (model FLOPs, {:.1f} GFLOP an image in the step); the peak is unknown: {}",
-                       fmt::join(parts, "; "), gflop, pk.note);
+  const std::string flops = fmt::format("model FLOPs, {:.3g} GFLOP an image a step, backward twice the forward",
+                                        3.0 * run.flops.train_forward / 1e9);
+  if (pk.tflops <= 0) return fmt::format("{} ({}); the peak is unknown: {}", fmt::join(parts, ", "), flops, pk.note);
   std::string where;
-  if (pk.source == "given") {
-    where = "as given (--peak)";
-  } else {
-    where = fmt::format("the {} GEMM {} on {}{}", to_string(run.c.run.precision),
-                        pk.source == "cached" ? "measured here" : "measured now", pk.measured_at,
-                        pk.file.empty() ? " (not cached)" : fmt::format(", cached in {}", pk.file));
-    if (pk.source == "cached") where += "; --peak measure measures it again";
-  }
-  return fmt::format("{} of the peak, {:.3f} TFLOP/s, {} (model FLOPs: {:.1f} GFLOP an image in the step, "
-                     "backward twice the forward; {})",
-                     fmt::join(parts, "; "), pk.tflops, where, gflop, pk.how);
+  if (pk.source == "given")
+    where = fmt::format("{:.4g} TFLOP/s as given (--peak)", pk.tflops);
+  else if (pk.source == "cached")
+    where = fmt::format("the {} GEMM's {:.3g} TFLOP/s, measured here on {} (--peak measure: again)",
+                        to_string(run.c.run.precision), pk.tflops, pk.measured_at);
+  else
+    where = fmt::format("the {} GEMM's {:.3g} TFLOP/s, measured now{}", to_string(run.c.run.precision), pk.tflops,
+                        pk.file.empty() ? " (not cached)" : ", cached in " + pk.file);
+  return fmt::format("{} of {}; {}", fmt::join(parts, ", "), where, flops);
 }
 
 }  // namespace stepbench

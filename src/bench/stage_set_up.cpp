@@ -1,5 +1,5 @@
 // The run's first stage (stages.hpp): what can fail fast fails before minutes of set-up (Google
-// Benchmark's flags, the files the run writes, the peer's Python), then the towers and the feeder.
+// Benchmark's flags, the files the run writes and reads, the peer's Python), then the towers and the feeder.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench/peak.hpp"
 #include "bench/stages.hpp"
 #include "bench/text.hpp"
 #include "tensor/error.hpp"
@@ -37,6 +38,15 @@ Exit check_output_files(const Run& run) {
       return 2;
     }
     std::remove((run.trace + ".partial").c_str());
+  }
+  if (run.root && !c.sweep() && !c.peak.cache.empty() &&
+      (c.peak.mode == PeakMode::automatic || c.peak.mode == PeakMode::measure)) {
+    try {  // a damaged peak cache is said now, not after the run
+      load_peak_cache(c.peak.cache);
+    } catch (const UsageError& e) {
+      std::cerr << "stepbench: " << e.what() << "\n";
+      return 2;
+    }
   }
   return std::nullopt;
 }

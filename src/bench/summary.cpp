@@ -276,8 +276,7 @@ void print_per_layer_table(std::ostream& out, const SummaryReporter& rep, const 
 }
 
 void print_summary(const BenchConfig& c, const Towers& t, const SummaryReporter& rep, const std::string& prefix,
-                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory,
-                   const std::string& peak) {
+                   const PeerResult& peer, const Feeder& feeder, const MemoryReport& memory, const std::string& peak) {
   const auto& r = c.run;
   const int gpus = t.global_size();
   // asynchronous workers each time their own steps: the rows are process 0's, with its images

@@ -26,12 +26,12 @@ struct Options {
   int ps_ranks = 1;                // --ps-ranks
   bool cross_replica_sync = true;  // --cross-replica-sync on|off
   double sync_timeout_s = 600.0;
-  std::string rendezvous;  // --rendezvous: where processes without MPI meet ("" : the launcher's)
-  int procs_per_node = 0;  // --procs-per-node: consecutive ranks that act as one node; 0: the launcher's nodes
+  std::string rendezvous;     // --rendezvous: where processes without MPI meet ("" : the launcher's)
+  int procs_per_node = 0;     // --procs-per-node: consecutive ranks that act as one node; 0: the launcher's nodes
   std::string peak = "auto";  // --peak auto|measure|off|TFLOPS; resolve() types it into bench.peak
   std::string peak_cache;     // --peak-cache ("": the default file; "none": no cache)
-  std::string slow_tower;  // --slow-tower T:FACTOR or T:Nms ("": none); resolve() types it into bench
-  int ranks_per_gpu = 0;   // --ranks-per-gpu; 0: not given
+  std::string slow_tower;     // --slow-tower T:FACTOR or T:Nms ("": none); resolve() types it into bench
+  int ranks_per_gpu = 0;      // --ranks-per-gpu; 0: not given
   int workspace_mb = 512;
   int device_memory_mb = 0;        // 0: what the device has
   std::string data = "synthetic";  // synthetic, synthetic-host, an image folder or a record file

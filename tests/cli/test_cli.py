@@ -3,7 +3,7 @@
 the flag and what to change), every preset in configs/, and the JSON (every phase with its counters).
 
   tests/cli/test_cli.py --stepbench build/bin/stepbench --configs configs [unittest args, e.g. -k Flags]"""
-import argparse, glob, json, os, re, shutil, signal, subprocess, sys, tempfile, time, tomllib, unittest
+import argparse, atexit, glob, json, os, re, shutil, signal, subprocess, sys, tempfile, time, tomllib, unittest
 
 STEPBENCH = None
 CONFIGS = None
@@ -447,6 +447,58 @@ class Json(unittest.TestCase):
             self.assertRegex(ctx["fused_pieces"], r"^\d+ x composed: ")
             self.assertIn("composed", ctx["batch_norm_kernels"])
             self.assertIn("bn_stats", parts)
+
+    def test_the_share_of_peak_in_the_summary_and_json(self):
+        """--peak auto measures the CPU's GEMM once into the cache and reads it back on the next run; the summary's
+        'of peak' line and --json's "peak" give the step's and the forward's model FLOP/s as shares of it; a given
+        figure is used as it is; off says nothing; bad values and a damaged cache exit 2 before the run."""
+        tiny = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
+                "--repetitions", "2", "--phases", "forward,step", *FAST]
+        with tempfile.TemporaryDirectory() as d:
+            cache, path = os.path.join(d, "cache", "peak.json"), os.path.join(d, "out.json")
+            runs = []
+            for _ in range(2):
+                rc, out, err = run(*tiny, "--peak-cache", cache, "--json", path)
+                self.assertEqual(rc, 0, err)
+                runs.append((out, json.loads(slurp(path))["peak"]))
+            (_, first), (out, second) = runs
+            self.assertEqual((first["source"], second["source"]), ("measured", "cached"))
+            self.assertGreater(first["tflops"], 0)
+            self.assertEqual(first["tflops"], second["tflops"])
+            self.assertLessEqual(first["median_tflops"], first["tflops"])
+            self.assertEqual(list(json.loads(slurp(cache))["peaks"]), [first["machine"]])
+            for k in ("step", "forward"):
+                self.assertGreater(second[f"{k}_tflops"], 0)
+                self.assertAlmostEqual(second[f"{k}_share"], second[f"{k}_tflops"] / second["tflops"], places=9)
+            self.assertRegex(re.sub(r"\s+", " ", out), r"of peak step \d+\.\d% \(\S+ TFLOP/s\), forward \d+\.\d% "
+                             r"\(\S+ TFLOP/s\) of the fp32 GEMM's \S+ TFLOP/s, measured here on \d{4}-\d\d-\d\d")
+            # a figure given is used as it is, and no cache is read or written
+            rc, out, err = run(*tiny, "--peak", "1.5", "--json", path)
+            self.assertEqual(rc, 0, err)
+            given = json.loads(slurp(path))["peak"]
+            self.assertEqual((given["source"], given["tflops"]), ("given", 1.5))
+            self.assertAlmostEqual(given["step_share"], given["step_tflops"] / 1.5, places=9)
+            self.assertIn("of 1.5 TFLOP/s as given (--peak)", re.sub(r"\s+", " ", out))
+            rc, out, err = run(*tiny, "--peak", "off", "--json", path)
+            self.assertEqual(rc, 0, err)
+            self.assertNotIn("of peak", out)
+            self.assertIsNone(json.loads(slurp(path))["peak"]["tflops"])
+            with open(cache, "w") as f:
+                f.write('{"format": "stepbench-peak-cache/1", "peaks": {"m": {"tflops": "fast"}}}')
+            rc, out, err = run(*tiny, "--peak-cache", cache)
+            self.assertEqual(rc, 2, err)
+            self.assertIn(f"--peak-cache {cache}: the entry", err)
+            self.assertNotIn("images/s", out)  # refused before the run
+        sweep = ["--backend", "cpu", "--model", "tiny", "--image-size", "32", "--warmup", "1", "--sweep-batch", "2,4"]
+        for args, expect in [([*tiny, "--peak", "fast"], "--peak fast: give auto, measure, off, or the device's peak"),
+                             ([*tiny, "--peak", "0"], "above 0"), ([*tiny, "--peak", "1e9"], "at most 1e6"),
+                             ([*tiny, "--peak", "off", "--peak-cache", "x.json"], "drop one of them"),
+                             ([*tiny, "--peak", "2", "--peak-cache", "x.json"], "--peak 2 measures none"),
+                             ([*tiny, "--peak-cache", ""], "--peak-cache needs a file"),
+                             ([*sweep, "--peak", "measure"], "not with --sweep-*")]:
+            rc, _, err = run(*args)
+            self.assertEqual(rc, 2, f"{args}: {err}")
+            self.assertIn(expect, err, args)
 
     def test_json_holds_every_phase_with_its_counters(self):
         with tempfile.TemporaryDirectory() as d:
@@ -1829,6 +1881,10 @@ if __name__ == "__main__":
     ap.add_argument("--configs", required=True)
     args, rest = ap.parse_known_args()
     STEPBENCH, CONFIGS = os.path.abspath(args.stepbench), os.path.abspath(args.configs)
+    # --peak auto's cache: ctest's (in the build) or, run by hand, one of this run's, never the user's
+    if "XDG_CACHE_HOME" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="stepbench_cli_cache.")
+        atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
     result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
     if not result.wasSuccessful():
         sys.exit(1)
