@@ -84,7 +84,7 @@ Peak measure_gemm_peak(Backend& b, Precision p, double min_ms) {
   b.synchronize(s);
   std::vector<double> tflops;
   double spent = 0;
-  while (tflops.size() < 50 && (tflops.size() < 3 || spent < min_ms)) {
+  for (int tries = 0; tries < 1000 && tflops.size() < 50 && (tflops.size() < 3 || spent < min_ms); ++tries) {
     b.record(*e0, s);
     op->forward(s, tx, bw.get(), bias.get(), ty, ws.get());
     b.record(*e1, s);
@@ -99,7 +99,7 @@ Peak measure_gemm_peak(Backend& b, Precision p, double min_ms) {
   pk.median_tflops = median(tflops);
   const std::string impl = op->implementation();
   pk.how = fmt::format("{}'s fully connected op{}, {} x {} x {} {}{}, best of {} after 2 warm-up calls",
-                       b.kind() == DeviceKind::cpu ? "oneDNN" : "cuBLAS GemmEx",
+                       b.kind() == DeviceKind::cpu ? "oneDNN" : "cuBLAS GemmEx (its bias add timed too)",
                        impl.empty() ? "" : " (" + impl.substr(0, impl.find(" /")) + ")", n, n, n, to_string(p),
                        b.kind() == DeviceKind::cpu ? fmt::format(" on {}", b.device_name()) : "", tflops.size());
   pk.source = "measured";
@@ -119,16 +119,20 @@ std::map<std::string, nlohmann::json> load_peak_cache(const std::string& path) {
     throw UsageError(
         fmt::format("--peak-cache {}: not a peak cache ({}); delete it or give another file", path, e.what()));
   }
-  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("peaks") || !j["peaks"].is_object())
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat || !j.contains("peaks") ||
+      !j["peaks"].is_object())
     throw UsageError(
         fmt::format("--peak-cache {}: not a peak cache (no \"format\": \"{}\" with \"peaks\"); delete "
                     "it or give another file",
                     path, kFormat));
   for (const auto& [k, v] : j["peaks"].items()) {
-    if (!v.is_object() || !v.contains("tflops") || !v["tflops"].is_number() || !(v["tflops"].get<double>() > 0))
+    const bool fields = v.is_object() && (!v.contains("how") || v["how"].is_string()) &&
+                        (!v.contains("measured_at") || v["measured_at"].is_string()) &&
+                        (!v.contains("median_tflops") || v["median_tflops"].is_number());
+    if (!fields || !v.contains("tflops") || !v["tflops"].is_number() || !(v["tflops"].get<double>() > 0))
       throw UsageError(
-          fmt::format("--peak-cache {}: the entry \"{}\" has no positive \"tflops\"; delete the file or "
-                      "run with --peak measure",
+          fmt::format("--peak-cache {}: the entry \"{}\" is not a peak (a positive \"tflops\", \"how\" and "
+                      "\"measured_at\" as text); delete the file or give another --peak-cache",
                       path, k));
     out[k] = v;
   }
@@ -142,10 +146,13 @@ void save_peak_cache(const std::string& path, const std::map<std::string, nlohma
   if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
     std::filesystem::create_directories(dir, ec);
   // a temporary file of this process's own: runs at once on one machine each rename a whole file
-  const std::string tmp = fmt::format("{}.{}.partial", path, ::getpid());
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);  // a home folder shared by several machines
+  const std::string tmp = fmt::format("{}.{}.{}.partial", path, host, ::getpid());
   {
     std::ofstream f(tmp);
     f << j.dump(1) << "\n";
+    f.close();  // a full disk shows at the flush
     if (!f) {
       std::remove(tmp.c_str());
       throw Error(fmt::format("could not write {} ({})", tmp, std::strerror(errno)));
@@ -194,6 +201,11 @@ Peak resolve_peak(Backend& b, Precision p, const PeakOptions& o) {
     return pk;
   }
   if (o.cache.empty()) return pk;
+  try {  // what other runs wrote while this one measured
+    entries = load_peak_cache(o.cache);
+  } catch (const UsageError&) {  // damaged since: this run's figure replaces it
+    entries.clear();
+  }
   entries[pk.machine] = {
       {"tflops", pk.tflops}, {"median_tflops", pk.median_tflops}, {"how", pk.how}, {"measured_at", pk.measured_at}};
   try {

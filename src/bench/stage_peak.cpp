@@ -21,14 +21,16 @@ double phase_tflops_per_device(const Run& run, const Timings& t, const std::stri
     for (const auto& r : it->second) ms.push_back(r.device_ms);
   if (ms.empty()) return NAN;
   const double flop_per_image = phase == "step" ? 3.0 * run.flops.train_forward : run.flops.forward;
-  // GPUs each run their towers at once; CPU towers take turns on one process's threads
-  const bool cpu = run.towers->backend(0).kind() == DeviceKind::cpu;
-  const double devices = cpu ? run.group.size() : run.gpus;
+  // GPUs each run their towers at once; CPU towers take turns on one process's threads. Asynchronous
+  // workers' rows are this process's towers' images (stage_set_up), the synchronous rows every one's.
+  const bool cpu = run.towers->backend(0).kind() == DeviceKind::cpu, own = run.towers->asynchronous();
+  const double devices = cpu ? (own ? 1 : run.group.size()) : (own ? run.towers->size() : run.gpus);
   return run.images * flop_per_image / (median(ms) * 1e9) / devices;
 }
 
 Peak measure_peak(Run& run, const Timings& t) {
   if (!run.root || run.stop.spent() || run.c.sweep()) return {};
+  run.resident_timed = resident_memory();  // the GEMM's own buffers stay out of the step's memory report
   Backend& b = run.towers->backend(0);
   const Precision p = run.c.run.precision;
   Peak pk;

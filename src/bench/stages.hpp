@@ -74,12 +74,13 @@ struct Run {
   const bool root;           // process 0: the one that reports
   const int gpus;            // towers over every process (names, images/s and the summary count them all)
   const std::string prefix;  // the benchmarks' names: <model>/<precision>/<layout>/gpus:N/batch:B
-  const std::vector<std::string> peer_dirs;  // where bench/torch_peer.py may be
-  std::vector<Phase> phases;                 // the phases to time, in run order
-  std::string trace;                         // --trace ("" none): every process probes, rank 0 writes it
-  std::string peer_python;                   // the interpreter that runs --peer ("" none)
-  BenchmarkArgv benchmark_argv;              // Google Benchmark's command line, alive until the run ends
-  ResidentMemory resident_before;            // the process's resident memory before the towers were built
+  const std::vector<std::string> peer_dirs;      // where bench/torch_peer.py may be
+  std::vector<Phase> phases;                     // the phases to time, in run order
+  std::string trace;                             // --trace ("" none): every process probes, rank 0 writes it
+  std::string peer_python;                       // the interpreter that runs --peer ("" none)
+  BenchmarkArgv benchmark_argv;                  // Google Benchmark's command line, alive until the run ends
+  ResidentMemory resident_before;                // the process's resident memory before the towers were built
+  std::optional<ResidentMemory> resident_timed;  // measure_peak's: after the fixtures, before its GEMM
   std::unique_ptr<Towers> towers;
   std::unique_ptr<Feeder> feeder;
   Flops flops{};

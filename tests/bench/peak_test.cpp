@@ -61,7 +61,8 @@ TEST(Peak, AutoMeasuresOnceThenReadsTheCache) {
   const auto entries = load_peak_cache(o.cache);
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries.begin()->first, peak_key(*b, Precision::fp32));
-  EXPECT_FALSE(std::filesystem::exists(o.cache + "." + std::to_string(::getpid()) + ".partial"));
+  for (const auto& f : std::filesystem::directory_iterator(d.path / "sub"))  // no temporary file left
+    EXPECT_EQ(f.path().filename(), "peak.json");
 
   // another machine's entry stays; measure replaces this machine's and keeps the other
   auto kept = entries;
@@ -95,7 +96,8 @@ TEST(Peak, DamagedCacheIsRefusedNamingTheFile) {
   TempDir d;
   std::filesystem::create_directories(d.path);
   const auto p = d.path / "peak.json";
-  for (const char* text : {"{not json", "[1, 2]", R"({"format": "other/1", "peaks": {}})",
+  for (const char* text : {"{not json", "[1, 2]", R"({"format": "other/1", "peaks": {}})", R"({"format": 1})",
+                           R"({"format": "stepbench-peak-cache/1", "peaks": {"m": {"tflops": 1, "how": 5}}})",
                            R"({"format": "stepbench-peak-cache/1", "peaks": {"m": {"tflops": -1}}})",
                            R"({"format": "stepbench-peak-cache/1", "peaks": {"m": {"how": "x"}}})"}) {
     write(p, text);
