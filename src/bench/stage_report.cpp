@@ -104,7 +104,8 @@ void keep_run(Run& run, const Timings& t) {
 int report(Run& run, const Timings& t, const Probes& p, const PeerResult& peer) {
   const BenchConfig& c = run.c;
   MemoryReport memory = memory_report(*run.towers, run.resident_before);
-  if (run.resident_timed && run.resident_timed->peak > 0 && run.resident_timed->peak < memory.after.peak)
+  if (p.peak.source == "measured" && run.resident_timed && run.resident_timed->peak > 0 &&
+      run.resident_timed->peak < memory.after.peak)
     memory.after = *run.resident_timed;  // the peak's GEMM raised the high-water mark, not the step
   memory.peer_torch = peer.torch;
   memory.peer_baseline = peer.baseline_rss;
